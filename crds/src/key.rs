@@ -1,0 +1,308 @@
+//! The session key: the name of a `SandboxSession` and the session id on its host.
+//!
+//! It folds together exactly what decides which runs share a container and a workspace:
+//!
+//! ```text
+//! xc-4f2a91c8-7b3e5d10-9c1f…      backend · scope · organization · host · subject
+//! ^^                              `x` a container service, `d` a document; `c` the conversation scope
+//! ```
+//!
+//! The organization and host parts are the first eight hex digits of the SHA-256 of the value;
+//! the subject part is the subject itself when it is a short, valid name part (a uuid is), and
+//! otherwise the first 32 hex digits of its SHA-256. The result is always a valid Kubernetes
+//! object name (RFC 1123 label) of at most 63 characters. The derivation is frozen: changing it
+//! would move every existing workspace, so the unit tests pin examples.
+
+use sha2::{Digest, Sha256};
+
+use crate::v1alpha1::Scope;
+
+/// The longest Kubernetes object name a session key may be (an RFC 1123 label).
+pub const MAX_LEN: usize = 63;
+
+/// Where a workspace lives: a container service (sandboxd) or a stored document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A container with a host directory (sandboxd): letter `x`.
+    Container,
+    /// A document in a database: letter `d`.
+    Document,
+}
+
+impl Backend {
+    fn letter(self) -> char {
+        match self {
+            Backend::Container => 'x',
+            Backend::Document => 'd',
+        }
+    }
+}
+
+/// The letter of a scope in a key.
+pub fn scope_letter(scope: Scope) -> char {
+    match scope {
+        Scope::Run => 'r',
+        Scope::Conversation => 'c',
+        Scope::Channel => 'h',
+        Scope::User => 'u',
+        Scope::Agent => 'a',
+    }
+}
+
+/// On whose behalf a run acts. Only matters for the `user` scope, which belongs to the
+/// signed-in person: a run standing in for someone else has no user workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Actor {
+    /// The signed-in person the subject names.
+    Member,
+    /// A visitor of a published widget, acting through the publisher's agent.
+    WidgetVisitor,
+    /// A trigger; `as_creator` when it runs as the person who created it.
+    Trigger {
+        /// Whether the trigger runs as its creator.
+        as_creator: bool,
+    },
+}
+
+/// What a key is derived from.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyParts<'a> {
+    /// The kind of backend that carries the workspace.
+    pub backend: Backend,
+    /// Who shares the session.
+    pub scope: Scope,
+    /// The organization id.
+    pub tenant: &'a str,
+    /// The host (connection) that carries the workspace: two installations are never the same.
+    pub host: &'a str,
+    /// The conversation, channel, user, agent or run id.
+    pub subject: &'a str,
+    /// On whose behalf the run acts.
+    pub actor: Actor,
+}
+
+/// Why no key could be derived.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// A part that must not be empty was.
+    #[error("cannot derive a session key: {0} must not be empty")]
+    Empty(&'static str),
+    /// The user scope was asked for by a run acting for someone else.
+    #[error(
+        "scope 'user' belongs to the signed-in person, and this run acts for someone else ({0}): \
+         it has no user workspace. Use the conversation or agent scope for it"
+    )]
+    ActsForSomeoneElse(&'static str),
+}
+
+/// Derives the session key (the SandboxSession name) from its parts.
+pub fn session_key(parts: &KeyParts<'_>) -> Result<String, KeyError> {
+    if parts.scope == Scope::User {
+        match parts.actor {
+            Actor::Member | Actor::Trigger { as_creator: true } => {}
+            Actor::WidgetVisitor => return Err(KeyError::ActsForSomeoneElse("a widget visitor")),
+            Actor::Trigger { as_creator: false } => {
+                return Err(KeyError::ActsForSomeoneElse(
+                    "a trigger not running as its creator",
+                ));
+            }
+        }
+    }
+    for (name, value) in [
+        ("tenant", parts.tenant),
+        ("host", parts.host),
+        ("subject", parts.subject),
+    ] {
+        if value.is_empty() {
+            return Err(KeyError::Empty(name));
+        }
+    }
+    let prefix = format!(
+        "{}{}-{}-{}-",
+        parts.backend.letter(),
+        scope_letter(parts.scope),
+        short_hash(parts.tenant, 8),
+        short_hash(parts.host, 8),
+    );
+    let room = MAX_LEN - prefix.len();
+    let subject = if is_name_part(parts.subject) && parts.subject.len() <= room {
+        parts.subject.to_owned()
+    } else {
+        short_hash(parts.subject, 32)
+    };
+    Ok(prefix + &subject)
+}
+
+/// Whether `name` is a valid Kubernetes object name of the kind a key is (RFC 1123 label).
+pub fn is_valid_name(name: &str) -> bool {
+    name.len() <= MAX_LEN && is_name_part(name)
+}
+
+fn is_name_part(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            inner(first) && inner(last) && bytes.iter().all(|b| inner(b) || *b == b'-')
+        }
+        _ => false,
+    }
+}
+
+fn short_hash(value: &str, len: usize) -> String {
+    let mut hex = hex::encode(Sha256::digest(value.as_bytes()));
+    hex.truncate(len);
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts<'a>(scope: Scope, subject: &'a str, actor: Actor) -> KeyParts<'a> {
+        KeyParts {
+            backend: Backend::Container,
+            scope,
+            tenant: "org-7",
+            host: "sbh-node-a",
+            subject,
+            actor,
+        }
+    }
+
+    #[test]
+    fn pinned_examples_never_change() {
+        // Changing any of these moves existing workspaces: the derivation is frozen.
+        let conversation = "3f6b2a0e-9c1f-4d8e-b2a7-5e4c3d2b1a09";
+        let cases = [
+            (
+                parts(Scope::Conversation, conversation, Actor::Member),
+                "xc-a81e9bd7-853e3610-3f6b2a0e-9c1f-4d8e-b2a7-5e4c3d2b1a09",
+            ),
+            (
+                parts(Scope::Agent, "Agent_42", Actor::Member),
+                "xa-a81e9bd7-853e3610-ab08dc76f78bb7295e745956f6db0b70",
+            ),
+            (
+                parts(Scope::User, "u-1", Actor::Trigger { as_creator: true }),
+                "xu-a81e9bd7-853e3610-u-1",
+            ),
+            (
+                KeyParts {
+                    backend: Backend::Document,
+                    ..parts(Scope::Run, "run-9", Actor::WidgetVisitor)
+                },
+                "dr-a81e9bd7-853e3610-run-9",
+            ),
+            (
+                parts(Scope::Channel, "c0ffee", Actor::Member),
+                "xh-a81e9bd7-853e3610-c0ffee",
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(session_key(&input).as_deref(), Ok(want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn keys_are_valid_names_of_at_most_63() {
+        let long = "x".repeat(500);
+        let odd = ["UPPER", "-lead", "trail-", "a b", "ü", "a.b", &long];
+        for subject in odd {
+            for scope in Scope::ALL {
+                let key = session_key(&parts(scope, subject, Actor::Member)).expect("a key");
+                assert!(
+                    is_valid_name(&key),
+                    "{key} from {subject:?} is not a valid name"
+                );
+            }
+        }
+        let longest_literal = "a".repeat(MAX_LEN - 21);
+        let key = session_key(&parts(Scope::Run, &longest_literal, Actor::Member)).expect("a key");
+        assert_eq!(key.len(), MAX_LEN);
+        assert!(key.ends_with(&longest_literal));
+    }
+
+    #[test]
+    fn every_part_separates_sessions() {
+        let base = parts(Scope::Conversation, "c-1", Actor::Member);
+        let key = |p: KeyParts<'_>| session_key(&p).expect("a key");
+        let k = key(base);
+        assert_ne!(
+            k,
+            key(KeyParts {
+                tenant: "org-8",
+                ..base
+            })
+        );
+        assert_ne!(
+            k,
+            key(KeyParts {
+                host: "sbh-node-b",
+                ..base
+            })
+        );
+        assert_ne!(
+            k,
+            key(KeyParts {
+                subject: "c-2",
+                ..base
+            })
+        );
+        assert_ne!(
+            k,
+            key(KeyParts {
+                scope: Scope::Agent,
+                ..base
+            })
+        );
+        assert_ne!(
+            k,
+            key(KeyParts {
+                backend: Backend::Document,
+                ..base
+            })
+        );
+    }
+
+    #[test]
+    fn user_scope_refuses_runs_acting_for_someone_else() {
+        let visitor = session_key(&parts(Scope::User, "u-1", Actor::WidgetVisitor));
+        assert_eq!(
+            visitor.map_err(|e| e.to_string()),
+            Err(
+                "scope 'user' belongs to the signed-in person, and this run acts for someone \
+                 else (a widget visitor): it has no user workspace. Use the conversation or \
+                 agent scope for it"
+                    .to_owned()
+            )
+        );
+        let trigger = session_key(&parts(
+            Scope::User,
+            "u-1",
+            Actor::Trigger { as_creator: false },
+        ));
+        assert_eq!(
+            trigger,
+            Err(KeyError::ActsForSomeoneElse(
+                "a trigger not running as its creator"
+            ))
+        );
+        // Other scopes do not belong to a person, so a visitor may use them.
+        assert!(session_key(&parts(Scope::Conversation, "c-1", Actor::WidgetVisitor)).is_ok());
+    }
+
+    #[test]
+    fn empty_parts_are_named() {
+        let p = parts(Scope::Run, "", Actor::Member);
+        assert_eq!(session_key(&p), Err(KeyError::Empty("subject")));
+        let p = KeyParts {
+            tenant: "",
+            ..parts(Scope::Run, "r", Actor::Member)
+        };
+        assert_eq!(
+            session_key(&p).map_err(|e| e.to_string()),
+            Err("cannot derive a session key: tenant must not be empty".to_owned())
+        );
+    }
+}

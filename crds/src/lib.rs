@@ -1,0 +1,21 @@
+//! The API of sandboxd: the `sandboxd.dev/v1alpha1` custom resources, the session key that names
+//! a `SandboxSession`, and the runtime catalog that `Runtime` objects are generated from.
+//!
+//! This crate depends on nothing else in the workspace; the operator, sandboxd and the tests
+//! build on it.
+
+// kube's `printcolumn(...)` repeats `type_ = ...` by design; clippy reads it as a duplicate.
+#![allow(clippy::duplicated_attributes)]
+
+pub mod catalog;
+pub mod generate;
+pub mod key;
+pub mod memory;
+pub mod v1alpha1;
+
+/// The API group of every custom resource here.
+pub const GROUP: &str = "sandboxd.dev";
+/// The one served version.
+pub const VERSION: &str = "v1alpha1";
+/// The version of this workspace; every crate, chart and image carries it.
+pub const CRATE_VERSION: &str = env!("CARGO_PKG_VERSION");

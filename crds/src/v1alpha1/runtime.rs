@@ -1,0 +1,130 @@
+//! `Runtime`: one entry of the runtime catalog, the environment a session's container runs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A runtime a session may run: either a ready image used as is, or a base image the hosts
+/// build once (setup commands, then pip packages) and cache under a tag derived from the
+/// definition. The object's name is the alias a SandboxSession names.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "sandboxd.dev",
+    version = "v1alpha1",
+    kind = "Runtime",
+    shortname = "rt",
+    category = "sandboxd",
+    status = "RuntimeStatus",
+    doc = "A runtime a sandbox may run: a ready image, or a base image the hosts build from setup commands and packages.",
+    validation = Rule::new("self.metadata.name.matches('^[a-z][a-z0-9-]*$')").message("metadata.name is the runtime alias: it must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')"),
+    printcolumn(name = "Default", type_ = "boolean", json_path = ".spec.default"),
+    printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"),
+    printcolumn(name = "Base Image", type_ = "string", json_path = ".spec.baseImage"),
+    printcolumn(name = "Network", type_ = "boolean", json_path = ".spec.needsNetwork"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("has(self.image) != has(self.baseImage)").message("exactly one of spec.image and spec.baseImage must be set: image for a ready image used as is, baseImage for one the hosts build"))]
+#[x_kube(validation = Rule::new("has(self.baseImage) || size(self.packages) == 0").message("spec.packages is allowed only with spec.baseImage: a ready image (spec.image) installs nothing"))]
+#[x_kube(validation = Rule::new("has(self.baseImage) || size(self.setupCommands) == 0").message("spec.setupCommands is allowed only with spec.baseImage: a ready image (spec.image) installs nothing"))]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSpec {
+    /// What the runtime is for, in a sentence a person choosing one reads.
+    #[serde(default)]
+    pub description: String,
+
+    /// A ready image, used as is; nothing is installed. Exclusive with baseImage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self != ''").message("spec.image must not be empty when set"))]
+    pub image: Option<String>,
+
+    /// The image the hosts build on (once, then cached). Exclusive with image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self != ''").message("spec.baseImage must not be empty when set"))]
+    pub base_image: Option<String>,
+
+    /// Shell commands run at build time, before the packages: an apt layer, an installer.
+    /// Only with baseImage.
+    #[serde(default)]
+    pub setup_commands: Vec<String>,
+
+    /// pip packages installed at build time into a virtualenv the sandbox user owns.
+    /// Only with baseImage.
+    #[serde(default)]
+    pub packages: Vec<String>,
+
+    /// Environment variables set in every container of this runtime.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_vars: BTreeMap<String, String>,
+
+    /// Sentences told to the model that cannot be derived from the fields above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub briefing: Vec<String>,
+
+    /// Memory limit of a container in Docker's syntax (for example 2g); unset takes the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.memLimit must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
+    pub mem_limit: Option<String>,
+
+    /// Whether a session on this runtime gets a network. A build always has one.
+    #[serde(default)]
+    pub needs_network: bool,
+
+    /// Whether this is the runtime of a session that names none. Exactly one Runtime should be.
+    #[serde(default)]
+    pub default: bool,
+}
+
+/// The build state of a runtime on one host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+pub enum BuildState {
+    /// Not yet handed to the host.
+    #[default]
+    Pending,
+    /// The host is building it.
+    Building,
+    /// Built (or a ready image present); sessions can open.
+    Ready,
+    /// The build failed; see lastError. Retried with backoff.
+    Failed,
+}
+
+/// The runtime on one host.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeHostStatus {
+    /// The SandboxHost name.
+    pub host: String,
+    /// Pending, Building, Ready or Failed.
+    pub state: BuildState,
+    /// The image tag the host built (derived from the definition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_tag: Option<String>,
+    /// Build attempts so far.
+    #[serde(default)]
+    pub attempts: i32,
+    /// The last build error and the tail of its log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the state last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// What the operator last saw of a runtime across the hosts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeStatus {
+    /// One entry per ready host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<RuntimeHostStatus>,
+    /// Ready (built on every ready host) and DefaultConflict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

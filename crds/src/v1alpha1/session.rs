@@ -1,0 +1,215 @@
+//! `SandboxSession`: one sandbox (a container and its persistent workspace) for a conversation,
+//! user, agent, channel or run. Its name is the session key ([`crate::key`]).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What a session is shared by: the runs that get the same container and workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// One run alone.
+    Run,
+    /// Every run of one conversation (the usual choice).
+    Conversation,
+    /// Every run in one channel.
+    Channel,
+    /// Every run of one signed-in person; a run acting for someone else has none.
+    User,
+    /// Every run of one agent.
+    Agent,
+}
+
+impl Scope {
+    /// Every scope, in the order the API lists them.
+    pub const ALL: [Scope; 5] = [
+        Scope::Run,
+        Scope::Conversation,
+        Scope::Channel,
+        Scope::User,
+        Scope::Agent,
+    ];
+
+    /// The lowercase name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Run => "run",
+            Scope::Conversation => "conversation",
+            Scope::Channel => "channel",
+            Scope::User => "user",
+            Scope::Agent => "agent",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A sandbox session: a container and a persistent workspace on one host, opened by name.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "sandboxd.dev",
+    version = "v1alpha1",
+    kind = "SandboxSession",
+    namespaced,
+    shortname = "sbx",
+    category = "sandboxd",
+    status = "SandboxSessionStatus",
+    doc = "A sandbox: a container and its persistent workspace on one host. The name is the session key.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Tenant", type_ = "string", json_path = ".spec.tenant"),
+    printcolumn(name = "Scope", type_ = "string", json_path = ".spec.scope"),
+    printcolumn(name = "Runtime", type_ = "string", json_path = ".status.runtime"),
+    printcolumn(name = "Host", type_ = "string", json_path = ".status.host"),
+    printcolumn(
+        name = "Last Activity",
+        type_ = "date",
+        json_path = ".status.lastActivityAt"
+    ),
+    printcolumn(
+        name = "Sleeps At",
+        type_ = "date",
+        json_path = ".status.sleepsAt",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.message",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSessionSpec {
+    /// Who shares this sandbox: one of run, conversation, channel, user or agent. Runs of the
+    /// same scope, tenant and subject share one container and one workspace. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.scope is immutable: create a new SandboxSession for another scope"))]
+    pub scope: Scope,
+
+    /// The organization (tenant) id the session belongs to; counted against the host's
+    /// per-tenant cap. Must not be empty. Immutable.
+    #[x_kube(validation = Rule::new("self != ''").message("spec.tenant must not be empty: set it to the organization id"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.tenant is immutable: a session never moves to another tenant"))]
+    pub tenant: String,
+
+    /// What the scope is about: the conversation, channel, user, agent or run id. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.subject is immutable: create a new SandboxSession for another subject"))]
+    pub subject: String,
+
+    /// The Runtime (by alias) the sandbox runs; empty means the default Runtime. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.runtime is immutable: create a new SandboxSession for another runtime"))]
+    pub runtime: String,
+
+    /// Pins the session to this SandboxHost by name; empty lets the operator place it.
+    /// A session never moves once placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+
+    /// Resource overrides, within the ceilings of the host; unset fields take the runtime's or
+    /// the host's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<SessionResources>,
+
+    /// Seconds without a run, activity or CPU use after which the container is stopped (the
+    /// files stay). Defaults to the operator's idle timeout (1800 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60))]
+    pub idle_timeout_seconds: Option<i64>,
+}
+
+/// Resource overrides for one session.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionResources {
+    /// Memory limit in Docker's syntax, for example 512m or 2g.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.resources.memLimit must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
+    pub mem_limit: Option<String>,
+
+    /// CPUs the container may use, in thousandths of a CPU (2000 = two CPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100))]
+    pub milli_cpus: Option<i64>,
+
+    /// Most processes the container may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16))]
+    pub pids_limit: Option<i64>,
+}
+
+/// Where a session is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+pub enum SessionPhase {
+    /// Not yet placed on a host.
+    #[default]
+    Pending,
+    /// Placed; waiting for its runtime to be built on the host.
+    Preparing,
+    /// The container runs.
+    Running,
+    /// Idle: the container is stopped and the files stay; a workspace operation wakes it.
+    Sleeping,
+    /// The stopped container was removed after its TTL; the workspace stays.
+    Reclaimed,
+    /// The workspace vanished on the host; reported, never replaced with an empty one.
+    Lost,
+    /// Opening failed for a reason retries cannot fix (see the conditions).
+    Failed,
+    /// Being destroyed.
+    Terminating,
+}
+
+/// What the operator last saw of a session.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSessionStatus {
+    /// Where the session is in its life: Pending, Preparing, Running, Sleeping, Reclaimed,
+    /// Lost, Failed or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SessionPhase>,
+    /// One line for a person on why the session is in this phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The SandboxHost the session is placed on; it never changes once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The Runtime alias the session was opened with (the default resolved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// The session id on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The base URL of the host's sandboxd that serves this session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The Secret (in this namespace, owned by this session) holding the session token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+    /// When the session last ran a command or touched a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_at: Option<Time>,
+    /// When the session goes to sleep if nothing happens before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleeps_at: Option<Time>,
+    /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub briefing: Option<String>,
+    /// The latest observations: Placed, RuntimeReady, Admitted, Ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
