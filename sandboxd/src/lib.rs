@@ -1,7 +1,23 @@
 //! sandboxd, the node daemon: sandbox sessions in sibling containers with persistent host
 //! workspaces. It knows Docker and the node's disk, and nothing of Kubernetes.
 //!
-//! The service itself arrives with the sandboxd core work; this crate fixes its name and version.
+//! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
+//! - [`api`]: the `/v1` HTTP API; [`client`]: its typed client;
+//! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`files`]: confined file access;
+//! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up.
+
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod core;
+pub mod docker;
+pub mod error;
+pub mod files;
+pub mod metrics;
+pub mod runner;
+pub mod server;
+pub mod store;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

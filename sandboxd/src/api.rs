@@ -1,0 +1,460 @@
+//! sandboxd's own HTTP API, versioned under `/v1`. JSON in and out; every error is
+//! `{"code", "message"}`. The index at `/` (no token) names the service, version and routes.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::auth::{AdminToken, bearer};
+use crate::core::{Core, OpenRequest, RunRequest};
+use crate::error::ApiError;
+use crate::files::TreeLimits;
+use crate::metrics::{Metrics, StateLabel};
+
+/// Every route this server serves, as the index lists them.
+pub const ROUTES: &[&str] = &[
+    "GET /",
+    "GET /healthz",
+    "GET /metrics",
+    "GET /v1/sessions",
+    "POST /v1/sessions",
+    "GET /v1/sessions/{id}",
+    "DELETE /v1/sessions/{id}",
+    "POST /v1/sessions/{id}/stop",
+    "POST /v1/sessions/{id}/start",
+    "POST /v1/sessions/{id}/reclaim",
+    "POST /v1/sessions/{id}/token",
+    "POST /v1/sessions/{id}/runs",
+    "POST /v1/sessions/{id}/runs/{run_id}/stop",
+    "GET /v1/sessions/{id}/files/{path}",
+    "PUT /v1/sessions/{id}/files/{path}",
+    "DELETE /v1/sessions/{id}/files/{path}",
+    "POST /v1/sessions/{id}/mkdir",
+    "GET /v1/sessions/{id}/ls",
+    "GET /v1/sessions/{id}/tree",
+];
+
+/// The largest body a file write accepts.
+pub const MAX_WRITE_BYTES: usize = 256 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// The core.
+    pub core: Arc<Core>,
+    /// The admin token (hashed).
+    pub admin: AdminToken,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The admin token: everything.
+    Admin,
+    /// A session token: only that session.
+    Session(String),
+}
+
+/// The caller of a request; 401 for a missing or wrong token, before anything is looked up
+/// about the path (no way to probe which sessions exist).
+async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .ok_or_else(ApiError::unauthorized)?;
+    if state.admin.matches(token) {
+        return Ok(Caller::Admin);
+    }
+    match state.core.session_of_token(token).await? {
+        Some(id) => Ok(Caller::Session(id)),
+        None => Err(ApiError::unauthorized()),
+    }
+}
+
+async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    match caller(state, headers).await? {
+        Caller::Admin => Ok(()),
+        Caller::Session(_) => Err(ApiError::forbidden("this route needs the admin token")),
+    }
+}
+
+async fn for_session(state: &AppState, headers: &HeaderMap, id: &str) -> Result<(), ApiError> {
+    match caller(state, headers).await? {
+        Caller::Admin => Ok(()),
+        Caller::Session(own) if own == id => Ok(()),
+        Caller::Session(_) => Err(ApiError::forbidden(
+            "a session token reaches only its own session",
+        )),
+    }
+}
+
+/// The router of the `/v1` API, the index, health and metrics.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/sessions", get(list).post(open))
+        .route("/v1/sessions/{id}", get(show).delete(destroy))
+        .route("/v1/sessions/{id}/stop", post(stop))
+        .route("/v1/sessions/{id}/start", post(start))
+        .route("/v1/sessions/{id}/reclaim", post(reclaim))
+        .route("/v1/sessions/{id}/token", post(rotate_token))
+        .route("/v1/sessions/{id}/runs", post(run))
+        .route("/v1/sessions/{id}/runs/{run_id}/stop", post(stop_run))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(read_file)
+                .put(write_file)
+                .delete(remove_file)
+                .layer(DefaultBodyLimit::max(MAX_WRITE_BYTES)),
+        )
+        .route("/v1/sessions/{id}/mkdir", post(mkdir))
+        .route("/v1/sessions/{id}/ls", get(ls))
+        .route("/v1/sessions/{id}/tree", get(tree))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        404,
+        "route_not_found",
+        "This server does not serve that route; see GET / for the routes it serves",
+    )
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+/// The index: what a client reads to know which server and version it talks to.
+pub struct Index {
+    /// Always "sandboxd".
+    pub service: String,
+    /// The server's version.
+    pub version: String,
+    /// The routes it serves.
+    pub routes: Vec<String>,
+}
+
+async fn index() -> Json<Index> {
+    Json(Index {
+        service: crate::SERVICE.into(),
+        version: crate::VERSION.into(),
+        routes: ROUTES.iter().map(|r| (*r).to_owned()).collect(),
+    })
+}
+
+async fn healthz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    state
+        .core
+        .store()
+        .list()
+        .await
+        .map_err(|e| ApiError::internal(format!("state store: {e}")))?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    if let Ok(rows) = state.core.store().list().await {
+        state.metrics.sessions.clear();
+        for row in rows {
+            state
+                .metrics
+                .sessions
+                .get_or_create(&StateLabel {
+                    state: row.state.as_str().to_owned(),
+                })
+                .inc();
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    Ok(Json(json!({"sessions": state.core.list().await?})).into_response())
+}
+
+async fn open(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    let req: OpenRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid open request: {e}")))?;
+    let opened = state.core.open(req).await?;
+    let status = if opened.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(opened)).into_response())
+}
+
+async fn show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    Ok(Json(state.core.get(&id).await?).into_response())
+}
+
+async fn destroy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    Ok(Json(state.core.destroy(&id).await?).into_response())
+}
+
+async fn stop(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    Ok(Json(state.core.stop(&id).await?).into_response())
+}
+
+async fn start(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    state.core.wake(&id).await?;
+    Ok(Json(state.core.get(&id).await?).into_response())
+}
+
+async fn reclaim(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    Ok(Json(state.core.reclaim(&id).await?).into_response())
+}
+
+async fn rotate_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    let token = state.core.rotate_token(&id).await?;
+    Ok(Json(json!({"id": id, "token": token})).into_response())
+}
+
+#[derive(Deserialize)]
+struct RunQuery {
+    #[serde(default)]
+    stream: bool,
+}
+
+async fn run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<RunQuery>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let req: RunRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid run request: {e}")))?;
+    if !q.stream {
+        return Ok(Json(state.core.run(&id, req, None).await?).into_response());
+    }
+    // NDJSON: one event per line as output comes, then the outcome (or the error).
+    let (tx, rx) = mpsc::channel::<serde_json::Value>(64);
+    let (events_tx, mut events_rx) = mpsc::channel(64);
+    let core = state.core.clone();
+    let lines = tx.clone();
+    tokio::spawn(async move {
+        while let Some(event) = events_rx.recv().await {
+            if lines
+                .send(serde_json::to_value(&event).unwrap_or_default())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let last = match core.run(&id, req, Some(events_tx)).await {
+            Ok(outcome) => {
+                let mut v = serde_json::to_value(&outcome).unwrap_or_default();
+                v["type"] = json!("exit");
+                v
+            }
+            Err(e) => json!({"type": "error", "code": e.code, "message": e.message}),
+        };
+        let _ = tx.send(last).await;
+    });
+    let stream =
+        ReceiverStream::new(rx).map(|v| Ok::<_, std::io::Error>(Bytes::from(format!("{v}\n"))));
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+async fn stop_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, run_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    state.core.stop_run(&id, &run_id)?;
+    Ok(Json(json!({"run_id": run_id, "stopping": true})).into_response())
+}
+
+#[derive(Deserialize)]
+struct ReadQuery {
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    limit: Option<u64>,
+    #[serde(default)]
+    recursive: bool,
+}
+
+async fn read_file(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, path)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let ws = state.core.files(&id).await?;
+    let max = state.core.settings().max_read_bytes;
+    let read = tokio::task::spawn_blocking(move || ws.read(&path, q.offset, q.limit, max))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (
+                header::HeaderName::from_static("x-file-size"),
+                read.size.to_string(),
+            ),
+            (
+                header::HeaderName::from_static("x-file-offset"),
+                read.offset.to_string(),
+            ),
+        ],
+        read.data,
+    )
+        .into_response())
+}
+
+async fn write_file(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, path)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let ws = state.core.files(&id).await?;
+    let p = path.clone();
+    let written = tokio::task::spawn_blocking(move || ws.write(&p, &body))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(json!({"path": path, "size": written.size})).into_response())
+}
+
+async fn remove_file(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, path)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let ws = state.core.files(&id).await?;
+    let p = path.clone();
+    tokio::task::spawn_blocking(move || ws.remove(&p, q.recursive))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(json!({"path": path, "removed": true})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MkdirRequest {
+    path: String,
+}
+
+async fn mkdir(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let req: MkdirRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid mkdir request: {e}")))?;
+    let ws = state.core.files(&id).await?;
+    let p = req.path.clone();
+    tokio::task::spawn_blocking(move || ws.mkdir(&p))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok((StatusCode::CREATED, Json(json!({"path": req.path}))).into_response())
+}
+
+#[derive(Deserialize)]
+struct PathQuery {
+    #[serde(default)]
+    path: String,
+}
+
+async fn ls(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let ws = state.core.files(&id).await?;
+    let p = q.path.clone();
+    let entries = tokio::task::spawn_blocking(move || ws.list(&p))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(json!({"path": q.path, "entries": entries})).into_response())
+}
+
+async fn tree(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    let ws = state.core.files(&id).await?;
+    let tree = tokio::task::spawn_blocking(move || ws.tree(&q.path, TreeLimits::default()))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(tree).into_response())
+}

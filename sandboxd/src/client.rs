@@ -1,0 +1,553 @@
+//! The typed client of sandboxd's `/v1` API, used by the operator, the CLI and the tests.
+//!
+//! It tells "no such session" (the server's own 404 with code `session_not_found`) apart from
+//! "this server does not serve that route" (a 404 without that code): the second is a version
+//! mismatch, reported with the version this client expected.
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::api::Index;
+use crate::core::{Destroyed, Limits, SessionView};
+use crate::error::ErrorBody;
+use crate::files::{Entry, Tree};
+use crate::runner::{RunEvent, RunOutcome};
+
+/// What a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The session does not exist (the server said so).
+    #[error("No such session '{0}'")]
+    NoSuchSession(String),
+    /// The server does not serve a route this client needs.
+    #[error(
+        "The sandbox service does not serve {route} - its version does not match this client (expected {expected})"
+    )]
+    VersionMismatch {
+        /// The route that is missing.
+        route: String,
+        /// The version this client speaks.
+        expected: String,
+    },
+    /// The server refused with its own error.
+    #[error("{code} ({status}): {message}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The server's code.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server could not be reached or the answer could not be read.
+    #[error("sandboxd at {base} could not be reached: {message}")]
+    Transport {
+        /// The base URL.
+        base: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// The server's error code, when it sent one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            ClientError::NoSuchSession(_) => Some("session_not_found"),
+            _ => None,
+        }
+    }
+}
+
+/// What an open returned.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct OpenResponse {
+    /// Whether this call created the session (201) or found it (200).
+    #[serde(skip)]
+    pub created: bool,
+    /// The session.
+    #[serde(flatten)]
+    pub session: SessionView,
+    /// The session token, only when created.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// A client of one sandboxd with one token (admin or session).
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+fn enc(path: &str) -> String {
+    path.split('/')
+        .map(|p| urlencoding::encode(p).into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+impl Client {
+    /// A client of the sandboxd at `base` (for example `http://127.0.0.1:8080`).
+    pub fn new(base: &str, token: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// The same server with another token.
+    pub fn with_token(&self, token: &str) -> Self {
+        Self {
+            base: self.base.clone(),
+            token: token.to_owned(),
+            http: self.http.clone(),
+        }
+    }
+
+    fn transport(&self, e: impl std::fmt::Display) -> ClientError {
+        ClientError::Transport {
+            base: self.base.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Option<reqwest::Body>,
+        json_body: Option<serde_json::Value>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(v) = json_body {
+            req = req.json(&v);
+        } else if let Some(b) = body {
+            req = req.body(b);
+        }
+        let resp = req.send().await.map_err(|e| self.transport(e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.transport(e))?;
+        let parsed: Option<ErrorBody> = serde_json::from_slice(&bytes).ok();
+        Err(match parsed {
+            Some(b) if b.code == "session_not_found" => {
+                let id = path.split('/').nth(3).unwrap_or_default();
+                ClientError::NoSuchSession(
+                    urlencoding::decode(id)
+                        .map(|s| s.into_owned())
+                        .unwrap_or_default(),
+                )
+            }
+            Some(b) if b.code != "route_not_found" => ClientError::Api {
+                status: status.as_u16(),
+                code: b.code,
+                message: b.message,
+            },
+            _ if status == StatusCode::NOT_FOUND || status == StatusCode::METHOD_NOT_ALLOWED => {
+                ClientError::VersionMismatch {
+                    route: route.to_owned(),
+                    expected: crate::VERSION.to_owned(),
+                }
+            }
+            _ => ClientError::Api {
+                status: status.as_u16(),
+                code: "http_error".into(),
+                message: String::from_utf8_lossy(&bytes).into_owned(),
+            },
+        })
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let resp = self.send(method, route, path, None, body).await?;
+        resp.json().await.map_err(|e| self.transport(e))
+    }
+
+    /// The index (no token needed).
+    pub async fn index(&self) -> Result<Index, ClientError> {
+        self.json(Method::GET, "GET /", "/", None).await
+    }
+
+    /// Opens a session by name (admin token).
+    pub async fn open(
+        &self,
+        name: &str,
+        tenant: &str,
+        runtime: Option<&str>,
+        limits: Option<&Limits>,
+    ) -> Result<OpenResponse, ClientError> {
+        let body = json!({"name": name, "tenant": tenant, "runtime": runtime, "limits": limits});
+        let resp = self
+            .send(
+                Method::POST,
+                "POST /v1/sessions",
+                "/v1/sessions",
+                None,
+                Some(body),
+            )
+            .await?;
+        let created = resp.status() == StatusCode::CREATED;
+        let mut out: OpenResponse = resp.json().await.map_err(|e| self.transport(e))?;
+        out.created = created;
+        Ok(out)
+    }
+
+    /// One session.
+    pub async fn get(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}",
+            &format!("/v1/sessions/{}", enc(id)),
+            None,
+        )
+        .await
+    }
+
+    /// Every session (admin token).
+    pub async fn list(&self) -> Result<Vec<SessionView>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            sessions: Vec<SessionView>,
+        }
+        Ok(self
+            .json::<List>(Method::GET, "GET /v1/sessions", "/v1/sessions", None)
+            .await?
+            .sessions)
+    }
+
+    async fn action(&self, id: &str, verb: &str) -> Result<SessionView, ClientError> {
+        self.json(
+            Method::POST,
+            &format!("POST /v1/sessions/{{id}}/{verb}"),
+            &format!("/v1/sessions/{}/{verb}", enc(id)),
+            None,
+        )
+        .await
+    }
+
+    /// Puts a session to sleep.
+    pub async fn stop(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.action(id, "stop").await
+    }
+
+    /// Wakes a session.
+    pub async fn start(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.action(id, "start").await
+    }
+
+    /// Removes a session's container, keeping its workspace.
+    pub async fn reclaim(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.action(id, "reclaim").await
+    }
+
+    /// Gives a session a new token (admin token).
+    pub async fn rotate_token(&self, id: &str) -> Result<String, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct T {
+            token: String,
+        }
+        Ok(self
+            .json::<T>(
+                Method::POST,
+                "POST /v1/sessions/{id}/token",
+                &format!("/v1/sessions/{}/token", enc(id)),
+                None,
+            )
+            .await?
+            .token)
+    }
+
+    /// Destroys a session (container and workspace).
+    pub async fn destroy(&self, id: &str) -> Result<Destroyed, ClientError> {
+        self.json(
+            Method::DELETE,
+            "DELETE /v1/sessions/{id}",
+            &format!("/v1/sessions/{}", enc(id)),
+            None,
+        )
+        .await
+    }
+
+    /// Runs a command and waits for it.
+    pub async fn run(
+        &self,
+        id: &str,
+        command: &str,
+        timeout_seconds: Option<u64>,
+        env: Option<&HashMap<String, String>>,
+        run_id: Option<&str>,
+    ) -> Result<RunOutcome, ClientError> {
+        let body = json!({"command": command, "timeout_seconds": timeout_seconds, "env": env, "run_id": run_id});
+        self.json(
+            Method::POST,
+            "POST /v1/sessions/{id}/runs",
+            &format!("/v1/sessions/{}/runs", enc(id)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Runs a command, handing each output event to `on_event` as it comes.
+    pub async fn run_streaming(
+        &self,
+        id: &str,
+        command: &str,
+        timeout_seconds: Option<u64>,
+        mut on_event: impl FnMut(RunEvent),
+    ) -> Result<RunOutcome, ClientError> {
+        let body = json!({"command": command, "timeout_seconds": timeout_seconds});
+        let resp = self
+            .send(
+                Method::POST,
+                "POST /v1/sessions/{id}/runs",
+                &format!("/v1/sessions/{}/runs?stream=true", enc(id)),
+                None,
+                Some(body),
+            )
+            .await?;
+        let mut stream = resp.bytes_stream();
+        let mut buf = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            buf.extend_from_slice(&chunk.map_err(|e| self.transport(e))?);
+            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                let v: serde_json::Value =
+                    serde_json::from_slice(&line).map_err(|e| self.transport(e))?;
+                match v["type"].as_str() {
+                    Some("exit") => {
+                        return serde_json::from_value(v).map_err(|e| self.transport(e));
+                    }
+                    Some("error") => {
+                        return Err(ClientError::Api {
+                            status: 500,
+                            code: v["code"].as_str().unwrap_or("error").to_owned(),
+                            message: v["message"].as_str().unwrap_or_default().to_owned(),
+                        });
+                    }
+                    _ => on_event(serde_json::from_value(v).map_err(|e| self.transport(e))?),
+                }
+            }
+        }
+        Err(self.transport("the run stream ended without an outcome"))
+    }
+
+    /// Stops a running run.
+    pub async fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ClientError> {
+        self.send(
+            Method::POST,
+            "POST /v1/sessions/{id}/runs/{run_id}/stop",
+            &format!("/v1/sessions/{}/runs/{}/stop", enc(id), enc(run_id)),
+            None,
+            Some(json!({})),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Reads a file (bytes `offset..offset+limit`).
+    pub async fn read(
+        &self,
+        id: &str,
+        path: &str,
+        offset: u64,
+        limit: Option<u64>,
+    ) -> Result<Vec<u8>, ClientError> {
+        let mut url = format!(
+            "/v1/sessions/{}/files/{}?offset={offset}",
+            enc(id),
+            enc(path)
+        );
+        if let Some(l) = limit {
+            url.push_str(&format!("&limit={l}"));
+        }
+        let resp = self
+            .send(
+                Method::GET,
+                "GET /v1/sessions/{id}/files/{path}",
+                &url,
+                None,
+                None,
+            )
+            .await?;
+        Ok(resp.bytes().await.map_err(|e| self.transport(e))?.to_vec())
+    }
+
+    /// Writes a file atomically, creating parents.
+    pub async fn write(
+        &self,
+        id: &str,
+        path: &str,
+        data: impl Into<reqwest::Body>,
+    ) -> Result<u64, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct W {
+            size: u64,
+        }
+        let resp = self
+            .send(
+                Method::PUT,
+                "PUT /v1/sessions/{id}/files/{path}",
+                &format!("/v1/sessions/{}/files/{}", enc(id), enc(path)),
+                Some(data.into()),
+                None,
+            )
+            .await?;
+        Ok(resp.json::<W>().await.map_err(|e| self.transport(e))?.size)
+    }
+
+    /// Removes a file, or a folder with `recursive`.
+    pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<(), ClientError> {
+        self.send(
+            Method::DELETE,
+            "DELETE /v1/sessions/{id}/files/{path}",
+            &format!(
+                "/v1/sessions/{}/files/{}?recursive={recursive}",
+                enc(id),
+                enc(path)
+            ),
+            None,
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Creates a folder and its parents.
+    pub async fn mkdir(&self, id: &str, path: &str) -> Result<(), ClientError> {
+        self.send(
+            Method::POST,
+            "POST /v1/sessions/{id}/mkdir",
+            &format!("/v1/sessions/{}/mkdir", enc(id)),
+            None,
+            Some(json!({"path": path})),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Lists one folder.
+    pub async fn ls(&self, id: &str, path: &str) -> Result<Vec<Entry>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct L {
+            entries: Vec<Entry>,
+        }
+        Ok(self
+            .json::<L>(
+                Method::GET,
+                "GET /v1/sessions/{id}/ls",
+                &format!(
+                    "/v1/sessions/{}/ls?path={}",
+                    enc(id),
+                    urlencoding::encode(path)
+                ),
+                None,
+            )
+            .await?
+            .entries)
+    }
+
+    /// The breadth-first tree of a folder.
+    pub async fn tree(&self, id: &str, path: &str) -> Result<Tree, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}/tree",
+            &format!(
+                "/v1/sessions/{}/tree?path={}",
+                enc(id),
+                urlencoding::encode(path)
+            ),
+            None,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::http::StatusCode;
+
+    /// Serves `router` on a free loopback port; the edge a unit test may fake.
+    async fn serve(router: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_bare_404_is_a_version_mismatch_not_a_missing_session() {
+        // An older server answers routes it lacks like a generic framework does.
+        let base = serve(Router::new().fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"detail": "Not Found"})),
+            )
+        }))
+        .await;
+        let err = Client::new(&base, "t")
+            .run("s-1", "true", None, None, None)
+            .await
+            .expect_err("must fail");
+        match &err {
+            ClientError::VersionMismatch { route, expected } => {
+                assert_eq!(route, "POST /v1/sessions/{id}/runs");
+                assert_eq!(expected, crate::VERSION);
+            }
+            other => panic!("expected a version mismatch, got {other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "The sandbox service does not serve POST /v1/sessions/{{id}}/runs - its version does not match this client (expected {})",
+                crate::VERSION
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn the_servers_own_404_is_no_such_session() {
+        let base = serve(
+            Router::new().fallback(|| async { crate::error::ApiError::no_such_session("s-1") }),
+        )
+        .await;
+        let err = Client::new(&base, "t")
+            .get("s-1")
+            .await
+            .expect_err("must fail");
+        assert!(
+            matches!(err, ClientError::NoSuchSession(ref id) if id == "s-1"),
+            "{err:?}"
+        );
+    }
+}

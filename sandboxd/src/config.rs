@@ -1,0 +1,328 @@
+//! sandboxd's configuration: flags and `SANDBOXD_*` variables, with the seed's defaults.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Everything sandboxd is configured with.
+#[derive(Parser, Clone)]
+#[command(
+    name = "sandboxd",
+    version,
+    about = "The sandboxd node daemon: sandbox sessions in containers with persistent workspaces"
+)]
+pub struct Config {
+    /// The admin token (root-equivalent: whoever holds it starts containers on this host). Required.
+    #[arg(long, env = "SANDBOXD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Address to listen on.
+    #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+
+    /// Port to listen on (0 picks a free one and prints it).
+    #[arg(long, env = "SANDBOXD_PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// The runtimes sessions may use, `alias=image,alias2=image2`; the first is the default.
+    #[arg(long, env = "SANDBOXD_RUNTIMES", default_value = "")]
+    pub runtimes: String,
+
+    /// Sessions this host holds at most (opening ones included).
+    #[arg(long, env = "SANDBOXD_MAX_SESSIONS", default_value_t = 20)]
+    pub max_sessions: u32,
+
+    /// Sessions one tenant holds at most on this host.
+    #[arg(long, env = "SANDBOXD_MAX_SESSIONS_PER_TENANT", default_value_t = 10)]
+    pub max_sessions_per_tenant: u32,
+
+    /// Longest a command may run, in seconds; a run asking for more gets this.
+    #[arg(long, env = "SANDBOXD_EXECUTE_TIMEOUT", default_value_t = 300)]
+    pub execute_timeout: u64,
+
+    /// Largest read of a file, in bytes.
+    #[arg(long, env = "SANDBOXD_MAX_READ_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_read_bytes: u64,
+
+    /// Largest output a run returns per stream, in bytes; the rest is dropped and the run marked truncated.
+    #[arg(long, env = "SANDBOXD_MAX_OUTPUT_BYTES", default_value_t = 1024 * 1024)]
+    pub max_output_bytes: usize,
+
+    /// The uid (and gid) sandboxes run as and workspaces are owned by. Never 0.
+    #[arg(long, env = "SANDBOXD_SANDBOX_UID", default_value_t = 10001)]
+    pub sandbox_uid: u32,
+
+    /// Docker network of a session whose runtime does not ask for one.
+    #[arg(long, env = "SANDBOXD_NETWORK_MODE", default_value = "none")]
+    pub network_mode: String,
+
+    /// Docker network of a session whose runtime asks for one.
+    #[arg(long, env = "SANDBOXD_RUNTIME_NETWORK", default_value = "bridge")]
+    pub runtime_network: String,
+
+    /// CPUs a sandbox may use.
+    #[arg(long, env = "SANDBOXD_CPUS", default_value_t = 2.0)]
+    pub cpus: f64,
+
+    /// Processes a sandbox may hold at once.
+    #[arg(long, env = "SANDBOXD_PIDS_LIMIT", default_value_t = 512)]
+    pub pids_limit: i64,
+
+    /// Size of the tmpfs at /tmp, in Docker's syntax.
+    #[arg(long, env = "SANDBOXD_TMPFS_SIZE", default_value = "64m")]
+    pub tmpfs_size: String,
+
+    /// Memory limit of a sandbox whose runtime names none, in Docker's syntax.
+    #[arg(long, env = "SANDBOXD_MEM_LIMIT", default_value = "1g")]
+    pub mem_limit: String,
+
+    /// Host folder of the workspaces: `{root}/{session id}/workspace`. Must be the same path
+    /// inside a sandboxd container as on the host.
+    #[arg(
+        long,
+        env = "SANDBOXD_WORKSPACE_ROOT",
+        default_value = "/var/lib/sandboxd/workspaces"
+    )]
+    pub workspace_root: PathBuf,
+
+    /// Folder of sandboxd's own state (the SQLite database).
+    #[arg(
+        long,
+        env = "SANDBOXD_STATE_DIR",
+        default_value = "/var/lib/sandboxd/state"
+    )]
+    pub state_dir: PathBuf,
+
+    /// Keep a closed session's container (stopped) instead of removing it.
+    #[arg(long, env = "SANDBOXD_PERSIST_CONTAINERS", default_value_t = false)]
+    pub persist_containers: bool,
+
+    /// OCI runtime of sandbox containers (for example runsc or crun); unset uses Docker's default.
+    #[arg(long, env = "SANDBOXD_OCI_RUNTIME")]
+    pub oci_runtime: Option<String>,
+
+    /// Name of this sandboxd, written on the containers it owns.
+    #[arg(long, env = "SANDBOXD_INSTANCE", default_value = "sandboxd")]
+    pub instance: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("Config")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("runtimes", &self.runtimes)
+            .field("max_sessions", &self.max_sessions)
+            .field("max_sessions_per_tenant", &self.max_sessions_per_tenant)
+            .field("workspace_root", &self.workspace_root)
+            .field("state_dir", &self.state_dir)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What is wrong with a configuration.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The admin token is missing.
+    #[error(
+        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host"
+    )]
+    MissingToken,
+    /// The runtime list is empty or malformed.
+    #[error("SANDBOXD_RUNTIMES (--runtimes): {0}")]
+    Runtimes(String),
+    /// Another setting is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A runtime sessions may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeImage {
+    /// The alias a session names.
+    pub alias: String,
+    /// The image it runs.
+    pub image: String,
+    /// Whether its sessions get a network.
+    pub needs_network: bool,
+    /// Its memory limit, if it names one.
+    pub mem_limit: Option<String>,
+    /// Environment of its containers.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Parses the compact runtime form `alias=image,alias2=image2`.
+pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
+    let mut out: Vec<RuntimeImage> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((alias, image)) = item.split_once('=') else {
+            return Err(ConfigError::Runtimes(format!(
+                "'{item}' is not alias=image"
+            )));
+        };
+        let (alias, image) = (alias.trim(), image.trim());
+        let valid = alias.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            && alias
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !valid {
+            return Err(ConfigError::Runtimes(format!(
+                "alias '{alias}' must match [a-z][a-z0-9-]*"
+            )));
+        }
+        if image.is_empty() {
+            return Err(ConfigError::Runtimes(format!(
+                "alias '{alias}' names no image"
+            )));
+        }
+        if out.iter().any(|r| r.alias == alias) {
+            return Err(ConfigError::Runtimes(format!(
+                "alias '{alias}' is listed twice"
+            )));
+        }
+        out.push(RuntimeImage {
+            alias: alias.to_owned(),
+            image: image.to_owned(),
+            needs_network: false,
+            mem_limit: None,
+            env: BTreeMap::new(),
+        });
+    }
+    if out.is_empty() {
+        return Err(ConfigError::Runtimes(
+            "lists no runtime; give at least one alias=image".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
+pub fn parse_bytes(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let (number, shift) = match text.chars().last()?.to_ascii_lowercase() {
+        'b' => (&text[..text.len() - 1], 0),
+        'k' => (&text[..text.len() - 1], 10),
+        'm' => (&text[..text.len() - 1], 20),
+        'g' => (&text[..text.len() - 1], 30),
+        't' => (&text[..text.len() - 1], 40),
+        c if c.is_ascii_digit() => (text, 0),
+        _ => return None,
+    };
+    let value: f64 = number
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
+    Some((value * (1u64 << shift) as f64) as i64)
+}
+
+impl Config {
+    /// Checks everything that can be checked before start-up and returns the admin token and runtimes.
+    pub fn validate(&self) -> Result<(String, Vec<RuntimeImage>), ConfigError> {
+        let token = self
+            .token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .ok_or(ConfigError::MissingToken)?;
+        let runtimes = parse_runtimes(&self.runtimes)?;
+        if self.sandbox_uid == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_SANDBOX_UID must not be 0: sandboxes never run as root".into(),
+            ));
+        }
+        for (name, value) in [
+            ("SANDBOXD_TMPFS_SIZE", &self.tmpfs_size),
+            ("SANDBOXD_MEM_LIMIT", &self.mem_limit),
+        ] {
+            if parse_bytes(value).is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} '{value}' is not a size in Docker's syntax (for example 64m or 2g)"
+                )));
+            }
+        }
+        if self.cpus.is_nan() || self.cpus <= 0.0 {
+            return Err(ConfigError::Invalid("SANDBOXD_CPUS must be above 0".into()));
+        }
+        Ok((token, runtimes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_is_well_formed() {
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let c = Config::parse_from(["sandboxd", "--token", "t", "--runtimes", "base=img"]);
+        assert_eq!((c.max_sessions, c.max_sessions_per_tenant), (20, 10));
+        assert_eq!(c.execute_timeout, 300);
+        assert_eq!(c.max_read_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.sandbox_uid, 10001);
+        assert_eq!(c.network_mode, "none");
+        assert_eq!(
+            (c.cpus, c.pids_limit, c.tmpfs_size.as_str()),
+            (2.0, 512, "64m")
+        );
+        assert_eq!((c.host.to_string(), c.port), ("127.0.0.1".to_owned(), 8080));
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn missing_token_is_named() {
+        let c = Config::parse_from(["sandboxd", "--runtimes", "base=img"]);
+        assert_eq!(
+            c.validate().map(|_| ()).map_err(|e| e.to_string()),
+            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host".to_owned())
+        );
+    }
+
+    #[test]
+    fn runtimes_compact_form() {
+        let r = parse_runtimes("base=debian:12, py = python:3.12-slim").expect("valid");
+        assert_eq!(
+            r.iter()
+                .map(|r| (r.alias.as_str(), r.image.as_str()))
+                .collect::<Vec<_>>(),
+            [("base", "debian:12"), ("py", "python:3.12-slim")]
+        );
+        for (bad, want) in [
+            ("", "lists no runtime"),
+            ("base", "'base' is not alias=image"),
+            ("Base=x", "alias 'Base' must match"),
+            ("a=", "alias 'a' names no image"),
+            ("a=x,a=y", "alias 'a' is listed twice"),
+        ] {
+            let err = parse_runtimes(bad).expect_err(bad).to_string();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "s3cr3t-admin",
+            "--runtimes",
+            "base=img",
+        ]);
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("64m"), Some(64 << 20));
+        assert_eq!(parse_bytes("2g"), Some(2 << 30));
+        assert_eq!(parse_bytes("1024"), Some(1024));
+        assert_eq!(parse_bytes("lots"), None);
+    }
+}

@@ -1,0 +1,1096 @@
+//! The core below both HTTP surfaces: sessions, runs, files, caps and tokens, implemented once.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::auth;
+use crate::config::{Config, RuntimeImage, parse_bytes};
+use crate::docker::{Engine, SandboxSpec};
+use crate::error::ApiError;
+use crate::files::Workspace;
+use crate::metrics::Metrics;
+use crate::runner::{RunEvent, RunOutcome, RunSpec, Runner};
+use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
+
+/// How long an open waits for a concurrent open of the same name to finish.
+const OPEN_WAIT: Duration = Duration::from_secs(600);
+
+/// Settings the core runs with (the parts of [`Config`] that matter below HTTP).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Host folder of the workspaces.
+    pub workspace_root: PathBuf,
+    /// Caps.
+    pub caps: Caps,
+    /// Longest run.
+    pub execute_timeout: Duration,
+    /// Largest read.
+    pub max_read_bytes: u64,
+    /// Bytes kept per output stream.
+    pub max_output_bytes: usize,
+    /// Sandbox uid and gid.
+    pub uid: u32,
+    /// Network of sessions whose runtime needs none.
+    pub network_mode: String,
+    /// Network of sessions whose runtime needs one.
+    pub runtime_network: String,
+    /// CPUs per sandbox (ceiling).
+    pub cpus: f64,
+    /// Memory per sandbox (default and ceiling), bytes.
+    pub memory: i64,
+    /// Processes per sandbox (ceiling).
+    pub pids_limit: i64,
+    /// tmpfs size at /tmp.
+    pub tmpfs_size: String,
+    /// OCI runtime.
+    pub oci_runtime: Option<String>,
+    /// Keep closed containers.
+    pub persist_containers: bool,
+}
+
+impl Settings {
+    /// The settings of a validated config.
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            workspace_root: c.workspace_root.clone(),
+            caps: Caps {
+                max_sessions: c.max_sessions,
+                max_per_tenant: c.max_sessions_per_tenant,
+            },
+            execute_timeout: Duration::from_secs(c.execute_timeout),
+            max_read_bytes: c.max_read_bytes,
+            max_output_bytes: c.max_output_bytes,
+            uid: c.sandbox_uid,
+            network_mode: c.network_mode.clone(),
+            runtime_network: c.runtime_network.clone(),
+            cpus: c.cpus,
+            memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
+            pids_limit: c.pids_limit,
+            tmpfs_size: c.tmpfs_size.clone(),
+            oci_runtime: c.oci_runtime.clone(),
+            persist_containers: c.persist_containers,
+        }
+    }
+}
+
+/// Per-session resource limits, within the host's ceilings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Memory in Docker's syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// Processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<i64>,
+}
+
+/// A request to open a session by name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRequest {
+    /// The session name (its id on this host).
+    pub name: String,
+    /// The tenant, counted against the per-tenant cap.
+    pub tenant: String,
+    /// The runtime alias; the first allowlisted one when absent.
+    #[serde(default)]
+    pub runtime: Option<String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+}
+
+/// What an open did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Opened {
+    /// Whether this request created the session.
+    #[serde(skip)]
+    pub created: bool,
+    /// The session.
+    #[serde(flatten)]
+    pub session: SessionView,
+    /// The session token: only in the response that created it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// A session as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The runtime alias.
+    pub runtime: String,
+    /// The image.
+    pub image: String,
+    /// opening, running, stopped, reclaimed, lost or destroying.
+    pub state: State,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339 of the last run or file operation.
+    pub last_activity_at: String,
+    /// Runs in flight now.
+    pub runs_in_flight: usize,
+    /// CPU time the container used, in nanoseconds (when it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<u64>,
+    /// Whether the workspace folder still exists on the host.
+    pub workspace_exists: bool,
+}
+
+/// What a destroy did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Destroyed {
+    /// The id.
+    pub id: String,
+    /// False when there was nothing left to destroy.
+    pub destroyed: bool,
+    /// In words.
+    pub message: String,
+}
+
+/// A run request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The command, run under POSIX `/bin/sh -c` in /workspace.
+    pub command: String,
+    /// Timeout in seconds; capped at SANDBOXD_EXECUTE_TIMEOUT.
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: Option<HashMap<String, String>>,
+    /// A run id of the caller's; one is made when absent.
+    #[serde(default)]
+    pub run_id: Option<String>,
+}
+
+struct RunEntry {
+    session: String,
+    cancel: CancellationToken,
+}
+
+/// The core.
+pub struct Core {
+    settings: Settings,
+    store: Store,
+    engine: Engine,
+    runner: Arc<dyn Runner>,
+    runtimes: Vec<RuntimeImage>,
+    opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    runs: Mutex<HashMap<String, RunEntry>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Whether `id` may name a session: it is a folder name on the host and a container name part.
+pub fn valid_session_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    (1..=128).contains(&id.len())
+        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn db(e: sqlx::Error) -> ApiError {
+    ApiError::internal(format!("sandboxd's state store failed: {e}"))
+}
+
+impl Core {
+    /// A core over its parts.
+    pub fn new(
+        settings: Settings,
+        store: Store,
+        engine: Engine,
+        runner: Arc<dyn Runner>,
+        runtimes: Vec<RuntimeImage>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            settings,
+            store,
+            engine,
+            runner,
+            runtimes,
+            opening: Mutex::default(),
+            runs: Mutex::default(),
+            metrics,
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The allowlisted runtimes.
+    pub fn runtimes(&self) -> &[RuntimeImage] {
+        &self.runtimes
+    }
+
+    /// The workspace of a session.
+    pub fn workspace(&self, id: &str) -> Workspace {
+        Workspace::new(
+            self.settings.workspace_root.join(id).join("workspace"),
+            self.settings.uid,
+            self.settings.uid,
+        )
+    }
+
+    fn runs_in_flight(&self, id: &str) -> usize {
+        self.runs
+            .lock()
+            .map(|r| r.values().filter(|e| e.session == id).count())
+            .unwrap_or(0)
+    }
+
+    async fn view(&self, row: &SessionRow, with_cpu: bool) -> SessionView {
+        let workspace_exists = self.workspace(&row.id).exists();
+        let cpu_ns = match (&row.container_id, with_cpu && row.state == State::Running) {
+            (Some(c), true) => self.engine.cpu_ns(c).await.ok().flatten(),
+            _ => None,
+        };
+        SessionView {
+            id: row.id.clone(),
+            tenant: row.tenant.clone(),
+            runtime: row.runtime.clone(),
+            image: row.image.clone(),
+            state: if workspace_exists || row.state == State::Destroying {
+                row.state
+            } else {
+                State::Lost
+            },
+            created_at: rfc3339(row.created_at),
+            last_activity_at: rfc3339(row.last_activity_at),
+            runs_in_flight: self.runs_in_flight(&row.id),
+            cpu_ns,
+            workspace_exists,
+        }
+    }
+
+    async fn row(&self, id: &str) -> Result<SessionRow, ApiError> {
+        self.store
+            .get(id)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| ApiError::no_such_session(id))
+    }
+
+    /// The session a token belongs to, if any.
+    pub async fn session_of_token(&self, token: &str) -> Result<Option<String>, ApiError> {
+        Ok(self
+            .store
+            .by_token_hash(&auth::hash(token))
+            .await
+            .map_err(db)?
+            .map(|r| r.id))
+    }
+
+    /// One session; no side effects (never wakes, never marks anything).
+    pub async fn get(&self, id: &str) -> Result<SessionView, ApiError> {
+        let row = self.row(id).await?;
+        Ok(self.view(&row, true).await)
+    }
+
+    /// Every session.
+    pub async fn list(&self) -> Result<Vec<SessionView>, ApiError> {
+        let rows = self.store.list().await.map_err(db)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(self.view(row, false).await);
+        }
+        Ok(out)
+    }
+
+    fn runtime(&self, alias: Option<&str>) -> Result<&RuntimeImage, ApiError> {
+        let allowed = || {
+            self.runtimes
+                .iter()
+                .map(|r| r.alias.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match alias.filter(|a| !a.is_empty()) {
+            None => self
+                .runtimes
+                .first()
+                .ok_or_else(|| ApiError::internal("no runtime is allowlisted")),
+            Some(a) => self.runtimes.iter().find(|r| r.alias == a).ok_or_else(|| {
+                ApiError::new(
+                    400,
+                    "unknown_runtime",
+                    format!(
+                        "Runtime '{a}' is not allowed on this host; allowed: {}",
+                        allowed()
+                    ),
+                )
+            }),
+        }
+    }
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), ApiError> {
+        let s = &self.settings;
+        if let Some(c) = limits.cpus
+            && (c.is_nan() || c <= 0.0 || c > s.cpus)
+        {
+            return Err(ApiError::bad_request(format!(
+                "limits.cpus must be above 0 and at most {} (this host's ceiling)",
+                s.cpus
+            )));
+        }
+        if let Some(m) = &limits.mem_limit {
+            match parse_bytes(m) {
+                Some(b) if b <= s.memory => {}
+                Some(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "limits.mem_limit '{m}' is above this host's ceiling of {} bytes",
+                        s.memory
+                    )));
+                }
+                None => {
+                    return Err(ApiError::bad_request(format!(
+                        "limits.mem_limit '{m}' is not a size in Docker's syntax (for example 512m or 2g)"
+                    )));
+                }
+            }
+        }
+        if let Some(p) = limits.pids_limit
+            && !(16..=s.pids_limit).contains(&p)
+        {
+            return Err(ApiError::bad_request(format!(
+                "limits.pids_limit must be between 16 and {} (this host's ceiling)",
+                s.pids_limit
+            )));
+        }
+        Ok(())
+    }
+
+    fn cap_error(&self, claim: &Claim, tenant: &str) -> ApiError {
+        let caps = self.settings.caps;
+        match claim {
+            Claim::TenantCap { held } => ApiError::new(
+                429,
+                "tenant_cap",
+                format!(
+                    "Tenant '{tenant}' already holds {held} of {} sessions. Release an idle session before opening another.",
+                    caps.max_per_tenant
+                ),
+            ),
+            _ => {
+                let held = if let Claim::HostCap { held } = claim {
+                    *held
+                } else {
+                    caps.max_sessions
+                };
+                ApiError::new(
+                    429,
+                    "host_cap",
+                    format!(
+                        "This host already holds {held} of {} sessions. Release an idle session before opening another.",
+                        caps.max_sessions
+                    ),
+                )
+            }
+        }
+    }
+
+    /// Opens a session by name: creates it, or finds it (waiting for a concurrent open of the
+    /// same name). Concurrent opens make exactly one container.
+    pub async fn open(&self, req: OpenRequest) -> Result<Opened, ApiError> {
+        if !valid_session_id(&req.name) {
+            return Err(ApiError::bad_request(format!(
+                "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
+                req.name
+            )));
+        }
+        if req.tenant.trim().is_empty() {
+            return Err(ApiError::bad_request(
+                "tenant must not be empty: send the organization id",
+            ));
+        }
+        let runtime = self.runtime(req.runtime.as_deref())?.clone();
+        let limits = req.limits.clone().unwrap_or_default();
+        self.check_limits(&limits)?;
+        let token = auth::new_session_token();
+        let hash = auth::hash(&token);
+        let limits_json =
+            serde_json::to_string(&limits).map_err(|e| ApiError::internal(e.to_string()))?;
+        let new = NewSession {
+            id: &req.name,
+            tenant: &req.tenant,
+            runtime: &runtime.alias,
+            image: &runtime.image,
+            token_hash: &hash,
+            limits: &limits_json,
+        };
+        // Register the in-flight open before claiming, so a concurrent open that finds the row
+        // in state opening always has something to wait on.
+        let (done_tx, done_rx) = watch::channel(false);
+        let claim = self
+            .store
+            .claim(&new, self.settings.caps)
+            .await
+            .map_err(db)?;
+        match claim {
+            Claim::Inserted => {
+                if let Ok(mut m) = self.opening.lock() {
+                    m.insert(req.name.clone(), done_rx);
+                }
+                let result = self
+                    .create_container(&req.name, &req.tenant, &runtime, &limits)
+                    .await;
+                if let Ok(mut m) = self.opening.lock() {
+                    m.remove(&req.name);
+                }
+                let _ = done_tx.send(true);
+                match result {
+                    Ok(()) => {
+                        self.metrics
+                            .opens
+                            .get_or_create(&crate::metrics::Outcome::new("created"))
+                            .inc();
+                        let row = self.row(&req.name).await?;
+                        Ok(Opened {
+                            created: true,
+                            session: self.view(&row, false).await,
+                            token: Some(token),
+                        })
+                    }
+                    Err(e) => {
+                        // A failed open uses no capacity.
+                        let _ = self.store.delete(&req.name).await;
+                        self.metrics
+                            .opens
+                            .get_or_create(&crate::metrics::Outcome::new("failed"))
+                            .inc();
+                        Err(e)
+                    }
+                }
+            }
+            Claim::Exists(row) => {
+                if row.tenant != req.tenant {
+                    return Err(ApiError::conflict(
+                        "name_taken",
+                        format!("Session name '{}' is taken by another tenant", req.name),
+                    ));
+                }
+                let row = if row.state == State::Opening {
+                    self.wait_opened(&req.name).await?
+                } else {
+                    row
+                };
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("found"))
+                    .inc();
+                Ok(Opened {
+                    created: false,
+                    session: self.view(&row, false).await,
+                    token: None,
+                })
+            }
+            refused => {
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("refused"))
+                    .inc();
+                Err(self.cap_error(&refused, &req.tenant))
+            }
+        }
+    }
+
+    async fn wait_opened(&self, id: &str) -> Result<SessionRow, ApiError> {
+        let rx = self.opening.lock().ok().and_then(|m| m.get(id).cloned());
+        if let Some(mut rx) = rx {
+            let _ = tokio::time::timeout(OPEN_WAIT, rx.wait_for(|done| *done)).await;
+        }
+        // The open that was in flight either finished (running) or failed (row gone).
+        self.store.get(id).await.map_err(db)?.ok_or_else(|| {
+            ApiError::new(
+                502,
+                "open_failed",
+                format!("A concurrent open of session '{id}' failed; open it again"),
+            )
+        })
+    }
+
+    async fn create_container(
+        &self,
+        id: &str,
+        tenant: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+    ) -> Result<(), ApiError> {
+        let s = &self.settings;
+        let workspace = self.workspace(id);
+        workspace.prepare()?;
+        let memory = limits
+            .mem_limit
+            .as_deref()
+            .or(runtime.mem_limit.as_deref())
+            .and_then(parse_bytes)
+            .unwrap_or(s.memory);
+        let spec = SandboxSpec {
+            session: id.to_owned(),
+            tenant: tenant.to_owned(),
+            image: runtime.image.clone(),
+            workspace: workspace.dir().display().to_string(),
+            uid: s.uid,
+            network_mode: if runtime.needs_network {
+                s.runtime_network.clone()
+            } else {
+                s.network_mode.clone()
+            },
+            cpus: limits.cpus.unwrap_or(s.cpus),
+            memory,
+            pids_limit: limits.pids_limit.unwrap_or(s.pids_limit),
+            tmpfs_size: s.tmpfs_size.clone(),
+            oci_runtime: s.oci_runtime.clone(),
+            env: runtime
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+        };
+        // A container left by an earlier crash under the same name is removed first.
+        let _ = self.engine.remove(&self.engine.container_name(id)).await;
+        let container = self
+            .engine
+            .create(&spec)
+            .await
+            .map_err(|e| ApiError::docker(e.to_string()))?;
+        self.store
+            .set_container(id, Some(&container))
+            .await
+            .map_err(db)?;
+        if !self
+            .store
+            .transition(id, &[State::Opening], State::Running)
+            .await
+            .map_err(db)?
+        {
+            let _ = self.engine.remove(&container).await;
+            return Err(ApiError::conflict(
+                "session_changed",
+                format!("Session '{id}' changed while it was opening"),
+            ));
+        }
+        info!(session = id, tenant, runtime = %runtime.alias, "session opened");
+        Ok(())
+    }
+
+    fn limits_of(row: &SessionRow) -> Limits {
+        serde_json::from_str(&row.limits).unwrap_or_default()
+    }
+
+    /// Marks a session lost when its workspace vanished; returns the 410 to answer with.
+    async fn check_workspace(&self, row: &SessionRow) -> Result<(), ApiError> {
+        if row.state == State::Lost {
+            return Err(ApiError::lost(&row.id));
+        }
+        if self.workspace(&row.id).exists() {
+            return Ok(());
+        }
+        warn!(session = %row.id, "workspace vanished; session is lost");
+        if self
+            .store
+            .transition(
+                &row.id,
+                &[
+                    State::Opening,
+                    State::Running,
+                    State::Stopped,
+                    State::Reclaimed,
+                ],
+                State::Lost,
+            )
+            .await
+            .map_err(db)?
+            && let Some(c) = &row.container_id
+        {
+            let _ = self.engine.remove(c).await;
+            let _ = self.store.set_container(&row.id, None).await;
+        }
+        Err(ApiError::lost(&row.id))
+    }
+
+    /// Wakes a session so a command can run: starts a stopped container, recreates a reclaimed
+    /// one (within the caps), waits for one still opening. Returns the running row.
+    pub async fn wake(&self, id: &str) -> Result<SessionRow, ApiError> {
+        let row = self.row(id).await?;
+        self.check_workspace(&row).await?;
+        match row.state {
+            State::Running => {
+                // Docker may have stopped it behind our back (OOM of the keepalive, a restart).
+                if let Some(c) = &row.container_id
+                    && self
+                        .engine
+                        .running(c)
+                        .await
+                        .map_err(|e| ApiError::docker(e.to_string()))?
+                        == Some(true)
+                {
+                    return Ok(row);
+                }
+                self.store
+                    .transition(id, &[State::Running], State::Stopped)
+                    .await
+                    .map_err(db)?;
+                Box::pin(self.wake(id)).await
+            }
+            State::Opening => self.wait_opened(id).await,
+            State::Stopped => {
+                let Some(c) = row.container_id.clone() else {
+                    self.store
+                        .transition(id, &[State::Stopped], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    return Box::pin(self.wake(id)).await;
+                };
+                match self.engine.start(&c).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {
+                        self.store.set_container(id, None).await.map_err(db)?;
+                        self.store
+                            .transition(id, &[State::Stopped], State::Reclaimed)
+                            .await
+                            .map_err(db)?;
+                        return Box::pin(self.wake(id)).await;
+                    }
+                    Err(e) => return Err(ApiError::docker(e.to_string())),
+                }
+                self.store
+                    .transition(id, &[State::Stopped], State::Running)
+                    .await
+                    .map_err(db)?;
+                info!(session = id, "session woken");
+                self.row(id).await
+            }
+            State::Reclaimed => {
+                match self
+                    .store
+                    .reclaim_to_opening(id, &row.tenant, self.settings.caps)
+                    .await
+                    .map_err(db)?
+                {
+                    Some(Claim::Inserted) => {}
+                    Some(refused) => return Err(self.cap_error(&refused, &row.tenant)),
+                    None => return Box::pin(self.wake(id)).await,
+                }
+                let runtime = self
+                    .runtimes
+                    .iter()
+                    .find(|r| r.alias == row.runtime)
+                    .cloned()
+                    .unwrap_or(RuntimeImage {
+                        alias: row.runtime.clone(),
+                        image: row.image.clone(),
+                        needs_network: false,
+                        mem_limit: None,
+                        env: Default::default(),
+                    });
+                let (done_tx, done_rx) = watch::channel(false);
+                if let Ok(mut m) = self.opening.lock() {
+                    m.insert(id.to_owned(), done_rx);
+                }
+                let result = self
+                    .create_container(id, &row.tenant, &runtime, &Self::limits_of(&row))
+                    .await;
+                if let Ok(mut m) = self.opening.lock() {
+                    m.remove(id);
+                }
+                let _ = done_tx.send(true);
+                if let Err(e) = result {
+                    self.store
+                        .transition(id, &[State::Opening], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    return Err(e);
+                }
+                self.row(id).await
+            }
+            State::Lost => Err(ApiError::lost(id)),
+            State::Destroying => Err(ApiError::conflict(
+                "session_destroying",
+                format!("Session '{id}' is being destroyed"),
+            )),
+        }
+    }
+
+    /// Puts a session to sleep: the container stops, the files stay.
+    pub async fn stop(&self, id: &str) -> Result<SessionView, ApiError> {
+        let row = self.row(id).await?;
+        match row.state {
+            State::Stopped | State::Reclaimed => {}
+            State::Running => {
+                if let Some(c) = &row.container_id {
+                    self.engine
+                        .stop(c)
+                        .await
+                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                }
+                self.store
+                    .transition(id, &[State::Running], State::Stopped)
+                    .await
+                    .map_err(db)?;
+                info!(session = id, "session asleep");
+            }
+            State::Opening => {
+                return Err(ApiError::conflict(
+                    "session_opening",
+                    format!("Session '{id}' is still opening"),
+                ));
+            }
+            State::Lost => return Err(ApiError::lost(id)),
+            State::Destroying => {
+                return Err(ApiError::conflict(
+                    "session_destroying",
+                    format!("Session '{id}' is being destroyed"),
+                ));
+            }
+        }
+        self.get(id).await
+    }
+
+    /// Removes a session's container; the workspace stays.
+    pub async fn reclaim(&self, id: &str) -> Result<SessionView, ApiError> {
+        let row = self.row(id).await?;
+        match row.state {
+            State::Reclaimed => {}
+            State::Running | State::Stopped => {
+                if !self
+                    .store
+                    .transition(id, &[State::Running, State::Stopped], State::Reclaimed)
+                    .await
+                    .map_err(db)?
+                {
+                    return Err(ApiError::conflict(
+                        "session_changed",
+                        format!("Session '{id}' changed; try again"),
+                    ));
+                }
+                if let Some(c) = &row.container_id {
+                    self.engine
+                        .remove(c)
+                        .await
+                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                }
+                self.store.set_container(id, None).await.map_err(db)?;
+                info!(session = id, "container reclaimed; workspace kept");
+            }
+            State::Opening => {
+                return Err(ApiError::conflict(
+                    "session_opening",
+                    format!("Session '{id}' is still opening"),
+                ));
+            }
+            State::Lost => return Err(ApiError::lost(id)),
+            State::Destroying => {
+                return Err(ApiError::conflict(
+                    "session_destroying",
+                    format!("Session '{id}' is being destroyed"),
+                ));
+            }
+        }
+        self.get(id).await
+    }
+
+    /// Removes the container and the workspace. Destroying what is already gone succeeds.
+    pub async fn destroy(&self, id: &str) -> Result<Destroyed, ApiError> {
+        let Some(row) = self.store.get(id).await.map_err(db)? else {
+            let folder = self.settings.workspace_root.join(id);
+            let had_files = valid_session_id(id) && folder.exists();
+            if had_files {
+                std::fs::remove_dir_all(&folder).map_err(|e| {
+                    ApiError::internal(format!("could not remove {}: {e}", folder.display()))
+                })?;
+            }
+            return Ok(Destroyed {
+                id: id.to_owned(),
+                destroyed: had_files,
+                message: format!("Session '{id}' was already gone"),
+            });
+        };
+        if row.state == State::Opening {
+            let _ = self.wait_opened(id).await;
+        }
+        self.store
+            .transition(
+                id,
+                &[
+                    State::Opening,
+                    State::Running,
+                    State::Stopped,
+                    State::Reclaimed,
+                    State::Lost,
+                    State::Destroying,
+                ],
+                State::Destroying,
+            )
+            .await
+            .map_err(db)?;
+        self.cancel_runs(id);
+        if let Some(c) = &row.container_id {
+            self.engine
+                .remove(c)
+                .await
+                .map_err(|e| ApiError::docker(e.to_string()))?;
+        }
+        let _ = self.engine.remove(&self.engine.container_name(id)).await;
+        let folder = self.settings.workspace_root.join(id);
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder).map_err(|e| {
+                ApiError::internal(format!("could not remove {}: {e}", folder.display()))
+            })?;
+        }
+        self.store.delete(id).await.map_err(db)?;
+        info!(session = id, "session destroyed");
+        Ok(Destroyed {
+            id: id.to_owned(),
+            destroyed: true,
+            message: format!("Session '{id}' destroyed: container and workspace removed"),
+        })
+    }
+
+    /// Gives a session a new token (the old one stops working) and returns it.
+    pub async fn rotate_token(&self, id: &str) -> Result<String, ApiError> {
+        self.row(id).await?;
+        let token = auth::new_session_token();
+        self.store
+            .set_token_hash(id, &auth::hash(&token))
+            .await
+            .map_err(db)?;
+        Ok(token)
+    }
+
+    fn cancel_runs(&self, id: &str) {
+        if let Ok(runs) = self.runs.lock() {
+            for e in runs.values().filter(|e| e.session == id) {
+                e.cancel.cancel();
+            }
+        }
+    }
+
+    /// Runs a command, waking the session first; output also goes to `events` as it comes.
+    pub async fn run(
+        &self,
+        id: &str,
+        req: RunRequest,
+        events: Option<mpsc::Sender<RunEvent>>,
+    ) -> Result<RunOutcome, ApiError> {
+        if req.command.trim().is_empty() {
+            return Err(ApiError::bad_request("command must not be empty"));
+        }
+        if let Some(t) = req.timeout_seconds
+            && t == 0
+        {
+            return Err(ApiError::bad_request("timeout_seconds must be at least 1"));
+        }
+        let mut env = Vec::new();
+        for (k, v) in req.env.clone().unwrap_or_default() {
+            let valid = k
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid || v.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
+                )));
+            }
+            env.push(format!("{k}={v}"));
+        }
+        let row = self.wake(id).await?;
+        let container = row.container_id.clone().ok_or_else(|| {
+            ApiError::internal(format!("session '{id}' runs without a container"))
+        })?;
+        let run_id = req
+            .run_id
+            .clone()
+            .unwrap_or_else(|| format!("run-{}", &auth::new_session_token()[4..20]));
+        let cancel = CancellationToken::new();
+        {
+            let mut runs = self
+                .runs
+                .lock()
+                .map_err(|_| ApiError::internal("run registry poisoned"))?;
+            if runs.contains_key(&run_id) {
+                return Err(ApiError::conflict(
+                    "run_exists",
+                    format!("Run '{run_id}' is already running"),
+                ));
+            }
+            runs.insert(
+                run_id.clone(),
+                RunEntry {
+                    session: id.to_owned(),
+                    cancel: cancel.clone(),
+                },
+            );
+        }
+        let _ = self.store.touch(id).await;
+        let timeout = req
+            .timeout_seconds
+            .map_or(self.settings.execute_timeout, |t| {
+                Duration::from_secs(t).min(self.settings.execute_timeout)
+            });
+        let spec = RunSpec {
+            run_id: run_id.clone(),
+            container,
+            command: req.command,
+            env,
+            uid: self.settings.uid,
+            timeout,
+            max_output_bytes: self.settings.max_output_bytes,
+        };
+        let result = self.runner.run(spec, events, cancel).await;
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(&run_id);
+        }
+        let _ = self.store.touch(id).await;
+        let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
+        self.metrics.observe_run(&outcome);
+        Ok(outcome)
+    }
+
+    /// Stops a running run of a session.
+    pub fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+        let runs = self
+            .runs
+            .lock()
+            .map_err(|_| ApiError::internal("run registry poisoned"))?;
+        match runs.get(run_id) {
+            Some(e) if e.session == id => {
+                e.cancel.cancel();
+                Ok(())
+            }
+            _ => Err(ApiError::new(
+                404,
+                "run_not_found",
+                format!("No run '{run_id}' is running in session '{id}'"),
+            )),
+        }
+    }
+
+    /// The workspace of a session for a file operation: never wakes it; a vanished workspace
+    /// makes it lost.
+    pub async fn files(&self, id: &str) -> Result<Workspace, ApiError> {
+        let row = self.row(id).await?;
+        if row.state == State::Destroying {
+            return Err(ApiError::conflict(
+                "session_destroying",
+                format!("Session '{id}' is being destroyed"),
+            ));
+        }
+        self.check_workspace(&row).await?;
+        let _ = self.store.touch(id).await;
+        Ok(self.workspace(id))
+    }
+
+    /// Brings the rows in line with what Docker reports, after a crash at any point: no
+    /// orphaned container, no lost workspace, no stuck session.
+    pub async fn reconcile(&self) -> Result<Reconciled, ApiError> {
+        let mut done = Reconciled::default();
+        let owned = self
+            .engine
+            .owned()
+            .await
+            .map_err(|e| ApiError::docker(e.to_string()))?;
+        let rows = self.store.list().await.map_err(db)?;
+        for c in &owned {
+            let row = rows.iter().find(|r| r.id == c.session);
+            let keep = row.is_some_and(|r| {
+                matches!(r.state, State::Running | State::Stopped)
+                    && r.container_id.as_deref() == Some(c.id.as_str())
+            });
+            if !keep {
+                let _ = self.engine.remove(&c.id).await;
+                done.containers_removed += 1;
+            }
+        }
+        for row in &rows {
+            let container = owned
+                .iter()
+                .find(|c| Some(c.id.as_str()) == row.container_id.as_deref());
+            match (row.state, container) {
+                (State::Opening, _) => {
+                    // Interrupted open: whatever it made is gone (above); the workspace stays.
+                    self.store.set_container(&row.id, None).await.map_err(db)?;
+                    self.store
+                        .transition(&row.id, &[State::Opening], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    done.sessions_fixed += 1;
+                }
+                (State::Destroying, _) => {
+                    self.destroy(&row.id).await?;
+                    done.sessions_fixed += 1;
+                }
+                (State::Running | State::Stopped, None) => {
+                    self.store.set_container(&row.id, None).await.map_err(db)?;
+                    self.store
+                        .transition(&row.id, &[State::Running, State::Stopped], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    done.sessions_fixed += 1;
+                }
+                (State::Running, Some(c)) if !c.running => {
+                    self.store
+                        .transition(&row.id, &[State::Running], State::Stopped)
+                        .await
+                        .map_err(db)?;
+                    done.sessions_fixed += 1;
+                }
+                (State::Stopped, Some(c)) if c.running => {
+                    self.store
+                        .transition(&row.id, &[State::Stopped], State::Running)
+                        .await
+                        .map_err(db)?;
+                    done.sessions_fixed += 1;
+                }
+                (State::Reclaimed | State::Lost, Some(_)) => {
+                    self.store.set_container(&row.id, None).await.map_err(db)?;
+                }
+                _ => {}
+            }
+        }
+        info!(
+            containers_removed = done.containers_removed,
+            sessions_fixed = done.sessions_fixed,
+            "reconciled with docker"
+        );
+        Ok(done)
+    }
+}
+
+/// What a reconcile changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Reconciled {
+    /// Containers removed because no session owns them.
+    pub containers_removed: usize,
+    /// Sessions whose state was corrected.
+    pub sessions_fixed: usize,
+}

@@ -1,0 +1,102 @@
+//! The errors of the API: every one is `{"code": "...", "message": "..."}` with a fitting status.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::files::FileError;
+
+/// The body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// A stable, snake_case code a client can branch on.
+    pub code: String,
+    /// A sentence for a person: what went wrong and what to do.
+    pub message: String,
+}
+
+/// An error with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// The stable code.
+    pub code: &'static str,
+    /// The message.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with status, code and message.
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    /// 400 `bad_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "bad_request", message)
+    }
+    /// 401 `unauthorized`: missing or wrong token. Says nothing about what exists.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            401,
+            "unauthorized",
+            "a valid token is required: send Authorization: Bearer <token>",
+        )
+    }
+    /// 403 `forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "forbidden", message)
+    }
+    /// 404 `session_not_found`: the server's own "no such session".
+    pub fn no_such_session(id: &str) -> Self {
+        Self::new(404, "session_not_found", format!("No such session '{id}'"))
+    }
+    /// 409 `conflict`.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(409, code, message)
+    }
+    /// 410 `session_lost`: the workspace vanished.
+    pub fn lost(id: &str) -> Self {
+        Self::new(
+            410,
+            "session_lost",
+            format!(
+                "The workspace of session '{id}' is gone (deleted on the host, expired, or the host was rebuilt); it is not replaced with an empty one. Open a new session"
+            ),
+        )
+    }
+    /// 500 `internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "internal", message)
+    }
+    /// 502 `docker_error`.
+    pub fn docker(message: impl Into<String>) -> Self {
+        Self::new(502, "docker_error", message)
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> Self {
+        Self::new(e.status(), e.code(), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            Json(ErrorBody {
+                code: self.code.to_owned(),
+                message: self.message,
+            }),
+        )
+            .into_response()
+    }
+}

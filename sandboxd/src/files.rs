@@ -1,0 +1,1632 @@
+//! Files of a workspace, confined to it.
+//!
+//! A workspace is a host directory (`{root}/{session id}/workspace`) that is bind-mounted into
+//! the session's container at `/workspace`. The agent in the container owns everything in it
+//! and may plant hostile entries: symlinks to `/etc`, to `../..`, symlink loops, FIFOs.
+//! sandboxd reads and writes those files directly on the host, so every operation here resolves
+//! its path through a [`cap_std::fs::Dir`] opened on the workspace: resolution can never leave
+//! the workspace, whatever the symlinks say. An escape (`..` past the root, an absolute
+//! symlink, a relative symlink leading out) is refused as [`FileError::OutsideWorkspace`].
+//!
+//! Paths in this API are relative to `/workspace`; the agent's own spelling (`/workspace/x`,
+//! `/workspace`) is accepted and stripped. Any other absolute path is refused. `.` and `..`
+//! components are resolved lexically before anything touches the disk (`a/../b` is `b`),
+//! so a `..` can never climb out through a symlinked directory.
+//!
+//! Everything sandboxd creates in a workspace (files and directories) is owned by the
+//! session's uid:gid, set with `fchown` on the open handle, never by path, so swapping a
+//! symlink in mid-operation cannot redirect it.
+//!
+//! All operations are blocking; callers on an async runtime should run them on a blocking
+//! thread.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{PermissionsExt as _, fchown};
+use std::path::{Path, PathBuf};
+
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Names of files and directories left out of [`Workspace::list`] and [`Workspace::tree`]
+/// (entries and counts) wherever they appear: dependency, cache and VCS folders that would
+/// drown the listing.
+pub const EXCLUDED_NAMES: &[&str] = &[
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".tox",
+    ".git",
+    ".next",
+    ".cache",
+];
+
+/// Path prefixes, relative to the workspace root, left out of [`Workspace::list`] and
+/// [`Workspace::tree`]: the skills folder, the tool-output spill folder and the platform's own
+/// folder. The directory itself (`skills`) is left out as well as everything under it, unless
+/// the listing was asked for that directory (or something under it) explicitly.
+pub const EXCLUDED_PREFIXES: &[&str] = &["skills/", ".spill/", ".agenticos/"];
+
+/// Where the workspace is mounted inside the container; the agent's absolute paths start here.
+const MOUNT_POINT: &str = "/workspace";
+/// How many symlinks a write follows at the final component before giving up (as Linux).
+const MAX_SYMLINK_HOPS: usize = 40;
+/// Mode of the files sandboxd creates.
+const FILE_MODE: u32 = 0o644;
+/// Mode of the directories sandboxd creates (and of the workspace directory).
+const DIR_MODE: u32 = 0o755;
+/// What is shown as the path of the workspace directory itself in errors.
+const ROOT_SHOWN: &str = "/workspace";
+
+/// Why a file operation failed. Every variant maps to a stable [`code`](FileError::code) and
+/// an HTTP [`status`](FileError::status).
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The path is not usable: a NUL byte, an absolute path outside `/workspace`, the workspace
+    /// root where a file is needed, a symlink loop.
+    #[error("'{path}' is not a valid path: {reason}")]
+    InvalidPath {
+        /// The path as given.
+        path: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The path, or a symlink on it, leads outside the workspace.
+    #[error("'{path}' leads outside the workspace")]
+    OutsideWorkspace {
+        /// The path as given.
+        path: String,
+    },
+    /// Nothing is at the path (or a directory on the way is missing).
+    #[error("'{path}' does not exist")]
+    NotFound {
+        /// The path as given.
+        path: String,
+    },
+    /// A file was needed and the path is a directory.
+    #[error("'{path}' is a directory")]
+    IsADirectory {
+        /// The path as given.
+        path: String,
+    },
+    /// A directory was needed and the path (or a component on the way) is not one.
+    #[error("'{path}' is not a directory (or a component on the way is not one)")]
+    NotADirectory {
+        /// The path as given.
+        path: String,
+    },
+    /// A non-recursive remove of a directory that still has entries.
+    #[error("'{path}' is a directory that is not empty; remove it with recursive")]
+    DirectoryNotEmpty {
+        /// The path as given.
+        path: String,
+    },
+    /// A read would return more bytes than the read limit allows.
+    #[error(
+        "reading {size} bytes is over the read limit of {limit} bytes (SANDBOXD_MAX_READ_BYTES); \
+         read it in parts with offset and limit"
+    )]
+    TooLarge {
+        /// How many bytes the read would return.
+        size: u64,
+        /// The read limit.
+        limit: u64,
+    },
+    /// The workspace directory itself is gone: the session is lost.
+    #[error("the workspace directory is gone; the session is lost")]
+    WorkspaceMissing,
+    /// Any other I/O failure.
+    #[error("'{path}': {source}")]
+    Io {
+        /// The path as given.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FileError {
+    /// A stable snake_case code for API clients.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidPath { .. } => "invalid_path",
+            Self::OutsideWorkspace { .. } => "outside_workspace",
+            Self::NotFound { .. } => "not_found",
+            Self::IsADirectory { .. } => "is_a_directory",
+            Self::NotADirectory { .. } => "not_a_directory",
+            Self::DirectoryNotEmpty { .. } => "directory_not_empty",
+            Self::TooLarge { .. } => "too_large",
+            Self::WorkspaceMissing => "session_lost",
+            Self::Io { .. } => "io_error",
+        }
+    }
+
+    /// The HTTP status that goes with the error.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::InvalidPath { .. } => 400,
+            Self::OutsideWorkspace { .. } => 403,
+            Self::NotFound { .. } => 404,
+            Self::IsADirectory { .. } | Self::NotADirectory { .. } => 409,
+            Self::DirectoryNotEmpty { .. } => 409,
+            Self::TooLarge { .. } => 413,
+            Self::WorkspaceMissing => 410,
+            Self::Io { .. } => 500,
+        }
+    }
+}
+
+/// What a file, directory or link is. Symlinks are never followed to decide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (the link itself, whatever it points at).
+    Symlink,
+    /// Anything else: FIFO, socket, device.
+    Other,
+}
+
+/// One file, directory or link of the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The last component of the path (empty for the workspace root).
+    pub name: String,
+    /// The path relative to the workspace root, `/`-separated (empty for the root).
+    pub path: String,
+    /// What it is, not following symlinks.
+    pub kind: EntryKind,
+    /// Its size in bytes (for a symlink, the length of its target).
+    pub size: u64,
+    /// When it was last modified, serialized as RFC 3339.
+    pub modified: Option<DateTime<Utc>>,
+    /// Its permission bits (`0o7777` at most; the file type is in `kind`).
+    pub mode: u32,
+}
+
+/// The bytes [`Workspace::read`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadResult {
+    /// The bytes read: `[offset, offset + limit)` of the file, cut at its end.
+    pub data: Vec<u8>,
+    /// The size of the whole file.
+    pub size: u64,
+    /// Where `data` starts in the file (the requested offset, or the file size when the
+    /// offset was beyond the end).
+    pub offset: u64,
+}
+
+/// What [`Workspace::write`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteResult {
+    /// The size of the file written.
+    pub size: u64,
+}
+
+/// What [`Workspace::remove`] removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveResult {
+    /// The path removed, relative to the workspace root.
+    pub path: String,
+    /// What it was (a symlink is removed itself, never its target).
+    pub kind: EntryKind,
+}
+
+/// Bounds of a [`Workspace::tree`] walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeLimits {
+    /// How many levels below the starting directory are listed (its own entries are level 1).
+    pub max_depth: usize,
+    /// How many entries are listed at most.
+    pub max_entries: usize,
+}
+
+impl Default for TreeLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: 6,
+            max_entries: 2000,
+        }
+    }
+}
+
+/// The result of a [`Workspace::tree`] walk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tree {
+    /// The starting directory, relative to the workspace root (empty for the root).
+    pub root: String,
+    /// The entries, breadth-first, each directory's entries sorted by name.
+    pub entries: Vec<Entry>,
+    /// A directory at the last level had entries that were not listed.
+    pub depth_limit_reached: bool,
+    /// More entries were there than `max_entries`.
+    pub entry_limit_reached: bool,
+    /// The depth limit applied.
+    pub max_depth: usize,
+    /// The entry limit applied.
+    pub max_entries: usize,
+    /// The entries are not the whole tree: a limit was reached or a directory was skipped.
+    pub incomplete: bool,
+    /// Directories that could not be read and were skipped, relative to the workspace root.
+    pub skipped: Vec<String>,
+}
+
+/// One session's workspace on the host, and every file operation on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    dir: PathBuf,
+    uid: u32,
+    gid: u32,
+}
+
+impl Workspace {
+    /// A workspace at host directory `dir`, whose files belong to `uid`:`gid` (the container
+    /// user).
+    pub fn new(dir: impl Into<PathBuf>, uid: u32, gid: u32) -> Self {
+        Self {
+            dir: dir.into(),
+            uid,
+            gid,
+        }
+    }
+
+    /// The host directory of the workspace.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the workspace directory is there (a real directory, not a symlink). When it is
+    /// not, the session is lost.
+    pub fn exists(&self) -> bool {
+        std::fs::symlink_metadata(&self.dir).is_ok_and(|meta| meta.is_dir())
+    }
+
+    /// Creates the workspace directory (and its parents), owned by uid:gid with mode 0755.
+    /// Parents that had to be created stay owned by the daemon. Calling it again is harmless.
+    pub fn prepare(&self) -> Result<(), FileError> {
+        let io_err = |source| FileError::Io {
+            path: self.dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(io_err)?;
+        let meta = std::fs::symlink_metadata(&self.dir).map_err(io_err)?;
+        if !meta.is_dir() {
+            return Err(FileError::NotADirectory {
+                path: self.dir.display().to_string(),
+            });
+        }
+        let handle = std::fs::File::open(&self.dir).map_err(io_err)?;
+        if !handle.metadata().map_err(io_err)?.is_dir() {
+            return Err(FileError::NotADirectory {
+                path: self.dir.display().to_string(),
+            });
+        }
+        fchown(&handle, Some(self.uid), Some(self.gid)).map_err(io_err)?;
+        handle
+            .set_permissions(std::fs::Permissions::from_mode(DIR_MODE))
+            .map_err(io_err)?;
+        Ok(())
+    }
+
+    /// Reads `[offset, offset + limit)` of the file at `path` (`limit` defaults to the rest of
+    /// the file). Refused with [`FileError::TooLarge`] when that is more than `max_read_bytes`.
+    /// Symlinks that stay inside the workspace are followed; a directory is
+    /// [`FileError::IsADirectory`]; a FIFO, socket or device is refused without blocking.
+    pub fn read(
+        &self,
+        path: &str,
+        offset: u64,
+        limit: Option<u64>,
+        max_read_bytes: u64,
+    ) -> Result<ReadResult, FileError> {
+        let comps = normalize(path)?;
+        if comps.is_empty() {
+            return Err(FileError::IsADirectory { path: shown(path) });
+        }
+        let root = self.open_root()?;
+        let mut options = OpenOptions::new();
+        options.read(true);
+        // Non-blocking, so that a FIFO planted (or swapped in) at the path cannot hang the
+        // daemon in open(2); regular files are unaffected.
+        options._cap_fs_ext_nonblock(true);
+        let file = root
+            .open_with(comps.join("/"), &options)
+            .map_err(|e| map_io(path, e))?;
+        let meta = file.metadata().map_err(|e| map_io(path, e))?;
+        if meta.is_dir() {
+            return Err(FileError::IsADirectory { path: shown(path) });
+        }
+        if !meta.is_file() {
+            return Err(invalid(path, "it is not a regular file"));
+        }
+        let size = meta.len();
+        let start = offset.min(size);
+        let available = size - start;
+        let wanted = limit.map_or(available, |limit| limit.min(available));
+        if wanted > max_read_bytes {
+            return Err(FileError::TooLarge {
+                size: wanted,
+                limit: max_read_bytes,
+            });
+        }
+        let mut file = file.into_std();
+        file.seek(SeekFrom::Start(start))
+            .map_err(|e| map_io(path, e))?;
+        let mut data = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
+        file.take(wanted)
+            .read_to_end(&mut data)
+            .map_err(|e| map_io(path, e))?;
+        Ok(ReadResult {
+            data,
+            size,
+            offset: start,
+        })
+    }
+
+    /// Writes `data` to the file at `path`, atomically: a hidden temporary file in the same
+    /// directory is written, fsynced and renamed over the target. Missing parent directories
+    /// are created. The file and every directory created are owned by uid:gid; a new file gets
+    /// mode 0644, a replaced file keeps its permission bits, new directories get 0755. A
+    /// symlink at the path that stays inside the workspace is written through (its target is
+    /// replaced, the link stays); one that leads out is refused. Writing over a directory is
+    /// [`FileError::IsADirectory`].
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<WriteResult, FileError> {
+        let mut comps = normalize(path)?;
+        if comps.is_empty() {
+            return Err(invalid(
+                path,
+                "a file path is needed, not the workspace root",
+            ));
+        }
+        let root = self.open_root()?;
+        for _ in 0..MAX_SYMLINK_HOPS {
+            let Some((name, parents)) = comps.split_last() else {
+                return Err(invalid(
+                    path,
+                    "a file path is needed, not the workspace root",
+                ));
+            };
+            let parent = self.ensure_dirs(&root, parents, path)?;
+            let mode = match parent.symlink_metadata(name) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => FILE_MODE,
+                Err(e) => return Err(map_io(path, e)),
+                Ok(meta) if meta.is_dir() => {
+                    return Err(FileError::IsADirectory { path: shown(path) });
+                }
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    comps = symlink_target(&root, &parent, parents, name, path)?;
+                    continue;
+                }
+                Ok(meta) if meta.is_file() => meta.mode() & 0o777,
+                Ok(_) => FILE_MODE,
+            };
+            self.atomic_write(&parent, name, data, mode)
+                .map_err(|e| map_io(path, e))?;
+            return Ok(WriteResult {
+                size: data.len() as u64,
+            });
+        }
+        Err(invalid(path, "too many levels of symbolic links"))
+    }
+
+    /// Removes the file, symlink (the link itself, never its target) or empty directory at
+    /// `path`; with `recursive`, a directory and everything in it (symlinks inside are removed,
+    /// not followed). The workspace root itself cannot be removed.
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<RemoveResult, FileError> {
+        let comps = normalize(path)?;
+        let Some((name, parents)) = comps.split_last() else {
+            return Err(invalid(path, "the workspace root cannot be removed"));
+        };
+        let root = self.open_root()?;
+        let parent = open_dir_at(&root, parents).map_err(|e| map_io(path, e))?;
+        let meta = parent.symlink_metadata(name).map_err(|e| map_io(path, e))?;
+        let kind = kind_of(&meta);
+        let removed = match kind {
+            EntryKind::Dir if recursive => parent.remove_dir_all(name),
+            EntryKind::Dir => parent.remove_dir(name),
+            _ => parent.remove_file(name),
+        };
+        removed.map_err(|e| map_io(path, e))?;
+        Ok(RemoveResult {
+            path: comps.join("/"),
+            kind,
+        })
+    }
+
+    /// Creates the directory at `path` and any missing parents, like `mkdir -p`; each one
+    /// created is owned by uid:gid with mode 0755. An existing directory is fine; an existing
+    /// file on the way is [`FileError::NotADirectory`].
+    pub fn mkdir(&self, path: &str) -> Result<(), FileError> {
+        let comps = normalize(path)?;
+        let root = self.open_root()?;
+        self.ensure_dirs(&root, &comps, path)?;
+        Ok(())
+    }
+
+    /// Describes the file, directory or link at `path`, not following a symlink at its end.
+    pub fn stat(&self, path: &str) -> Result<Entry, FileError> {
+        let comps = normalize(path)?;
+        let root = self.open_root()?;
+        let Some((name, parents)) = comps.split_last() else {
+            let meta = root.dir_metadata().map_err(|e| map_io(path, e))?;
+            return Ok(entry_of(String::new(), String::new(), &meta));
+        };
+        let parent = open_dir_at(&root, parents).map_err(|e| map_io(path, e))?;
+        let meta = parent.symlink_metadata(name).map_err(|e| map_io(path, e))?;
+        Ok(entry_of(name.clone(), comps.join("/"), &meta))
+    }
+
+    /// Lists the directory at `path` (one level), sorted by name, without the excluded names
+    /// and prefixes ([`EXCLUDED_NAMES`], [`EXCLUDED_PREFIXES`]).
+    pub fn list(&self, path: &str) -> Result<Vec<Entry>, FileError> {
+        let comps = normalize(path)?;
+        let rel = comps.join("/");
+        let root = self.open_root()?;
+        let dir = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let listed = list_dir(&dir, &rel, &rel).map_err(|e| map_io(path, e))?;
+        Ok(listed.into_iter().map(|item| item.entry).collect())
+    }
+
+    /// Walks the directory at `path` breadth-first, at most `limits.max_depth` levels and
+    /// `limits.max_entries` entries, leaving out the excluded names and prefixes and not
+    /// descending into symlinked directories. A subdirectory that cannot be read is skipped and
+    /// reported in [`Tree::skipped`]; only an unreadable starting directory is an error.
+    pub fn tree(&self, path: &str, limits: TreeLimits) -> Result<Tree, FileError> {
+        self.tree_with(path, limits, &|root: &Dir, rel: &str| root.open_dir(rel))
+    }
+
+    /// [`Workspace::tree`], with the opening of subdirectories (by their path relative to the
+    /// workspace root) given, so that tests can make one fail.
+    fn tree_with(
+        &self,
+        path: &str,
+        limits: TreeLimits,
+        open_subdir: &dyn Fn(&Dir, &str) -> io::Result<Dir>,
+    ) -> Result<Tree, FileError> {
+        let comps = normalize(path)?;
+        let start_rel = comps.join("/");
+        let root = self.open_root()?;
+        let start = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let first = list_dir(&start, &start_rel, &start_rel).map_err(|e| map_io(path, e))?;
+        drop(start);
+
+        let mut tree = Tree {
+            root: start_rel.clone(),
+            entries: Vec::new(),
+            depth_limit_reached: false,
+            entry_limit_reached: false,
+            max_depth: limits.max_depth,
+            max_entries: limits.max_entries,
+            incomplete: false,
+            skipped: Vec::new(),
+        };
+        // Directories still to read: their listing (read lazily) and the level of its entries.
+        let mut pending: VecDeque<(Pending, usize)> = VecDeque::new();
+        if limits.max_depth == 0 {
+            tree.depth_limit_reached = !first.is_empty();
+        } else {
+            pending.push_back((Pending::Listed(first), 1));
+        }
+        'walk: while let Some((next, depth)) = pending.pop_front() {
+            let listed = match next {
+                Pending::Listed(listed) => listed,
+                Pending::Dir { rel, id } => {
+                    let read = open_subdir(&root, &rel)
+                        .and_then(|dir| same_dir(dir, id))
+                        .and_then(|dir| list_dir(&dir, &rel, &start_rel));
+                    match read {
+                        Ok(listed) => listed,
+                        Err(_) => {
+                            tree.skipped.push(rel);
+                            continue;
+                        }
+                    }
+                }
+            };
+            for item in listed {
+                if tree.entries.len() >= limits.max_entries {
+                    tree.entry_limit_reached = true;
+                    break 'walk;
+                }
+                if item.entry.kind == EntryKind::Dir {
+                    if depth < limits.max_depth {
+                        pending.push_back((
+                            Pending::Dir {
+                                rel: item.entry.path.clone(),
+                                id: item.id,
+                            },
+                            depth + 1,
+                        ));
+                    } else if !tree.depth_limit_reached
+                        && has_entries(&root, &item.entry.path, &start_rel, open_subdir)
+                    {
+                        tree.depth_limit_reached = true;
+                    }
+                }
+                tree.entries.push(item.entry);
+            }
+        }
+        tree.incomplete =
+            tree.depth_limit_reached || tree.entry_limit_reached || !tree.skipped.is_empty();
+        Ok(tree)
+    }
+
+    /// Opens the workspace directory; its absence means the session is lost.
+    fn open_root(&self) -> Result<Dir, FileError> {
+        match Dir::open_ambient_dir(&self.dir, ambient_authority()) {
+            Ok(dir) => Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(FileError::WorkspaceMissing),
+            Err(source) => Err(FileError::Io {
+                path: ROOT_SHOWN.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// Opens the directory `comps` below `root`, creating (owned by uid:gid) what is missing.
+    fn ensure_dirs(&self, root: &Dir, comps: &[String], path: &str) -> Result<Dir, FileError> {
+        let mut dir = root.open_dir(".").map_err(|e| map_io(path, e))?;
+        for comp in comps {
+            dir = match dir.open_dir(comp) {
+                Ok(next) => next,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => self
+                    .create_owned_dir(&dir, comp)
+                    .map_err(|e| map_io(path, e))?,
+                Err(e) => return Err(map_io(path, e)),
+            };
+        }
+        Ok(dir)
+    }
+
+    /// Creates directory `name` in `dir`, owned by uid:gid with mode 0755, and opens it.
+    fn create_owned_dir(&self, dir: &Dir, name: &str) -> io::Result<Dir> {
+        match dir.create_dir(name) {
+            Ok(()) => {}
+            // Created meanwhile, or a dangling symlink: opening it tells which.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return dir.open_dir(name),
+            Err(e) => return Err(e),
+        }
+        // A real (not O_PATH) handle, so that fchown and fchmod work on it.
+        let handle = dir
+            .open_with(name, OpenOptions::new().read(true))?
+            .into_std();
+        if !handle.metadata()?.is_dir() {
+            return Err(io::ErrorKind::NotADirectory.into());
+        }
+        fchown(&handle, Some(self.uid), Some(self.gid))?;
+        handle.set_permissions(std::fs::Permissions::from_mode(DIR_MODE))?;
+        Ok(Dir::from_std_file(handle))
+    }
+
+    /// Writes `data` to a hidden temporary file in `dir`, owned by uid:gid with `mode`, fsyncs
+    /// it and renames it over `name`.
+    fn atomic_write(&self, dir: &Dir, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
+        let temp = format!(".sandboxd-write-{:016x}.tmp", rand::random::<u64>());
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true).mode(mode);
+        let file = dir.open_with(&temp, &options)?.into_std();
+        let written = (|| {
+            (&file).write_all(data)?;
+            fchown(&file, Some(self.uid), Some(self.gid))?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            file.sync_all()?;
+            dir.rename(&temp, dir, name)
+        })();
+        if let Err(e) = written {
+            // Best effort: the temporary file must not stay behind.
+            let _ = dir.remove_file(&temp);
+            return Err(e);
+        }
+        // Make the rename itself durable; a failure here does not undo the write.
+        if let Ok(handle) = dir.open_with(".", OpenOptions::new().read(true)) {
+            let _ = handle.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// A directory waiting in the breadth-first walk of [`Workspace::tree`].
+enum Pending {
+    /// Already read (the starting directory).
+    Listed(Vec<Listed>),
+    /// To be opened by its path relative to the workspace root; `id` is the (device, inode)
+    /// seen when it was listed, so a directory swapped for a symlink is not descended into.
+    Dir { rel: String, id: (u64, u64) },
+}
+
+/// An entry of a directory listing, with its (device, inode).
+struct Listed {
+    entry: Entry,
+    id: (u64, u64),
+}
+
+/// Checks that `dir` is the directory with (device, inode) `id`.
+fn same_dir(dir: Dir, id: (u64, u64)) -> io::Result<Dir> {
+    let meta = dir.dir_metadata()?;
+    if (meta.dev(), meta.ino()) == id {
+        Ok(dir)
+    } else {
+        Err(io::Error::other(
+            "the directory changed while it was walked",
+        ))
+    }
+}
+
+/// Whether the directory at `rel` has any entry that would be listed.
+fn has_entries(
+    root: &Dir,
+    rel: &str,
+    start_rel: &str,
+    open_subdir: &dyn Fn(&Dir, &str) -> io::Result<Dir>,
+) -> bool {
+    let Ok(dir) = open_subdir(root, rel) else {
+        return false;
+    };
+    let Ok(entries) = dir.entries() else {
+        return false;
+    };
+    entries.flatten().any(|item| {
+        let name = item.file_name().to_string_lossy().into_owned();
+        !is_excluded(start_rel, &child_path(rel, &name), &name)
+    })
+}
+
+/// Lists `dir` (at `dir_rel` below the workspace root), sorted by name, leaving out what is
+/// excluded for a listing asked for at `start_rel`.
+fn list_dir(dir: &Dir, dir_rel: &str, start_rel: &str) -> io::Result<Vec<Listed>> {
+    let mut listed = Vec::new();
+    for item in dir.entries()? {
+        let item = item?;
+        let name = item.file_name().to_string_lossy().into_owned();
+        let path = child_path(dir_rel, &name);
+        if is_excluded(start_rel, &path, &name) {
+            continue;
+        }
+        let meta = match item.metadata() {
+            Ok(meta) => meta,
+            // Removed between readdir and stat: it is gone, leave it out.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        listed.push(Listed {
+            id: (meta.dev(), meta.ino()),
+            entry: entry_of(name, path, &meta),
+        });
+    }
+    listed.sort_by(|a, b| a.entry.name.cmp(&b.entry.name));
+    Ok(listed)
+}
+
+/// Whether the entry `name` at `path` is left out of a listing asked for at `start_rel`.
+fn is_excluded(start_rel: &str, path: &str, name: &str) -> bool {
+    EXCLUDED_NAMES.contains(&name)
+        || EXCLUDED_PREFIXES
+            .iter()
+            .any(|prefix| under_prefix(path, prefix) && !under_prefix(start_rel, prefix))
+}
+
+/// Whether `path` is the directory `prefix` names (`skills/`) or is under it.
+fn under_prefix(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix.trim_end_matches('/'))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// `name` in the directory at `dir_rel`.
+fn child_path(dir_rel: &str, name: &str) -> String {
+    if dir_rel.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir_rel}/{name}")
+    }
+}
+
+/// What `meta` describes, not following symlinks.
+fn kind_of(meta: &Metadata) -> EntryKind {
+    let file_type = meta.file_type();
+    if file_type.is_symlink() {
+        EntryKind::Symlink
+    } else if file_type.is_dir() {
+        EntryKind::Dir
+    } else if file_type.is_file() {
+        EntryKind::File
+    } else {
+        EntryKind::Other
+    }
+}
+
+/// The [`Entry`] for `name` at `path` described by `meta`.
+fn entry_of(name: String, path: String, meta: &Metadata) -> Entry {
+    Entry {
+        name,
+        path,
+        kind: kind_of(meta),
+        size: meta.len(),
+        modified: DateTime::from_timestamp(
+            meta.mtime(),
+            u32::try_from(meta.mtime_nsec()).unwrap_or(0),
+        ),
+        mode: meta.mode() & 0o7777,
+    }
+}
+
+/// Opens the directory `comps` below `root` (the root itself when empty), following symlinks
+/// that stay inside.
+fn open_dir_at(root: &Dir, comps: &[String]) -> io::Result<Dir> {
+    if comps.is_empty() {
+        root.open_dir(".")
+    } else {
+        root.open_dir(comps.join("/"))
+    }
+}
+
+/// Where the symlink `name` in `parent` (at `parents` below the root) leads, as components
+/// below the root; refused when it leads out.
+fn symlink_target(
+    root: &Dir,
+    parent: &Dir,
+    parents: &[String],
+    name: &str,
+    path: &str,
+) -> Result<Vec<String>, FileError> {
+    let target = parent
+        .read_link_contents(name)
+        .map_err(|e| map_io(path, e))?;
+    if target.is_absolute() {
+        return Err(FileError::OutsideWorkspace { path: shown(path) });
+    }
+    let target = target
+        .to_str()
+        .ok_or_else(|| invalid(path, "a symlink on it has a target that is not UTF-8"))?;
+    // Where the link's directory really is (no symlinks left), so that `..` in the target
+    // is resolved as the kernel would.
+    let parent_real = if parents.is_empty() {
+        PathBuf::new()
+    } else {
+        root.canonicalize(parents.join("/"))
+            .map_err(|e| map_io(path, e))?
+    };
+    let parent_real = parent_real
+        .to_str()
+        .ok_or_else(|| invalid(path, "a directory on it has a name that is not UTF-8"))?;
+    let mut comps = Vec::new();
+    for comp in parent_real.split('/').chain(target.split('/')) {
+        match comp {
+            "" | "." => {}
+            ".." => {
+                if comps.pop().is_none() {
+                    return Err(FileError::OutsideWorkspace { path: shown(path) });
+                }
+            }
+            other => comps.push(other.to_owned()),
+        }
+    }
+    if comps.is_empty() {
+        return Err(FileError::IsADirectory { path: shown(path) });
+    }
+    Ok(comps)
+}
+
+/// The components of `path` below the workspace root, with `.` and `..` resolved lexically.
+/// Accepts the agent's `/workspace/...` spelling; refuses NUL bytes, other absolute paths and
+/// `..` that climbs out.
+fn normalize(path: &str) -> Result<Vec<String>, FileError> {
+    if path.contains('\0') {
+        return Err(invalid(path, "it contains a NUL byte"));
+    }
+    let relative = if let Some(rest) = path.strip_prefix(MOUNT_POINT) {
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return Err(invalid(path, "an absolute path must be under /workspace"));
+        }
+        rest
+    } else if path.starts_with('/') {
+        return Err(invalid(path, "an absolute path must be under /workspace"));
+    } else {
+        path
+    };
+    let mut comps: Vec<String> = Vec::new();
+    for comp in relative.split('/') {
+        match comp {
+            "" | "." => {}
+            ".." => {
+                if comps.pop().is_none() {
+                    return Err(FileError::OutsideWorkspace { path: shown(path) });
+                }
+            }
+            other => comps.push(other.to_owned()),
+        }
+    }
+    Ok(comps)
+}
+
+/// `path` fit to be shown in a message (NUL bytes spelled out).
+fn shown(path: &str) -> String {
+    path.replace('\0', "\\0")
+}
+
+/// [`FileError::InvalidPath`] for `path`.
+fn invalid(path: &str, reason: &str) -> FileError {
+    FileError::InvalidPath {
+        path: shown(path),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Whether `e` is cap-std refusing a resolution that leaves the directory: cap-std reports
+/// that as a `PermissionDenied` error that carries no OS error code.
+fn is_escape(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error().is_none()
+}
+
+/// Whether `e` is ELOOP: too many levels of symbolic links.
+fn is_symlink_loop(e: &io::Error) -> bool {
+    // `ErrorKind::FilesystemLoop` is unstable; ELOOP is 40 on the Linux targets sandboxd runs on.
+    (cfg!(target_os = "linux") && e.raw_os_error() == Some(40))
+        || format!("{:?}", e.kind()) == "FilesystemLoop"
+}
+
+/// The [`FileError`] for an I/O error on `path`.
+fn map_io(path: &str, e: io::Error) -> FileError {
+    let path = shown(path);
+    if is_escape(&e) {
+        return FileError::OutsideWorkspace { path };
+    }
+    if is_symlink_loop(&e) {
+        return FileError::InvalidPath {
+            path,
+            reason: "too many levels of symbolic links (a symlink loop?)".to_owned(),
+        };
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => FileError::NotFound { path },
+        io::ErrorKind::NotADirectory => FileError::NotADirectory { path },
+        io::ErrorKind::IsADirectory => FileError::IsADirectory { path },
+        io::ErrorKind::DirectoryNotEmpty => FileError::DirectoryNotEmpty { path },
+        _ => FileError::Io { path, source: e },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, symlink};
+
+    const UID: u32 = 10001;
+    const GID: u32 = 10001;
+
+    /// A workspace in a temporary directory, with a sentinel file outside it.
+    struct Fixture {
+        _temp: tempfile::TempDir,
+        base: PathBuf,
+        dir: PathBuf,
+        ws: Workspace,
+    }
+
+    const SENTINEL: &[u8] = b"outside, never to be touched";
+
+    fn fixture() -> Fixture {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let base = temp.path().to_path_buf();
+        let dir = base.join("sessions").join("s1").join("workspace");
+        let ws = Workspace::new(&dir, UID, GID);
+        ws.prepare().expect("prepare");
+        fs::write(base.join("secret"), SENTINEL).expect("sentinel");
+        fs::create_dir(base.join("outside")).expect("outside dir");
+        fs::write(base.join("outside").join("sentinel"), SENTINEL).expect("sentinel");
+        Fixture {
+            _temp: temp,
+            base,
+            dir,
+            ws,
+        }
+    }
+
+    impl Fixture {
+        fn file(&self, rel: &str, data: &[u8]) {
+            let path = self.dir.join(rel);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).expect("parents");
+            }
+            fs::write(path, data).expect("write fixture file");
+        }
+
+        fn link(&self, rel: &str, target: impl AsRef<Path>) {
+            symlink(target, self.dir.join(rel)).expect("symlink");
+        }
+
+        fn sentinels_intact(&self) {
+            assert_eq!(
+                fs::read(self.base.join("secret")).expect("secret"),
+                SENTINEL
+            );
+            assert_eq!(
+                fs::read(self.base.join("outside").join("sentinel")).expect("sentinel"),
+                SENTINEL
+            );
+            let names: Vec<_> = fs::read_dir(&self.base)
+                .expect("base")
+                .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+                .collect();
+            let mut names = names;
+            names.sort();
+            assert_eq!(names, ["outside", "secret", "sessions"]);
+            let outside: Vec<_> = fs::read_dir(self.base.join("outside"))
+                .expect("outside")
+                .collect();
+            assert_eq!(outside.len(), 1);
+        }
+    }
+
+    fn names(entries: &[Entry]) -> Vec<&str> {
+        entries.iter().map(|e| e.path.as_str()).collect()
+    }
+
+    #[test]
+    fn traversal_corpus_is_refused_everywhere() {
+        let f = fixture();
+        let passwd_before = fs::read("/etc/passwd").ok();
+        f.link("link", "/etc");
+        f.link("elink", f.base.join("outside"));
+        f.link("up", "../..");
+        f.link("loop_a", "loop_b");
+        f.link("loop_b", "loop_a");
+        f.link("pw", "/etc/passwd");
+        f.link("sec", "../../../secret");
+        let corpus: &[(&str, &str)] = &[
+            ("../x", "outside_workspace"),
+            ("a/../../x", "outside_workspace"),
+            ("../secret", "outside_workspace"),
+            ("/etc/passwd", "invalid_path"),
+            ("/workspace/../etc/passwd", "outside_workspace"),
+            ("/workspacex/y", "invalid_path"),
+            ("a\0b", "invalid_path"),
+            ("link/passwd", "outside_workspace"),
+            ("elink/sentinel", "outside_workspace"),
+            ("up/secret", "outside_workspace"),
+            ("up/outside/sentinel", "outside_workspace"),
+            ("loop_a/x", "invalid_path"),
+        ];
+        for (path, code) in corpus {
+            let results: Vec<(&str, Result<(), FileError>)> = vec![
+                ("read", f.ws.read(path, 0, None, 1 << 20).map(drop)),
+                ("write", f.ws.write(path, b"pwned").map(drop)),
+                ("mkdir", f.ws.mkdir(path)),
+                ("remove", f.ws.remove(path, true).map(drop)),
+                ("list", f.ws.list(path).map(drop)),
+                ("stat", f.ws.stat(path).map(drop)),
+                ("tree", f.ws.tree(path, TreeLimits::default()).map(drop)),
+            ];
+            for (op, result) in results {
+                match result {
+                    Ok(()) => panic!("{op} {path:?} was allowed"),
+                    Err(e) => assert_eq!(e.code(), *code, "{op} {path:?}: {e}"),
+                }
+            }
+            f.sentinels_intact();
+        }
+        // Symlinked files leading out: never read, never written through.
+        for path in ["pw", "sec", "loop_a"] {
+            let read = f.ws.read(path, 0, None, 1 << 20);
+            assert!(read.is_err(), "read {path}");
+            let write = f.ws.write(path, b"pwned");
+            assert!(write.is_err(), "write {path}");
+        }
+        assert!(matches!(
+            f.ws.read("pw", 0, None, 1 << 20),
+            Err(FileError::OutsideWorkspace { .. })
+        ));
+        assert!(matches!(
+            f.ws.write("sec", b"pwned"),
+            Err(FileError::OutsideWorkspace { .. })
+        ));
+        assert!(matches!(
+            f.ws.read("loop_a", 0, None, 1 << 20),
+            Err(FileError::InvalidPath { .. })
+        ));
+        assert!(matches!(
+            f.ws.write("loop_a", b"x"),
+            Err(FileError::InvalidPath { .. })
+        ));
+        // Listing a link leading out is refused; a stat of the link itself is fine.
+        assert!(matches!(
+            f.ws.list("link"),
+            Err(FileError::OutsideWorkspace { .. })
+        ));
+        assert!(matches!(
+            f.ws.list("up"),
+            Err(FileError::OutsideWorkspace { .. })
+        ));
+        assert_eq!(f.ws.stat("pw").expect("stat pw").kind, EntryKind::Symlink);
+        // Removing the links removes the links only.
+        for path in ["pw", "link", "up", "sec", "elink", "loop_a"] {
+            let removed = f.ws.remove(path, true).expect("remove link");
+            assert_eq!(removed.kind, EntryKind::Symlink);
+            assert!(fs::symlink_metadata(f.dir.join(path)).is_err());
+        }
+        f.sentinels_intact();
+        assert_eq!(fs::read("/etc/passwd").ok(), passwd_before);
+        assert!(Path::new("/etc").is_dir());
+    }
+
+    #[test]
+    fn error_messages_name_the_path() {
+        let f = fixture();
+        let e =
+            f.ws.read("../etc/passwd", 0, None, 10)
+                .expect_err("refused");
+        assert_eq!(e.to_string(), "'../etc/passwd' leads outside the workspace");
+        assert_eq!((e.code(), e.status()), ("outside_workspace", 403));
+        let e = f.ws.read("a\0b", 0, None, 10).expect_err("refused");
+        assert!(e.to_string().contains("a\\0b"), "{e}");
+    }
+
+    #[test]
+    fn codes_and_statuses() {
+        let p = || "p".to_owned();
+        let cases = [
+            (invalid("p", "r"), "invalid_path", 400),
+            (
+                FileError::OutsideWorkspace { path: p() },
+                "outside_workspace",
+                403,
+            ),
+            (FileError::NotFound { path: p() }, "not_found", 404),
+            (FileError::IsADirectory { path: p() }, "is_a_directory", 409),
+            (
+                FileError::NotADirectory { path: p() },
+                "not_a_directory",
+                409,
+            ),
+            (
+                FileError::DirectoryNotEmpty { path: p() },
+                "directory_not_empty",
+                409,
+            ),
+            (FileError::TooLarge { size: 2, limit: 1 }, "too_large", 413),
+            (FileError::WorkspaceMissing, "session_lost", 410),
+            (
+                FileError::Io {
+                    path: p(),
+                    source: io::Error::other("x"),
+                },
+                "io_error",
+                500,
+            ),
+        ];
+        for (e, code, status) in cases {
+            assert_eq!((e.code(), e.status()), (code, status), "{e}");
+        }
+    }
+
+    #[test]
+    fn write_creates_owned_parents_atomically() {
+        let f = fixture();
+        let written = f.ws.write("a/b/c.txt", b"hello").expect("write");
+        assert_eq!(written.size, 5);
+        assert_eq!(fs::read(f.dir.join("a/b/c.txt")).expect("read"), b"hello");
+        for (rel, mode) in [("a", 0o755), ("a/b", 0o755), ("a/b/c.txt", 0o644)] {
+            let meta = fs::symlink_metadata(f.dir.join(rel)).expect("meta");
+            assert_eq!((meta.uid(), meta.gid()), (UID, GID), "{rel}");
+            assert_eq!(meta.mode() & 0o7777, mode, "{rel}");
+        }
+        // Overwrite: replaced, and no temporary file left behind.
+        f.ws.write("a/b/c.txt", b"bye").expect("overwrite");
+        assert_eq!(fs::read(f.dir.join("a/b/c.txt")).expect("read"), b"bye");
+        let left: Vec<_> = fs::read_dir(f.dir.join("a/b"))
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left, ["c.txt"]);
+        let root_left: Vec<_> = fs::read_dir(&f.dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(root_left, ["a"]);
+    }
+
+    #[test]
+    fn write_keeps_the_mode_of_a_replaced_file() {
+        let f = fixture();
+        f.file("run.sh", b"#!/bin/sh\n");
+        fs::set_permissions(f.dir.join("run.sh"), fs::Permissions::from_mode(0o750))
+            .expect("chmod");
+        f.ws.write("run.sh", b"#!/bin/sh\necho hi\n")
+            .expect("write");
+        let meta = fs::metadata(f.dir.join("run.sh")).expect("meta");
+        assert_eq!(meta.mode() & 0o7777, 0o750);
+        assert_eq!(meta.uid(), UID);
+    }
+
+    #[test]
+    fn write_refuses_directories_and_the_root() {
+        let f = fixture();
+        fs::create_dir(f.dir.join("d")).expect("mkdir");
+        assert!(matches!(
+            f.ws.write("d", b"x"),
+            Err(FileError::IsADirectory { .. })
+        ));
+        for path in ["", ".", "/workspace", "/workspace/", "a/.."] {
+            assert!(
+                matches!(f.ws.write(path, b"x"), Err(FileError::InvalidPath { .. })),
+                "{path:?}"
+            );
+        }
+        f.file("plain", b"x");
+        assert!(matches!(
+            f.ws.write("plain/child", b"x"),
+            Err(FileError::NotADirectory { .. })
+        ));
+    }
+
+    #[test]
+    fn write_through_a_symlink_inside_writes_the_target() {
+        let f = fixture();
+        f.file("real.txt", b"old");
+        f.link("cur", "real.txt");
+        f.ws.write("cur", b"new").expect("write through link");
+        assert_eq!(fs::read(f.dir.join("real.txt")).expect("read"), b"new");
+        assert!(
+            fs::symlink_metadata(f.dir.join("cur"))
+                .expect("meta")
+                .file_type()
+                .is_symlink()
+        );
+        // A link in a symlinked directory, with `..` in its target.
+        f.file("x/y/target.txt", b"old");
+        f.link("dy", "x/y");
+        f.link("x/y/rel", "../y/target.txt");
+        f.ws.write("dy/rel", b"via dy").expect("write");
+        assert_eq!(
+            fs::read(f.dir.join("x/y/target.txt")).expect("read"),
+            b"via dy"
+        );
+        // A dangling link inside creates its target.
+        f.link("dangling", "made/by/link.txt");
+        f.ws.write("dangling", b"made").expect("write");
+        assert_eq!(
+            fs::read(f.dir.join("made/by/link.txt")).expect("read"),
+            b"made"
+        );
+        assert_eq!(fs::metadata(f.dir.join("made")).expect("meta").uid(), UID);
+        // A link to a directory is a directory.
+        assert!(matches!(
+            f.ws.write("dy", b"x"),
+            Err(FileError::IsADirectory { .. })
+        ));
+    }
+
+    #[test]
+    fn workspace_prefix_is_stripped() {
+        let f = fixture();
+        f.ws.write("/workspace/notes.txt", b"notes").expect("write");
+        assert_eq!(fs::read(f.dir.join("notes.txt")).expect("read"), b"notes");
+        let read = f.ws.read("notes.txt", 0, None, 100).expect("read");
+        assert_eq!(read.data, b"notes");
+        let stat = f.ws.stat("/workspace/notes.txt").expect("stat");
+        assert_eq!(
+            (stat.name.as_str(), stat.path.as_str()),
+            ("notes.txt", "notes.txt")
+        );
+        assert_eq!(stat.kind, EntryKind::File);
+        assert_eq!(
+            names(&f.ws.list("/workspace").expect("list")),
+            ["notes.txt"]
+        );
+        // An odd file name, not a traversal.
+        f.ws.write("%2e%2e/x", b"odd").expect("odd name");
+        assert_eq!(fs::read(f.dir.join("%2e%2e/x")).expect("read"), b"odd");
+    }
+
+    #[test]
+    fn read_offset_limit_and_errors() {
+        let f = fixture();
+        f.file("f.txt", b"0123456789");
+        let read = |offset, limit| f.ws.read("f.txt", offset, limit, 100).expect("read");
+        assert_eq!(read(0, None).data, b"0123456789");
+        let part = read(3, Some(4));
+        assert_eq!(
+            (part.data.as_slice(), part.size, part.offset),
+            (&b"3456"[..], 10, 3)
+        );
+        assert_eq!(read(8, Some(10)).data, b"89");
+        assert_eq!(read(4, None).data, b"456789");
+        let past = read(20, Some(5));
+        assert_eq!((past.data.len(), past.size, past.offset), (0, 10, 10));
+        assert!(matches!(
+            f.ws.read("missing", 0, None, 100),
+            Err(FileError::NotFound { .. })
+        ));
+        fs::create_dir(f.dir.join("d")).expect("mkdir");
+        for path in ["d", "", "/workspace"] {
+            assert!(
+                matches!(
+                    f.ws.read(path, 0, None, 100),
+                    Err(FileError::IsADirectory { .. })
+                ),
+                "{path:?}"
+            );
+        }
+        // A symlink inside is followed.
+        f.link("alias", "f.txt");
+        assert_eq!(
+            f.ws.read("alias", 0, Some(2), 100).expect("read").data,
+            b"01"
+        );
+        // Limits apply to the bytes returned.
+        assert!(f.ws.read("f.txt", 0, Some(4), 4).is_ok());
+        assert!(matches!(
+            f.ws.read("f.txt", 0, None, 4),
+            Err(FileError::TooLarge { size: 10, limit: 4 })
+        ));
+    }
+
+    #[test]
+    fn read_refuses_a_fifo_without_blocking() {
+        let f = fixture();
+        let status = std::process::Command::new("mkfifo")
+            .arg(f.dir.join("pipe"))
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            return; // no mkfifo here
+        }
+        assert!(matches!(
+            f.ws.read("pipe", 0, None, 100),
+            Err(FileError::InvalidPath { .. })
+        ));
+        assert_eq!(f.ws.stat("pipe").expect("stat").kind, EntryKind::Other);
+    }
+
+    #[test]
+    fn too_large_message_names_the_limit() {
+        let f = fixture();
+        f.file("big.bin", &vec![7u8; 9_437_184]);
+        let e =
+            f.ws.read("big.bin", 0, None, 8_388_608)
+                .expect_err("too large");
+        assert!(matches!(
+            e,
+            FileError::TooLarge {
+                size: 9_437_184,
+                limit: 8_388_608
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "reading 9437184 bytes is over the read limit of 8388608 bytes \
+             (SANDBOXD_MAX_READ_BYTES); read it in parts with offset and limit"
+        );
+        assert_eq!((e.code(), e.status()), ("too_large", 413));
+        let part =
+            f.ws.read("big.bin", 8_388_608, None, 8_388_608)
+                .expect("rest");
+        assert_eq!(part.data.len(), 1_048_576);
+    }
+
+    #[test]
+    fn remove_files_links_and_trees() {
+        let f = fixture();
+        for path in ["", ".", "/workspace", "/workspace/", "a/.."] {
+            assert!(
+                matches!(f.ws.remove(path, true), Err(FileError::InvalidPath { .. })),
+                "{path:?}"
+            );
+        }
+        assert!(f.dir.is_dir());
+        assert!(matches!(
+            f.ws.remove("missing", false),
+            Err(FileError::NotFound { .. })
+        ));
+        f.file("f.txt", b"x");
+        let removed = f.ws.remove("f.txt", false).expect("remove file");
+        assert_eq!(
+            removed,
+            RemoveResult {
+                path: "f.txt".to_owned(),
+                kind: EntryKind::File
+            }
+        );
+        assert!(!f.dir.join("f.txt").exists());
+
+        f.file("t/a/b.txt", b"x");
+        f.link("t/a/out", f.base.join("outside"));
+        f.link("t/a/up", "../../..");
+        assert!(matches!(
+            f.ws.remove("t", false),
+            Err(FileError::DirectoryNotEmpty { .. })
+        ));
+        fs::create_dir(f.dir.join("empty")).expect("mkdir");
+        assert_eq!(
+            f.ws.remove("empty", false).expect("remove empty").kind,
+            EntryKind::Dir
+        );
+        assert_eq!(
+            f.ws.remove("t", true).expect("remove tree").kind,
+            EntryKind::Dir
+        );
+        assert!(!f.dir.join("t").exists());
+        f.sentinels_intact();
+
+        // A link to a directory inside: the link goes, the directory stays.
+        f.file("keep/k.txt", b"k");
+        f.link("keeplink", "keep");
+        f.ws.remove("keeplink", true).expect("remove link");
+        assert_eq!(fs::read(f.dir.join("keep/k.txt")).expect("kept"), b"k");
+        // Through a link inside is fine.
+        f.link("keeplink", "keep");
+        f.ws.remove("keeplink/k.txt", false)
+            .expect("remove through link");
+        assert!(!f.dir.join("keep/k.txt").exists());
+    }
+
+    #[test]
+    fn mkdir_is_mkdir_p_and_owned() {
+        let f = fixture();
+        f.ws.mkdir("/workspace/p/q/r").expect("mkdir");
+        for rel in ["p", "p/q", "p/q/r"] {
+            let meta = fs::symlink_metadata(f.dir.join(rel)).expect("meta");
+            assert!(meta.is_dir());
+            assert_eq!(
+                (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+                (UID, GID, 0o755)
+            );
+        }
+        f.ws.mkdir("p/q").expect("existing is fine");
+        f.ws.mkdir("").expect("root exists");
+        f.file("file", b"x");
+        assert!(matches!(
+            f.ws.mkdir("file"),
+            Err(FileError::NotADirectory { .. })
+        ));
+        assert!(matches!(
+            f.ws.mkdir("file/sub"),
+            Err(FileError::NotADirectory { .. })
+        ));
+        f.link("dang", "nowhere");
+        assert!(matches!(
+            f.ws.mkdir("dang/sub"),
+            Err(FileError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn stat_and_list_do_not_follow_symlinks() {
+        let f = fixture();
+        f.file("b.txt", b"12345");
+        f.file("a/inner.txt", b"x");
+        f.link("c", "a");
+        f.link("d", "/etc");
+        let list = f.ws.list("").expect("list");
+        let kinds: Vec<_> = list.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("a", EntryKind::Dir),
+                ("b.txt", EntryKind::File),
+                ("c", EntryKind::Symlink),
+                ("d", EntryKind::Symlink),
+            ]
+        );
+        assert_eq!(list[1].size, 5);
+        assert!(list[1].modified.is_some());
+        // Listing through a link inside lists its target, under the path as asked.
+        assert_eq!(names(&f.ws.list("c").expect("list c")), ["c/inner.txt"]);
+        let stat = f.ws.stat("").expect("stat root");
+        assert_eq!((stat.kind, stat.path.as_str()), (EntryKind::Dir, ""));
+        assert!(matches!(
+            f.ws.list("b.txt"),
+            Err(FileError::NotADirectory { .. })
+        ));
+        assert!(matches!(f.ws.stat("nope"), Err(FileError::NotFound { .. })));
+        let json = serde_json::to_value(&list[2]).expect("json");
+        assert_eq!(json["kind"], "symlink");
+        assert_eq!(json["path"], "c");
+        let modified = json["modified"].as_str().expect("modified");
+        assert!(DateTime::parse_from_rfc3339(modified).is_ok(), "{modified}");
+    }
+
+    #[test]
+    fn exclusions_in_list_and_tree() {
+        let f = fixture();
+        for rel in [
+            "node_modules/x.js",
+            "src/node_modules/y.js",
+            "src/main.rs",
+            "src/__pycache__/m.pyc",
+            ".git/HEAD",
+            "skills/s.md",
+            ".spill/out.txt",
+            ".agenticos/conf",
+            "skillsfoo/k.md",
+            "src/skills/z.md",
+        ] {
+            f.file(rel, b"x");
+        }
+        assert_eq!(names(&f.ws.list("").expect("list")), ["skillsfoo", "src"]);
+        let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
+        assert_eq!(
+            names(&tree.entries),
+            [
+                "skillsfoo",
+                "src",
+                "skillsfoo/k.md",
+                "src/main.rs",
+                "src/skills",
+                "src/skills/z.md"
+            ]
+        );
+        assert!(!tree.incomplete);
+        // Counts: with room for exactly the listed entries, no limit is reached.
+        let exact =
+            f.ws.tree(
+                "",
+                TreeLimits {
+                    max_depth: 6,
+                    max_entries: 6,
+                },
+            )
+            .expect("tree");
+        assert!(!exact.entry_limit_reached && !exact.incomplete);
+        // Asked for explicitly, an excluded directory is listed.
+        assert_eq!(names(&f.ws.list("skills").expect("list")), ["skills/s.md"]);
+        assert_eq!(
+            names(&f.ws.list("node_modules").expect("list")),
+            ["node_modules/x.js"]
+        );
+    }
+
+    #[test]
+    fn tree_depth_limit() {
+        let f = fixture();
+        let chain = "d1/d2/d3/d4/d5/d6/d7/d8/d9/d10";
+        fs::create_dir_all(f.dir.join(chain)).expect("chain");
+        let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
+        assert_eq!(
+            names(&tree.entries),
+            [
+                "d1",
+                "d1/d2",
+                "d1/d2/d3",
+                "d1/d2/d3/d4",
+                "d1/d2/d3/d4/d5",
+                "d1/d2/d3/d4/d5/d6"
+            ]
+        );
+        assert!(tree.depth_limit_reached && !tree.entry_limit_reached && tree.incomplete);
+        assert_eq!((tree.max_depth, tree.max_entries), (6, 2000));
+        // Starting deeper, with the chain ending within the limit.
+        let tree =
+            f.ws.tree("d1/d2/d3/d4/d5", TreeLimits::default())
+                .expect("tree");
+        assert_eq!(tree.root, "d1/d2/d3/d4/d5");
+        assert_eq!(tree.entries.len(), 5);
+        assert!(!tree.depth_limit_reached && !tree.incomplete);
+        // An empty directory at the last level is not a reached limit.
+        let tree =
+            f.ws.tree(
+                "d1/d2/d3/d4/d5/d6/d7/d8",
+                TreeLimits {
+                    max_depth: 2,
+                    max_entries: 10,
+                },
+            )
+            .expect("tree");
+        assert_eq!(tree.entries.len(), 2);
+        assert!(!tree.depth_limit_reached);
+        // No levels at all.
+        let tree =
+            f.ws.tree(
+                "",
+                TreeLimits {
+                    max_depth: 0,
+                    max_entries: 10,
+                },
+            )
+            .expect("tree");
+        assert!(tree.entries.is_empty() && tree.depth_limit_reached && tree.incomplete);
+    }
+
+    #[test]
+    fn tree_entry_limit() {
+        let f = fixture();
+        for i in 0..2100 {
+            f.file(&format!("f{i:04}"), b"");
+        }
+        let tree =
+            f.ws.tree("/workspace", TreeLimits::default())
+                .expect("tree");
+        assert_eq!(tree.entries.len(), 2000);
+        assert!(tree.entry_limit_reached && tree.incomplete && !tree.depth_limit_reached);
+        assert_eq!(tree.entries[0].path, "f0000");
+    }
+
+    #[test]
+    fn tree_skips_an_unreadable_subdirectory() {
+        let f = fixture();
+        f.file("a/1.txt", b"");
+        f.file("b/2.txt", b"");
+        f.file("b/deep/3.txt", b"");
+        f.file("c/4.txt", b"");
+        let failing = |root: &Dir, rel: &str| {
+            if rel == "b" {
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            } else {
+                root.open_dir(rel)
+            }
+        };
+        let tree =
+            f.ws.tree_with("", TreeLimits::default(), &failing)
+                .expect("tree");
+        assert_eq!(names(&tree.entries), ["a", "b", "c", "a/1.txt", "c/4.txt"]);
+        assert_eq!(tree.skipped, ["b"]);
+        assert!(tree.incomplete && !tree.depth_limit_reached && !tree.entry_limit_reached);
+        // A directory removed mid-walk is skipped the same way.
+        let removing = |root: &Dir, rel: &str| {
+            if rel == "c" {
+                fs::remove_dir_all(f.dir.join("c"))?;
+            }
+            root.open_dir(rel)
+        };
+        let tree =
+            f.ws.tree_with("", TreeLimits::default(), &removing)
+                .expect("tree");
+        assert_eq!(tree.skipped, ["c"]);
+        // Only the starting directory is an error.
+        assert!(matches!(
+            f.ws.tree("a/1.txt", TreeLimits::default()),
+            Err(FileError::NotADirectory { .. })
+        ));
+        assert!(matches!(
+            f.ws.tree("nope", TreeLimits::default()),
+            Err(FileError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn tree_does_not_descend_into_symlinks() {
+        let f = fixture();
+        f.file("real/r.txt", b"");
+        f.link("alias", "real");
+        f.link("out", f.base.join("outside"));
+        let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
+        assert_eq!(names(&tree.entries), ["alias", "out", "real", "real/r.txt"]);
+        assert!(!tree.incomplete);
+        let json = serde_json::to_value(&tree).expect("json");
+        assert_eq!(json["entries"][0]["kind"], "symlink");
+        assert_eq!(json["incomplete"], false);
+    }
+
+    #[test]
+    fn missing_workspace_is_session_lost() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let dir = temp.path().join("s2").join("workspace");
+        let ws = Workspace::new(&dir, UID, GID);
+        assert!(!ws.exists());
+        let e = ws.read("x", 0, None, 10).expect_err("lost");
+        assert!(matches!(e, FileError::WorkspaceMissing));
+        assert_eq!((e.code(), e.status()), ("session_lost", 410));
+        assert!(matches!(
+            ws.write("x", b"x"),
+            Err(FileError::WorkspaceMissing)
+        ));
+        assert!(matches!(ws.list(""), Err(FileError::WorkspaceMissing)));
+        ws.prepare().expect("prepare");
+        assert!(ws.exists());
+        let meta = fs::metadata(&dir).expect("meta");
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (UID, GID, 0o755)
+        );
+        ws.prepare().expect("prepare again");
+        assert_eq!(ws.dir(), dir);
+    }
+}

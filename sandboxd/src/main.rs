@@ -1,0 +1,21 @@
+//! The `sandboxd` binary: parses its configuration and runs the service.
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = sandboxd::config::Config::parse();
+    match sandboxd::server::run(config).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandboxd: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Prometheus metrics of sandboxd.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::runner::RunOutcome;
+
+/// A label set with one `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// created, found, refused, failed; or exited, failed, timed_out, stopped.
+    pub outcome: String,
+}
+
+impl Outcome {
+    /// A label set.
+    pub fn new(outcome: &str) -> Self {
+        Self {
+            outcome: outcome.to_owned(),
+        }
+    }
+}
+
+/// A label set with one `state` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// The session state.
+    pub state: String,
+}
+
+/// The metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Session opens by outcome.
+    pub opens: Family<Outcome, Counter>,
+    /// Runs by outcome.
+    pub runs: Family<Outcome, Counter>,
+    /// Run wall time in seconds.
+    pub run_seconds: Histogram,
+    /// Sessions by state, set at each scrape.
+    pub sessions: Family<StateLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sandboxd");
+        let opens = Family::<Outcome, Counter>::default();
+        let runs = Family::<Outcome, Counter>::default();
+        let run_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 16));
+        let sessions = Family::<StateLabel, Gauge>::default();
+        registry.register("session_opens", "Session opens by outcome", opens.clone());
+        registry.register("runs", "Runs by outcome", runs.clone());
+        registry.register("run_seconds", "Wall time of runs", run_seconds.clone());
+        registry.register("sessions", "Sessions by state", sessions.clone());
+        Self {
+            registry,
+            opens,
+            runs,
+            run_seconds,
+            sessions,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts a finished run.
+    pub fn observe_run(&self, run: &RunOutcome) {
+        let outcome = if run.timed_out {
+            "timed_out"
+        } else if run.stopped {
+            "stopped"
+        } else if run.exit_code == 0 {
+            "exited"
+        } else {
+            "failed"
+        };
+        self.runs.get_or_create(&Outcome::new(outcome)).inc();
+        self.run_seconds.observe(run.duration_ms as f64 / 1000.0);
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

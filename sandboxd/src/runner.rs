@@ -1,0 +1,358 @@
+//! The run path: how a command runs in a session's container. [`Runner`] is the seam; the
+//! Docker exec implementation ([`ExecRunner`]) is the first one behind it.
+//!
+//! A run executes `/bin/sh -c <command>` in `/workspace` as the sandbox uid. Its output streams
+//! as it comes, each stream capped (the rest is drained and dropped, and the run is marked
+//! truncated). A timed-out or stopped run has its whole process group killed.
+
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::docker::{Engine, WORKSPACE_MOUNT};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// The run id.
+    pub run_id: String,
+    /// The container.
+    pub container: String,
+    /// The shell command.
+    pub command: String,
+    /// Extra environment, `NAME=value`.
+    pub env: Vec<String>,
+    /// uid (and gid) to run as.
+    pub uid: u32,
+    /// The effective timeout.
+    pub timeout: Duration,
+    /// Bytes kept per stream.
+    pub max_output_bytes: usize,
+}
+
+/// One piece of a run's life, as streamed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunEvent {
+    /// Bytes on stdout (lossy UTF-8).
+    Stdout {
+        /// The text.
+        data: String,
+    },
+    /// Bytes on stderr (lossy UTF-8).
+    Stderr {
+        /// The text.
+        data: String,
+    },
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunOutcome {
+    /// The run id.
+    pub run_id: String,
+    /// Exit status; 124 after a timeout and 137 after a stop, like `timeout(1)` and SIGKILL.
+    pub exit_code: i64,
+    /// What the command wrote on stdout (capped).
+    pub stdout: String,
+    /// What the command wrote on stderr (capped).
+    pub stderr: String,
+    /// Whether output was cut at the cap.
+    pub truncated: bool,
+    /// Whether the timeout ended it.
+    pub timed_out: bool,
+    /// Whether a stop request ended it.
+    pub stopped: bool,
+    /// Wall time.
+    pub duration_ms: u64,
+}
+
+/// A run that could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The container refused or is gone.
+    #[error("the run could not start: {0}")]
+    Start(String),
+    /// The stream broke.
+    #[error("the run's output stream broke: {0}")]
+    Stream(String),
+}
+
+/// The seam: something that runs a command in a session's container.
+pub trait Runner: Send + Sync {
+    /// Runs `spec`, sending output to `events` as it comes (if given), until it exits, times
+    /// out or `cancel` fires.
+    fn run<'a>(
+        &'a self,
+        spec: RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<RunOutcome, RunError>>;
+}
+
+/// Prints the shell's pid on the first stdout line, then becomes the command. The pid is the
+/// run's process group (Docker starts each exec as a session leader), which stop and timeout kill.
+const WRAPPER: &str = "printf '%s\\n' \"$$\"; exec /bin/sh -c \"$1\"";
+
+/// How long output may keep flowing after the run's group was killed.
+const KILL_GRACE: Duration = Duration::from_millis(1500);
+
+/// Runs commands with Docker exec.
+#[derive(Clone)]
+pub struct ExecRunner {
+    engine: Engine,
+}
+
+impl ExecRunner {
+    /// A runner on `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
+    async fn kill_group(&self, container: &str, pid: u32, uid: u32) {
+        if pid < 2 {
+            return;
+        }
+        // POSIX kill (dash has no `--`): a negative pid is the process group.
+        let script = "kill -KILL \"-$1\" 2>/dev/null || kill -KILL \"$1\" 2>/dev/null; true";
+        let options = CreateExecOptions {
+            cmd: Some(vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                script.to_owned(),
+                "kill".to_owned(),
+                pid.to_string(),
+            ]),
+            user: Some(format!("{uid}:{uid}")),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let docker = self.engine.client();
+        let Ok(exec) = docker.create_exec(container, options).await else {
+            return;
+        };
+        if let Ok(StartExecResults::Attached { mut output, .. }) =
+            docker.start_exec(&exec.id, None::<StartExecOptions>).await
+        {
+            while output.next().await.is_some() {}
+        }
+    }
+
+    async fn run_exec(
+        &self,
+        spec: RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let started = Instant::now();
+        let docker = self.engine.client();
+        let options = CreateExecOptions {
+            cmd: Some(vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                WRAPPER.to_owned(),
+                "sandboxd-run".to_owned(),
+                spec.command.clone(),
+            ]),
+            env: Some(spec.env.clone()),
+            user: Some(format!("{0}:{0}", spec.uid)),
+            working_dir: Some(WORKSPACE_MOUNT.to_owned()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let exec = docker
+            .create_exec(&spec.container, options)
+            .await
+            .map_err(|e| RunError::Start(e.to_string()))?;
+        let StartExecResults::Attached { mut output, .. } = docker
+            .start_exec(&exec.id, None::<StartExecOptions>)
+            .await
+            .map_err(|e| RunError::Start(e.to_string()))?
+        else {
+            return Err(RunError::Start("docker started the exec detached".into()));
+        };
+
+        let mut out = Capture::new(spec.max_output_bytes);
+        let mut err = Capture::new(spec.max_output_bytes);
+        let mut pid: Option<u32> = None;
+        let mut pid_line = Vec::new();
+        let deadline = tokio::time::sleep(spec.timeout);
+        tokio::pin!(deadline);
+        // After a kill, output still held open by an escaped process is not waited for.
+        let grace = tokio::time::sleep(Duration::from_secs(86400 * 365));
+        tokio::pin!(grace);
+        let mut ended_by = None;
+        loop {
+            tokio::select! {
+                chunk = output.next() => match chunk {
+                    None => break,
+                    Some(Err(e)) => return Err(RunError::Stream(e.to_string())),
+                    Some(Ok(LogOutput::StdOut { message })) => {
+                        let mut bytes = &message[..];
+                        if pid.is_none() {
+                            // The wrapper's first line is the pid, not output.
+                            match bytes.iter().position(|b| *b == b'\n') {
+                                Some(i) => {
+                                    pid_line.extend_from_slice(&bytes[..i]);
+                                    pid = std::str::from_utf8(&pid_line).ok().and_then(|s| s.trim().parse().ok()).or(Some(0));
+                                    bytes = &bytes[i + 1..];
+                                    // Stopped or timed out before its pid was known: kill now.
+                                    if ended_by.is_some() {
+                                        self.kill_group(&spec.container, pid.unwrap_or(0), spec.uid).await;
+                                        grace.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
+                                    }
+                                }
+                                None => { pid_line.extend_from_slice(bytes); continue; }
+                            }
+                        }
+                        if !bytes.is_empty() {
+                            out.push(bytes, &events, |data| RunEvent::Stdout { data }).await;
+                        }
+                    }
+                    Some(Ok(LogOutput::StdErr { message })) => err.push(&message, &events, |data| RunEvent::Stderr { data }).await,
+                    Some(Ok(_)) => {}
+                },
+                () = &mut deadline, if ended_by.is_none() => {
+                    ended_by = Some(Ended::Timeout);
+                    if let Some(pid) = pid {
+                        self.kill_group(&spec.container, pid, spec.uid).await;
+                        grace.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
+                    }
+                }
+                () = cancel.cancelled(), if ended_by.is_none() => {
+                    ended_by = Some(Ended::Stopped);
+                    if let Some(pid) = pid {
+                        self.kill_group(&spec.container, pid, spec.uid).await;
+                        grace.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
+                    }
+                }
+                () = &mut grace => break,
+            }
+        }
+        let inspected = docker
+            .inspect_exec(&exec.id)
+            .await
+            .map_err(|e| RunError::Stream(e.to_string()))?;
+        // A run killed by a signal (the OOM killer, a fork bomb hitting the pids limit) takes
+        // what is left of its process group with it; a run that exits leaves its background jobs.
+        if let Some(pid) = pid
+            && ended_by.is_none()
+            && inspected.exit_code.is_some_and(|c| c >= 128)
+        {
+            self.kill_group(&spec.container, pid, spec.uid).await;
+        }
+        let exit_code = match ended_by {
+            Some(Ended::Timeout) => 124,
+            Some(Ended::Stopped) => 137,
+            None => inspected.exit_code.unwrap_or(-1),
+        };
+        Ok(RunOutcome {
+            run_id: spec.run_id,
+            exit_code,
+            truncated: out.truncated || err.truncated,
+            stdout: out.text(),
+            stderr: err.text(),
+            timed_out: ended_by == Some(Ended::Timeout),
+            stopped: ended_by == Some(Ended::Stopped),
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Timeout,
+    Stopped,
+}
+
+impl Runner for ExecRunner {
+    fn run<'a>(
+        &'a self,
+        spec: RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<RunOutcome, RunError>> {
+        Box::pin(self.run_exec(spec, events, cancel))
+    }
+}
+
+/// One output stream, kept up to a cap.
+struct Capture {
+    kept: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Self {
+            kept: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    async fn push(
+        &mut self,
+        bytes: &[u8],
+        events: &Option<mpsc::Sender<RunEvent>>,
+        event: impl FnOnce(String) -> RunEvent,
+    ) {
+        let room = self.cap.saturating_sub(self.kept.len());
+        let take = bytes.len().min(room);
+        if take < bytes.len() {
+            self.truncated = true;
+        }
+        if take == 0 {
+            return;
+        }
+        self.kept.extend_from_slice(&bytes[..take]);
+        if let Some(tx) = events {
+            // A client that went away does not stop the run.
+            let _ = tx
+                .send(event(String::from_utf8_lossy(&bytes[..take]).into_owned()))
+                .await;
+        }
+    }
+
+    fn text(self) -> String {
+        String::from_utf8_lossy(&self.kept).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn capture_caps_and_marks_truncated() {
+        let mut c = Capture::new(5);
+        c.push(b"abc", &None, |data| RunEvent::Stdout { data })
+            .await;
+        assert!(!c.truncated);
+        c.push(b"defgh", &None, |data| RunEvent::Stdout { data })
+            .await;
+        assert!(c.truncated);
+        assert_eq!(c.text(), "abcde");
+    }
+
+    #[tokio::test]
+    async fn capture_streams_what_it_keeps() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let mut c = Capture::new(3);
+        c.push(b"hello", &Some(tx), |data| RunEvent::Stderr { data })
+            .await;
+        assert_eq!(
+            rx.recv().await,
+            Some(RunEvent::Stderr { data: "hel".into() })
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Start-up: configuration checked, state opened, Docker connected and reconciled, HTTP served
+//! until SIGTERM or Ctrl-C.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::api::{AppState, router};
+use crate::auth::AdminToken;
+use crate::config::Config;
+use crate::core::{Core, Settings};
+use crate::docker::Engine;
+use crate::metrics::Metrics;
+use crate::runner::ExecRunner;
+use crate::store::Store;
+
+/// Runs sandboxd with `config` until it is told to stop.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let (token, runtimes) = config.validate()?;
+    std::fs::create_dir_all(&config.workspace_root).with_context(|| {
+        format!(
+            "cannot create SANDBOXD_WORKSPACE_ROOT {}",
+            config.workspace_root.display()
+        )
+    })?;
+    let store = Store::open(&config.state_dir).await.with_context(|| {
+        format!(
+            "cannot open the state database in {}",
+            config.state_dir.display()
+        )
+    })?;
+    let engine = Engine::connect(&config.instance)
+        .await
+        .context("cannot reach Docker (DOCKER_HOST)")?;
+    for rt in &runtimes {
+        if !engine.has_image(&rt.image).await? {
+            tracing::warn!(runtime = %rt.alias, image = %rt.image, "runtime image is not present on this host; opens on it fail until it is");
+        }
+    }
+    let metrics = Arc::new(Metrics::default());
+    let runner = Arc::new(ExecRunner::new(engine.clone()));
+    let core = Arc::new(Core::new(
+        Settings::from_config(&config),
+        store,
+        engine,
+        runner,
+        runtimes,
+        metrics.clone(),
+    ));
+    let reconciled = core
+        .reconcile()
+        .await
+        .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {}", e.message))?;
+    let state = AppState {
+        core,
+        admin: AdminToken::new(&token),
+        metrics,
+    };
+    let listener = TcpListener::bind((config.host, config.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let addr = listener.local_addr()?;
+    info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
+    // The first line on stdout says where it listens (tests and scripts read it with port 0).
+    println!("sandboxd listening on http://{addr}");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    info!("sandboxd stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,493 @@
+//! sandboxd's own state in SQLite (sqlx, with migrations). Every state change is a guarded
+//! update (`… WHERE state IN (…)`), so two requests can never both act on one session, and the
+//! caps are checked in the same statement that claims a slot.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, Row, SqlitePool};
+
+// The only SQL built with format! splices in HELD_SQL and state names from `State::as_str`,
+// never input; every value is bound.
+
+/// Where a session is in its life on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// The container is being created and started.
+    Opening,
+    /// The container runs.
+    Running,
+    /// Asleep: the container is stopped, the files stay.
+    Stopped,
+    /// The container was removed; the workspace stays.
+    Reclaimed,
+    /// The workspace vanished; reported, never recreated empty.
+    Lost,
+    /// Being destroyed.
+    Destroying,
+}
+
+impl State {
+    /// The states that hold a slot against the caps.
+    pub const HELD: [State; 3] = [State::Opening, State::Running, State::Stopped];
+
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Opening => "opening",
+            State::Running => "running",
+            State::Stopped => "stopped",
+            State::Reclaimed => "reclaimed",
+            State::Lost => "lost",
+            State::Destroying => "destroying",
+        }
+    }
+}
+
+impl FromStr for State {
+    type Err = sqlx::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "opening" => State::Opening,
+            "running" => State::Running,
+            "stopped" => State::Stopped,
+            "reclaimed" => State::Reclaimed,
+            "lost" => State::Lost,
+            "destroying" => State::Destroying,
+            other => {
+                return Err(sqlx::Error::Decode(
+                    format!("unknown session state '{other}'").into(),
+                ));
+            }
+        })
+    }
+}
+
+/// One session row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRow {
+    /// The session id (its name).
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The runtime alias.
+    pub runtime: String,
+    /// The image it runs.
+    pub image: String,
+    /// Where it is.
+    pub state: State,
+    /// SHA-256 of its token.
+    pub token_hash: String,
+    /// Its container, when one exists.
+    pub container_id: Option<String>,
+    /// Its resource limits (JSON).
+    pub limits: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+    /// Unix milliseconds of the last run or file operation.
+    pub last_activity_at: i64,
+}
+
+/// A session to insert.
+#[derive(Debug, Clone)]
+pub struct NewSession<'a> {
+    /// The id.
+    pub id: &'a str,
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The runtime alias.
+    pub runtime: &'a str,
+    /// The image.
+    pub image: &'a str,
+    /// SHA-256 of the token.
+    pub token_hash: &'a str,
+    /// Limits as JSON.
+    pub limits: &'a str,
+}
+
+/// The caps a new slot is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// Sessions per host.
+    pub max_sessions: u32,
+    /// Sessions per tenant.
+    pub max_per_tenant: u32,
+}
+
+/// What claiming a slot for a new session did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The row was inserted in state opening.
+    Inserted,
+    /// A session of that id already exists.
+    Exists(SessionRow),
+    /// The tenant holds its cap.
+    TenantCap {
+        /// Sessions it holds.
+        held: u32,
+    },
+    /// The host holds its cap.
+    HostCap {
+        /// Sessions the host holds.
+        held: u32,
+    },
+}
+
+/// The state store.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+const HELD_SQL: &str = "state IN ('opening', 'running', 'stopped')";
+
+fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
+    Ok(SessionRow {
+        id: r.try_get("id")?,
+        tenant: r.try_get("tenant")?,
+        runtime: r.try_get("runtime")?,
+        image: r.try_get("image")?,
+        state: r.try_get::<String, _>("state")?.parse()?,
+        token_hash: r.try_get("token_hash")?,
+        container_id: r.try_get("container_id")?,
+        limits: r.try_get("limits")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        last_activity_at: r.try_get("last_activity_at")?,
+    })
+}
+
+impl Store {
+    /// Opens (creating) the database in `dir` and runs the migrations.
+    pub async fn open(dir: &Path) -> Result<Self, sqlx::Error> {
+        std::fs::create_dir_all(dir)?;
+        let options = SqliteConnectOptions::new()
+            .filename(dir.join("sandboxd.db"))
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(std::time::Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// One session by id.
+    pub async fn get(&self, id: &str) -> Result<Option<SessionRow>, sqlx::Error> {
+        sqlx::query("SELECT * FROM sessions WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(row)
+            .transpose()
+    }
+
+    /// The session a token hash belongs to.
+    pub async fn by_token_hash(&self, hash: &str) -> Result<Option<SessionRow>, sqlx::Error> {
+        sqlx::query("SELECT * FROM sessions WHERE token_hash = ?")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(row)
+            .transpose()
+    }
+
+    /// Every session, oldest first.
+    pub async fn list(&self) -> Result<Vec<SessionRow>, sqlx::Error> {
+        sqlx::query("SELECT * FROM sessions ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(row)
+            .collect()
+    }
+
+    /// Sessions holding a slot: on the host, and of `tenant`.
+    pub async fn held(&self, tenant: &str) -> Result<(u32, u32), sqlx::Error> {
+        let r = sqlx::query(AssertSqlSafe(format!(
+            "SELECT (SELECT count(*) FROM sessions WHERE {HELD_SQL}) AS host, (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?) AS tenant"
+        )))
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((
+            r.try_get::<i64, _>("host")? as u32,
+            r.try_get::<i64, _>("tenant")? as u32,
+        ))
+    }
+
+    /// Inserts a new session in state opening if its id is free and both caps have room, in
+    /// one statement (SQLite serialises writers, so concurrent claims cannot overshoot).
+    pub async fn claim(&self, new: &NewSession<'_>, caps: Caps) -> Result<Claim, sqlx::Error> {
+        let now = now_ms();
+        let inserted = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at)
+             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7
+             WHERE (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?8
+               AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?2) < ?9
+             ON CONFLICT (id) DO NOTHING"
+        )))
+        .bind(new.id)
+        .bind(new.tenant)
+        .bind(new.runtime)
+        .bind(new.image)
+        .bind(new.token_hash)
+        .bind(new.limits)
+        .bind(now)
+        .bind(caps.max_sessions)
+        .bind(caps.max_per_tenant)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Claim::Inserted);
+        }
+        if let Some(existing) = self.get(new.id).await? {
+            return Ok(Claim::Exists(existing));
+        }
+        let (host, tenant) = self.held(new.tenant).await?;
+        Ok(if tenant >= caps.max_per_tenant {
+            Claim::TenantCap { held: tenant }
+        } else {
+            Claim::HostCap { held: host }
+        })
+    }
+
+    /// Moves a reclaimed session back to opening if the caps have room; `Ok(None)` when it was
+    /// not reclaimed any more, `Ok(Some(claim))` with the outcome otherwise.
+    pub async fn reclaim_to_opening(
+        &self,
+        id: &str,
+        tenant: &str,
+        caps: Caps,
+    ) -> Result<Option<Claim>, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET state = 'opening', updated_at = ?2
+             WHERE id = ?1 AND state = 'reclaimed'
+               AND (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?3
+               AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?4) < ?5"
+        )))
+        .bind(id)
+        .bind(now_ms())
+        .bind(caps.max_sessions)
+        .bind(tenant)
+        .bind(caps.max_per_tenant)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if done == 1 {
+            return Ok(Some(Claim::Inserted));
+        }
+        match self.get(id).await? {
+            Some(r) if r.state == State::Reclaimed => {
+                let (host, t) = self.held(tenant).await?;
+                Ok(Some(if t >= caps.max_per_tenant {
+                    Claim::TenantCap { held: t }
+                } else {
+                    Claim::HostCap { held: host }
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Moves `id` from one of `from` to `to`; false when it was in none of them (someone else acted).
+    pub async fn transition(
+        &self,
+        id: &str,
+        from: &[State],
+        to: State,
+    ) -> Result<bool, sqlx::Error> {
+        let list = from
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let n = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list})"
+        )))
+        .bind(id)
+        .bind(to.as_str())
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Records the container of a session.
+    pub async fn set_container(
+        &self,
+        id: &str,
+        container_id: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sessions SET container_id = ?2, updated_at = ?3 WHERE id = ?1")
+            .bind(id)
+            .bind(container_id)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces a session's token hash.
+    pub async fn set_token_hash(&self, id: &str, hash: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sessions SET token_hash = ?2, updated_at = ?3 WHERE id = ?1")
+            .bind(id)
+            .bind(hash)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Marks activity now.
+    pub async fn touch(&self, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sessions SET last_activity_at = ?2 WHERE id = ?1")
+            .bind(id)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a session row; true when there was one.
+    pub async fn delete(&self, id: &str) -> Result<bool, sqlx::Error> {
+        Ok(sqlx::query("DELETE FROM sessions WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new<'a>(id: &'a str, tenant: &'a str, hash: &'a str) -> NewSession<'a> {
+        NewSession {
+            id,
+            tenant,
+            runtime: "base",
+            image: "img",
+            token_hash: hash,
+            limits: "{}",
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_respect_both_caps_and_ids() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("store");
+        let caps = Caps {
+            max_sessions: 3,
+            max_per_tenant: 2,
+        };
+        assert_eq!(
+            store
+                .claim(&new("a", "t1", "h1"), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        assert!(
+            matches!(store.claim(&new("a", "t1", "h9"), caps).await.expect("claim"), Claim::Exists(r) if r.token_hash == "h1")
+        );
+        assert_eq!(
+            store
+                .claim(&new("b", "t1", "h2"), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        assert_eq!(
+            store
+                .claim(&new("c", "t1", "h3"), caps)
+                .await
+                .expect("claim"),
+            Claim::TenantCap { held: 2 }
+        );
+        assert_eq!(
+            store
+                .claim(&new("c", "t2", "h3"), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        assert_eq!(
+            store
+                .claim(&new("d", "t3", "h4"), caps)
+                .await
+                .expect("claim"),
+            Claim::HostCap { held: 3 }
+        );
+        // A reclaimed session holds no slot.
+        assert!(
+            store
+                .transition("a", &[State::Opening], State::Reclaimed)
+                .await
+                .expect("t")
+        );
+        assert_eq!(
+            store
+                .claim(&new("d", "t3", "h4"), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        assert_eq!(
+            store.reclaim_to_opening("a", "t1", caps).await.expect("r"),
+            Some(Claim::HostCap { held: 3 })
+        );
+    }
+
+    #[tokio::test]
+    async fn transitions_are_guarded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("store");
+        let caps = Caps {
+            max_sessions: 3,
+            max_per_tenant: 2,
+        };
+        store
+            .claim(&new("a", "t1", "h1"), caps)
+            .await
+            .expect("claim");
+        assert!(
+            store
+                .transition("a", &[State::Opening], State::Running)
+                .await
+                .expect("t")
+        );
+        assert!(
+            !store
+                .transition("a", &[State::Opening], State::Running)
+                .await
+                .expect("t"),
+            "a second mover must lose"
+        );
+        assert_eq!(
+            store.get("a").await.expect("get").map(|r| r.state),
+            Some(State::Running)
+        );
+        assert!(store.delete("a").await.expect("delete"));
+        assert!(!store.delete("a").await.expect("delete"));
+    }
+}

@@ -1,0 +1,184 @@
+//! The harness of sandboxd's end-to-end tests: a real sandboxd process on a free loopback
+//! port, driving the project's real dockerd with the local base image. Each daemon has its own
+//! instance name, workspace root and state, so tests run in parallel; dropping it kills the
+//! process and removes every container it owns.
+#![allow(dead_code, missing_docs)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use rand::Rng;
+use sandboxd::client::Client;
+
+fn need(what: &str) -> String {
+    std::env::var(what).unwrap_or_else(|_| {
+        panic!("{what} is not set: start the local dockerd with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
+    })
+}
+
+/// The local base image.
+pub fn base_image() -> String {
+    need("SANDBOXD_BASE_IMAGE")
+}
+
+/// A running sandboxd.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub base: String,
+    pub admin: String,
+    pub instance: String,
+    pub dir: tempfile::TempDir,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Daemon {
+    /// Starts a sandboxd with the defaults and `env` on top.
+    pub fn start(env: &[(&str, &str)]) -> Self {
+        need("DOCKER_HOST");
+        let dir = tempfile::Builder::new()
+            .prefix("sandboxd-test-")
+            .tempdir()
+            .expect("a temp dir");
+        let suffix: u32 = rand::rng().random();
+        let mut d = Self {
+            child: None,
+            base: String::new(),
+            admin: format!("admin-{suffix:08x}-{:016x}", rand::rng().random::<u64>()),
+            instance: format!("t{suffix:08x}"),
+            dir,
+            extra_env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn workspace_root(&self) -> PathBuf {
+        self.dir.path().join("workspaces")
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.workspace_root().join(id).join("workspace")
+    }
+
+    /// (Re)starts the process with the same state, workspaces and instance.
+    pub fn spawn(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        cmd.env("SANDBOXD_TOKEN", &self.admin)
+            .env("SANDBOXD_PORT", "0")
+            .env("SANDBOXD_HOST", "127.0.0.1")
+            .env(
+                "SANDBOXD_RUNTIMES",
+                format!("base={},alt={}", base_image(), base_image()),
+            )
+            .env("SANDBOXD_INSTANCE", &self.instance)
+            .env("SANDBOXD_WORKSPACE_ROOT", self.workspace_root())
+            .env("SANDBOXD_STATE_DIR", self.dir.path().join("state"))
+            .env("SANDBOXD_MEM_LIMIT", "512m")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("sandboxd starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("sandboxd prints where it listens");
+        let base = line
+            .trim()
+            .strip_prefix("sandboxd listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        self.base = base.to_owned();
+        self.child = Some(child);
+    }
+
+    /// Kills the process with SIGKILL (no cleanup of its own).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn admin(&self) -> Client {
+        Client::new(&self.base, &self.admin)
+    }
+
+    pub fn client(&self, token: &str) -> Client {
+        Client::new(&self.base, token)
+    }
+
+    /// Containers of this instance, as Docker reports them (id, session label, running).
+    pub fn containers(&self) -> Vec<(String, String, bool)> {
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                &format!("label=sandboxd.dev/instance={}", self.instance),
+            ])
+            .args([
+                "--format",
+                "{{.ID}} {{.Label \"sandboxd.dev/session\"}} {{.State}}",
+            ])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut p = l.split_whitespace();
+                Some((
+                    p.next()?.to_owned(),
+                    p.next()?.to_owned(),
+                    p.next()? == "running",
+                ))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        for (id, _, _) in self.containers() {
+            let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+        }
+        // Workspaces are owned by the sandbox uid; the temp dir removes them as root.
+        let _ = std::fs::remove_dir_all(self.dir.path());
+    }
+}
+
+/// Raw HTTP for what the typed client does not send (bad tokens, odd paths).
+pub async fn raw(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_owned());
+    }
+    let resp = req.send().await.expect("sandboxd answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.symlink_metadata().is_ok()
+}

@@ -1,0 +1,397 @@
+//! Sessions against the real dockerd: open by name under concurrency and caps, the life cycle
+//! (sleep, wake, reclaim, destroy, lost), auth, and convergence after `kill -9`.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{Daemon, exists, raw};
+use reqwest::Method;
+use sandboxd::client::ClientError;
+use sandboxd::store::State;
+
+#[tokio::test]
+async fn thirty_parallel_opens_of_one_name_make_one_container() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opens = (0..30).map(|_| {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.open("same-name", "org-a", None, None).await })
+    });
+    let results: Vec<_> = futures::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    let created = results
+        .iter()
+        .filter(|r| r.as_ref().is_ok_and(|o| o.created && o.token.is_some()))
+        .count();
+    let found = results
+        .iter()
+        .filter(|r| r.as_ref().is_ok_and(|o| !o.created && o.token.is_none()))
+        .count();
+    assert_eq!((created, found), (1, 29), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|o| o.session.state == State::Running))
+    );
+    let containers = d.containers();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(containers[0].1, "same-name");
+}
+
+#[tokio::test]
+async fn thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten() {
+    let d = Daemon::start(&[("SANDBOXD_MAX_SESSIONS", "40")]);
+    let admin = d.admin();
+    let opens = (0..30).map(|i| {
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            admin
+                .open(&format!("cap-{i}"), "org-capped", None, None)
+                .await
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, 10);
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        match r {
+            ClientError::Api {
+                status: 429,
+                code,
+                message,
+            } => {
+                assert_eq!(code, "tenant_cap");
+                assert_eq!(
+                    message,
+                    "Tenant 'org-capped' already holds 10 of 10 sessions. Release an idle session before opening another."
+                );
+            }
+            other => panic!("expected the tenant cap, got {other:?}"),
+        }
+    }
+    assert_eq!(d.containers().len(), 10);
+    // Another tenant still gets in.
+    admin
+        .open("other-tenant", "org-b", None, None)
+        .await
+        .expect("another tenant opens");
+}
+
+#[tokio::test]
+async fn host_cap_and_refusals_carry_their_code_and_message() {
+    let d = Daemon::start(&[("SANDBOXD_MAX_SESSIONS", "2")]);
+    let admin = d.admin();
+    let first = admin.open("h-1", "t1", None, None).await.expect("open");
+    admin.open("h-2", "t2", None, None).await.expect("open");
+    match admin.open("h-3", "t3", None, None).await {
+        Err(ClientError::Api {
+            status: 429,
+            code,
+            message,
+        }) => {
+            assert_eq!(code, "host_cap");
+            assert_eq!(
+                message,
+                "This host already holds 2 of 2 sessions. Release an idle session before opening another."
+            );
+        }
+        other => panic!("expected the host cap, got {other:?}"),
+    }
+    // A failed open uses no capacity: after destroying one, a new one fits.
+    admin.destroy("h-2").await.expect("destroy");
+    admin
+        .open("h-3", "t3", None, None)
+        .await
+        .expect("room again");
+
+    match admin.open("h-4", "t1", Some("nope"), None).await {
+        Err(ClientError::Api {
+            status: 400,
+            code,
+            message,
+        }) => {
+            assert_eq!(code, "unknown_runtime");
+            assert_eq!(
+                message,
+                "Runtime 'nope' is not allowed on this host; allowed: base, alt"
+            );
+        }
+        other => panic!("expected unknown runtime, got {other:?}"),
+    }
+    match admin.open("../etc", "t1", None, None).await {
+        Err(ClientError::Api {
+            status: 400, code, ..
+        }) => assert_eq!(code, "bad_request"),
+        other => panic!("expected a bad name refusal, got {other:?}"),
+    }
+    match admin.open("h-1", "someone-else", None, None).await {
+        Err(ClientError::Api {
+            status: 409, code, ..
+        }) => assert_eq!(code, "name_taken"),
+        other => panic!("expected name_taken, got {other:?}"),
+    }
+
+    // Auth: 401 before any lookup, identical for sessions that exist and that do not.
+    let (s1, b1) = raw(
+        Method::GET,
+        &format!("{}/v1/sessions/h-1", d.base),
+        Some("wrong"),
+        None,
+    )
+    .await;
+    let (s2, b2) = raw(
+        Method::GET,
+        &format!("{}/v1/sessions/no-such", d.base),
+        Some("wrong"),
+        None,
+    )
+    .await;
+    let (s3, b3) = raw(
+        Method::GET,
+        &format!("{}/v1/sessions/h-1", d.base),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!((s1, s2, s3), (401, 401, 401));
+    assert_eq!(b1, b2);
+    assert_eq!(b1, b3);
+    assert_eq!(b1["code"], "unauthorized");
+    // A session token reaches only its own session, and cannot open sessions.
+    let own = d.client(first.token.as_deref().expect("token"));
+    own.get("h-1").await.expect("own session");
+    match own.get("h-3").await {
+        Err(ClientError::Api {
+            status: 403, code, ..
+        }) => assert_eq!(code, "forbidden"),
+        other => panic!("expected forbidden, got {other:?}"),
+    }
+    assert!(matches!(
+        own.open("h-9", "t1", None, None).await,
+        Err(ClientError::Api { status: 403, .. })
+    ));
+    // The index needs no token.
+    let (status, index) = raw(Method::GET, &format!("{}/", d.base), None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(index["service"], "sandboxd");
+    assert!(
+        index["routes"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "POST /v1/sessions/{id}/runs"))
+    );
+    // No such session vs. no such route.
+    assert!(
+        matches!(admin.get("no-such").await, Err(ClientError::NoSuchSession(id)) if id == "no-such")
+    );
+    let (status, body) = raw(
+        Method::GET,
+        &format!("{}/v1/nothing-here", d.base),
+        Some(&d.admin),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("route_not_found"))
+    );
+}
+
+#[tokio::test]
+async fn sleep_wake_reclaim_destroy_and_lost() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opened = admin.open("life", "org-l", None, None).await.expect("open");
+    assert!(opened.created);
+    let s = d.client(opened.token.as_deref().expect("token"));
+    s.write("life", "notes/todo.txt", "remember the milk")
+        .await
+        .expect("write");
+    assert!(exists(&d.workspace("life").join("notes/todo.txt")));
+
+    // Sleep: container stopped, files stay; file routes work without waking it.
+    let slept = s.stop("life").await.expect("stop");
+    assert_eq!(slept.state, State::Stopped);
+    assert_eq!(
+        d.containers().iter().map(|c| c.2).collect::<Vec<_>>(),
+        [false]
+    );
+    assert_eq!(
+        s.read("life", "notes/todo.txt", 0, None)
+            .await
+            .expect("read while asleep"),
+        b"remember the milk"
+    );
+    assert_eq!(
+        s.get("life").await.expect("get").state,
+        State::Stopped,
+        "reading never wakes"
+    );
+    // A run wakes it.
+    let cat = s
+        .run("life", "cat notes/todo.txt", None, None, None)
+        .await
+        .expect("run wakes");
+    assert_eq!(cat.stdout, "remember the milk");
+    assert_eq!(s.get("life").await.expect("get").state, State::Running);
+
+    // Reclaim: container removed, files kept; a run recreates the container.
+    assert_eq!(
+        s.reclaim("life").await.expect("reclaim").state,
+        State::Reclaimed
+    );
+    assert!(d.containers().is_empty());
+    assert!(exists(&d.workspace("life").join("notes/todo.txt")));
+    let cat = s
+        .run("life", "cat notes/todo.txt && id -u", None, None, None)
+        .await
+        .expect("run after reclaim");
+    assert_eq!(cat.stdout, "remember the milk10001\n");
+    assert_eq!(d.containers().len(), 1);
+
+    // Destroy: both gone; again: succeeds and says so.
+    let gone = admin.destroy("life").await.expect("destroy");
+    assert!(gone.destroyed);
+    assert!(d.containers().is_empty());
+    assert!(!exists(&d.workspace_root().join("life")));
+    let again = admin.destroy("life").await.expect("destroy again");
+    assert_eq!(
+        (again.destroyed, again.message.as_str()),
+        (false, "Session 'life' was already gone")
+    );
+
+    // Lost: the workspace vanishes on the host; reported, never recreated empty.
+    let opened = admin
+        .open("vanish", "org-l", None, None)
+        .await
+        .expect("open");
+    let v = d.client(opened.token.as_deref().expect("token"));
+    v.write("vanish", "a.txt", "x").await.expect("write");
+    std::fs::remove_dir_all(d.workspace_root().join("vanish")).expect("delete on the host");
+    let view = admin.get("vanish").await.expect("get");
+    assert_eq!((view.state, view.workspace_exists), (State::Lost, false));
+    for result in [
+        v.run("vanish", "ls", None, None, None).await.map(|_| ()),
+        v.read("vanish", "a.txt", 0, None).await.map(|_| ()),
+    ] {
+        match result {
+            Err(ClientError::Api {
+                status: 410, code, ..
+            }) => assert_eq!(code, "session_lost"),
+            other => panic!("expected session_lost, got {other:?}"),
+        }
+    }
+    assert!(
+        !exists(&d.workspace("vanish")),
+        "a lost workspace is never recreated"
+    );
+    assert!(
+        d.containers().is_empty(),
+        "a lost session's container is removed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_kill_9_during_open_converges() {
+    let mut d = Daemon::start(&[]);
+    let admin = d.admin();
+    admin
+        .open("steady", "org-k", None, None)
+        .await
+        .expect("open");
+    // Kill sandboxd while opens are in flight: the moment Docker reports the first of their
+    // containers created, watched through `docker events`.
+    let mut events = std::process::Command::new("docker")
+        .args([
+            "events",
+            "--filter",
+            &format!("label=sandboxd.dev/instance={}", d.instance),
+            "--filter",
+            "event=create",
+        ])
+        .args(["--format", "{{.Actor.Attributes.name}}"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("docker events");
+    let mut created = std::io::BufReader::new(events.stdout.take().expect("stdout"));
+    let mut next_created = move || {
+        let mut line = String::new();
+        tokio::task::block_in_place(|| std::io::BufRead::read_line(&mut created, &mut line))
+            .expect("a create event");
+        assert!(!line.is_empty(), "docker events ended");
+        line
+    };
+    // Prove the subscription is live with a probe container of the same label.
+    let probe = format!("probe-{}", d.instance);
+    let made = std::process::Command::new("docker")
+        .args([
+            "create",
+            "--label",
+            &format!("sandboxd.dev/instance={}", d.instance),
+            "--name",
+            &probe,
+            &common::base_image(),
+            "true",
+        ])
+        .output()
+        .expect("docker create");
+    assert!(made.status.success());
+    while !next_created().contains(&probe) {}
+    let _ = std::process::Command::new("docker")
+        .args(["rm", "-f", &probe])
+        .output();
+    let inflight: Vec<_> = (0..4)
+        .map(|i| {
+            let admin = admin.clone();
+            tokio::spawn(
+                async move { admin.open(&format!("crash-{i}"), "org-k", None, None).await },
+            )
+        })
+        .collect();
+    while !next_created().contains("crash-") {}
+    d.kill9();
+    let _ = events.kill();
+    let _ = events.wait();
+    for t in inflight {
+        let _ = t.await;
+    }
+    d.spawn();
+    let admin = d.admin();
+    let sessions = admin.list().await.expect("list after restart");
+    let ids: HashSet<_> = sessions.iter().map(|s| s.id.clone()).collect();
+    assert!(ids.contains("steady"));
+    for s in &sessions {
+        assert_ne!(
+            s.state,
+            State::Opening,
+            "no session is stuck opening: {s:?}"
+        );
+    }
+    // Every container belongs to a session the daemon knows, and runs.
+    for (_, session, running) in d.containers() {
+        assert!(ids.contains(&session), "orphaned container of {session}");
+        assert!(running);
+    }
+    // Every session works again by name, with its workspace.
+    for id in &ids {
+        let reopened = admin
+            .open(id, "org-k", None, None)
+            .await
+            .expect("reopen by name");
+        assert!(!reopened.created);
+        let token = admin.rotate_token(id).await.expect("a new token");
+        let run = d
+            .client(&token)
+            .run(id, "echo ok", None, None, None)
+            .await
+            .expect("runs after restart");
+        assert_eq!(run.stdout, "ok\n");
+    }
+}
