@@ -32,8 +32,10 @@ start() {
   fi
   rm -f "$SOCK" "$PIDFILE"
   log "starting dockerd on $SOCK (data root $DATA_ROOT)"
-  local runtimes=()
-  command -v crun >/dev/null && runtimes=(--add-runtime "crun=$(command -v crun)")
+  # A second OCI runtime name for SANDBOXD_OCI_RUNTIME: crun where the host's cgroups allow it
+  # (it refuses hybrid v1/v2 hierarchies), and runc under its own name, which works everywhere.
+  local runtimes=(--add-runtime "runc-alt=$(command -v runc)")
+  command -v crun >/dev/null && runtimes+=(--add-runtime "crun=$(command -v crun)")
   setsid dockerd \
     --host "unix://$SOCK" \
     --data-root "$DATA_ROOT" \

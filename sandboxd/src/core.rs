@@ -16,7 +16,7 @@ use crate::docker::{Engine, SandboxSpec};
 use crate::error::ApiError;
 use crate::files::Workspace;
 use crate::metrics::Metrics;
-use crate::runner::{RunEvent, RunOutcome, RunSpec, Runner};
+use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, Runner};
 use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
 
 /// How long an open waits for a concurrent open of the same name to finish.
@@ -775,9 +775,16 @@ impl Core {
         self.get(id).await
     }
 
-    /// Removes a session's container; the workspace stays.
+    /// Removes a session's container; the workspace stays. A host that keeps containers
+    /// (SANDBOXD_PERSIST_CONTAINERS) refuses.
     pub async fn reclaim(&self, id: &str) -> Result<SessionView, ApiError> {
         let row = self.row(id).await?;
+        if self.settings.persist_containers {
+            return Err(ApiError::conflict(
+                "containers_persist",
+                "This host keeps the containers of its sessions (SANDBOXD_PERSIST_CONTAINERS=true), so reclaiming is off; stop the session to let it sleep",
+            ));
+        }
         match row.state {
             State::Reclaimed => {}
             State::Running | State::Stopped => {
@@ -924,7 +931,7 @@ impl Core {
             env.push(format!("{k}={v}"));
         }
         let row = self.wake(id).await?;
-        let container = row.container_id.clone().ok_or_else(|| {
+        let mut container = row.container_id.clone().ok_or_else(|| {
             ApiError::internal(format!("session '{id}' runs without a container"))
         })?;
         let run_id = req
@@ -957,16 +964,44 @@ impl Core {
             .map_or(self.settings.execute_timeout, |t| {
                 Duration::from_secs(t).min(self.settings.execute_timeout)
             });
-        let spec = RunSpec {
+        let mut spec = RunSpec {
             run_id: run_id.clone(),
-            container,
+            container: container.clone(),
             command: req.command,
             env,
             uid: self.settings.uid,
             timeout,
             max_output_bytes: self.settings.max_output_bytes,
         };
-        let result = self.runner.run(spec, events, cancel).await;
+        let mut result = self
+            .runner
+            .run(spec.clone(), events.clone(), cancel.clone())
+            .await;
+        if matches!(result, Err(RunError::NotRunning)) {
+            // The container died under the session (its init was OOM-killed, Docker restarted):
+            // start it again, files intact, and run once more.
+            warn!(
+                session = id,
+                "container was not running; starting it again for the run"
+            );
+            let _ = self
+                .store
+                .transition(id, &[State::Running], State::Stopped)
+                .await;
+            match self.wake(id).await {
+                Ok(row) => {
+                    container = row.container_id.unwrap_or(container);
+                    spec.container = container;
+                    result = self.runner.run(spec, events, cancel).await;
+                }
+                Err(e) => {
+                    if let Ok(mut runs) = self.runs.lock() {
+                        runs.remove(&run_id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
         if let Ok(mut runs) = self.runs.lock() {
             runs.remove(&run_id);
         }

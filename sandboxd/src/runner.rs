@@ -76,6 +76,9 @@ pub struct RunOutcome {
 /// A run that could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The container is not running (it exited, or was stopped behind sandboxd's back).
+    #[error("the session's container is not running")]
+    NotRunning,
     /// The container refused or is gone.
     #[error("the run could not start: {0}")]
     Start(String),
@@ -119,8 +122,11 @@ impl ExecRunner {
         if pid < 2 {
             return;
         }
-        // POSIX kill (dash has no `--`): a negative pid is the process group.
-        let script = "kill -KILL \"-$1\" 2>/dev/null || kill -KILL \"$1\" 2>/dev/null; true";
+        // POSIX kill (dash has no `--`): a negative pid is the process group. Then wait, on
+        // shell builtins only (the group may hold every pid the limit allows), until the group
+        // is gone, so a stopped or timed-out run leaves nothing behind when it returns.
+        let script = "kill -KILL \"-$1\" 2>/dev/null || kill -KILL \"$1\" 2>/dev/null; \
+             i=0; while kill -0 \"-$1\" 2>/dev/null && [ $i -lt 200000 ]; do i=$((i+1)); done; true";
         let options = CreateExecOptions {
             cmd: Some(vec![
                 "/bin/sh".to_owned(),
@@ -171,7 +177,12 @@ impl ExecRunner {
         let exec = docker
             .create_exec(&spec.container, options)
             .await
-            .map_err(|e| RunError::Start(e.to_string()))?;
+            .map_err(|e| match e {
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 409, ..
+                } => RunError::NotRunning,
+                e => RunError::Start(e.to_string()),
+            })?;
         let StartExecResults::Attached { mut output, .. } = docker
             .start_exec(&exec.id, None::<StartExecOptions>)
             .await

@@ -1,9 +1,12 @@
 //! Start-up: configuration checked, state opened, Docker connected and reconciled, HTTP served
 //! until SIGTERM or Ctrl-C.
 
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::info;
 
@@ -18,6 +21,19 @@ use crate::store::Store;
 
 /// Runs sandboxd with `config` until it is told to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let (addr, serve) = start(config).await?;
+    // The first line on stdout says where it listens (tests and scripts read it with port 0).
+    println!("sandboxd listening on http://{addr}");
+    serve.await?;
+    info!("sandboxd stopped");
+    Ok(())
+}
+
+/// Checks the configuration, opens the state, connects to Docker, reconciles, and binds the
+/// listener. Returns the address and the future that serves until SIGTERM or Ctrl-C.
+pub async fn start(
+    config: Config,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
     let (token, runtimes) = config.validate()?;
     std::fs::create_dir_all(&config.workspace_root).with_context(|| {
         format!(
@@ -63,13 +79,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
-    // The first line on stdout says where it listens (tests and scripts read it with port 0).
-    println!("sandboxd listening on http://{addr}");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown())
-        .await?;
-    info!("sandboxd stopped");
-    Ok(())
+    let serve = axum::serve(
+        // Small responses must not wait for delayed ACKs (Nagle's algorithm).
+        listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
+        router(state),
+    );
+    Ok((addr, serve.with_graceful_shutdown(shutdown()).into_future()))
 }
 
 async fn shutdown() {

@@ -107,7 +107,7 @@ async fn fork_bomb_and_memory_hog_are_contained() {
         .await
         .expect("run");
     let current: u32 = pids.stdout.trim().parse().unwrap_or(u32::MAX);
-    assert!(current < 16, "the bomb left {current} processes");
+    assert!(current < 16, "the bomb left {current} processes: {pids:?}");
     let after = s
         .run("iso-2", "echo alive", Some(30), None, None)
         .await

@@ -395,3 +395,62 @@ async fn restart_after_kill_9_during_open_converges() {
         assert_eq!(run.stdout, "ok\n");
     }
 }
+
+#[tokio::test]
+async fn oci_runtime_metrics_health_and_persisted_containers() {
+    // runc-alt is a second OCI runtime name the project's dockerd registers (hack/dockerd.sh);
+    // crun refuses this machine's hybrid cgroup hierarchy.
+    let d = Daemon::start(&[
+        ("SANDBOXD_OCI_RUNTIME", "runc-alt"),
+        ("SANDBOXD_PERSIST_CONTAINERS", "true"),
+    ]);
+    let admin = d.admin();
+    let opened = admin
+        .open("crun-1", "org-m", Some("alt"), None)
+        .await
+        .expect("open on the second runtime");
+    assert_eq!(opened.session.runtime, "alt");
+    let (container, _, _) = d.containers().into_iter().next().expect("a container");
+    let inspect = std::process::Command::new("docker")
+        .args(["inspect", "--format", "{{.HostConfig.Runtime}} {{.HostConfig.Init}} {{.HostConfig.NetworkMode}} {{.Config.User}}", &container])
+        .output()
+        .expect("docker inspect");
+    assert_eq!(
+        String::from_utf8_lossy(&inspect.stdout).trim(),
+        "runc-alt true none 10001:10001"
+    );
+    let s = d.client(opened.token.as_deref().expect("token"));
+    assert_eq!(
+        s.run("crun-1", "id -u", None, None, None)
+            .await
+            .expect("run on the second runtime")
+            .stdout,
+        "10001\n"
+    );
+    match s.reclaim("crun-1").await {
+        Err(ClientError::Api {
+            status: 409, code, ..
+        }) => assert_eq!(code, "containers_persist"),
+        other => panic!("expected containers_persist, got {other:?}"),
+    }
+    let (status, health) = raw(Method::GET, &format!("{}/healthz", d.base), None, None).await;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("sandboxd_session_opens_total{outcome=\"created\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sandboxd_runs_total{outcome=\"exited\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sandboxd_sessions{state=\"running\"} 1"),
+        "{metrics}"
+    );
+}

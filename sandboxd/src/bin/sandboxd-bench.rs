@@ -1,0 +1,233 @@
+//! Benchmarks sandboxd against the same operations done directly with bollard, in one run:
+//! a cold session open against a raw create+start, a trivial run (`true`) against a raw
+//! `docker exec`, and 8 MiB file reads and writes. Prints p50/p95 and the ratios.
+//!
+//! Needs the project's dockerd and base image: `eval "$(make -s env)"` after `make up`.
+//! Usage: `sandboxd-bench [--runs N] [--opens N] [--files N]`
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use clap::Parser;
+use futures::StreamExt;
+use sandboxd::client::Client;
+use sandboxd::config::Config;
+use sandboxd::docker::{Engine, SandboxSpec};
+
+#[derive(Parser)]
+struct Args {
+    /// Trivial runs per path.
+    #[arg(long, default_value_t = 200)]
+    runs: usize,
+    /// Cold opens per path.
+    #[arg(long, default_value_t = 15)]
+    opens: usize,
+    /// 8 MiB reads and writes.
+    #[arg(long, default_value_t = 20)]
+    files: usize,
+}
+
+struct Stats {
+    name: &'static str,
+    samples: Vec<Duration>,
+}
+
+impl Stats {
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        s[((s.len() as f64 - 1.0) * p).round() as usize]
+    }
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0
+    }
+}
+
+async fn raw_exec(engine: &Engine, container: &str) -> Result<()> {
+    let docker = engine.client();
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(vec!["true"]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await?;
+    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await?
+    {
+        while output.next().await.is_some() {}
+    }
+    let code = docker.inspect_exec(&exec.id).await?.exit_code;
+    if code != Some(0) {
+        bail!("raw exec exited {code:?}");
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let image = std::env::var("SANDBOXD_BASE_IMAGE")
+        .context("SANDBOXD_BASE_IMAGE is not set: eval \"$(make -s env)\" after make up")?;
+    std::env::var("DOCKER_HOST")
+        .context("DOCKER_HOST is not set: eval \"$(make -s env)\" after make up")?;
+    let dir = tempfile::Builder::new()
+        .prefix("sandboxd-bench-")
+        .tempdir()?;
+    let instance = format!("bench{}", std::process::id());
+    let admin_token = "bench-admin-token";
+    let config = Config::try_parse_from([
+        "sandboxd",
+        "--token",
+        admin_token,
+        "--port",
+        "0",
+        "--runtimes",
+        &format!("base={image}"),
+        "--instance",
+        &instance,
+        "--workspace-root",
+        &dir.path().join("ws").display().to_string(),
+        "--state-dir",
+        &dir.path().join("state").display().to_string(),
+        "--max-sessions",
+        "100",
+        "--max-sessions-per-tenant",
+        "100",
+    ])?;
+    let settings = sandboxd::core::Settings::from_config(&config);
+    let (addr, serve) = sandboxd::server::start(config).await?;
+    tokio::spawn(serve);
+    let admin = Client::new(&format!("http://{addr}"), admin_token);
+    let engine = Engine::connect(&format!("{instance}raw")).await?;
+
+    // Cold opens: sandboxd (HTTP, state, workspace, create+start) vs raw create+start.
+    let mut open_raw = Stats {
+        name: "cold open: raw bollard create+start",
+        samples: vec![],
+    };
+    let mut open_sbx = Stats {
+        name: "cold open: sandboxd POST /v1/sessions",
+        samples: vec![],
+    };
+    for i in 0..args.opens {
+        let ws = dir.path().join(format!("raw-{i}"));
+        std::fs::create_dir_all(&ws)?;
+        let spec = SandboxSpec {
+            session: format!("raw-{i}"),
+            tenant: "bench".into(),
+            image: image.clone(),
+            workspace: ws.display().to_string(),
+            uid: settings.uid,
+            network_mode: "none".into(),
+            cpus: settings.cpus,
+            memory: settings.memory,
+            pids_limit: settings.pids_limit,
+            tmpfs_size: settings.tmpfs_size.clone(),
+            oci_runtime: None,
+            env: vec![],
+        };
+        let t = Instant::now();
+        let id = engine.create(&spec).await?;
+        open_raw.samples.push(t.elapsed());
+        engine.remove(&id).await?;
+        let t = Instant::now();
+        admin
+            .open(&format!("open-{i}"), "bench", None, None)
+            .await?;
+        open_sbx.samples.push(t.elapsed());
+        admin.destroy(&format!("open-{i}")).await?;
+    }
+
+    // Trivial runs on one warm session: sandboxd with its session token vs raw exec.
+    let opened = admin.open("runs", "bench", None, None).await?;
+    let session = admin.with_token(opened.token.as_deref().context("no token")?);
+    let container = engine_container(&instance, "runs");
+    let mut run_raw = Stats {
+        name: "run `true`: raw bollard exec",
+        samples: vec![],
+    };
+    let mut run_sbx = Stats {
+        name: "run `true`: sandboxd POST /runs",
+        samples: vec![],
+    };
+    for _ in 0..5 {
+        raw_exec(&engine, &container).await?;
+        session.run("runs", "true", None, None, None).await?;
+    }
+    for _ in 0..args.runs {
+        let t = Instant::now();
+        raw_exec(&engine, &container).await?;
+        run_raw.samples.push(t.elapsed());
+        let t = Instant::now();
+        let out = session.run("runs", "true", None, None, None).await?;
+        run_sbx.samples.push(t.elapsed());
+        if out.exit_code != 0 {
+            bail!("run exited {}", out.exit_code);
+        }
+    }
+
+    // 8 MiB files through the API.
+    let payload = vec![0x5au8; 8 * 1024 * 1024];
+    let mut write = Stats {
+        name: "write 8 MiB: PUT /files",
+        samples: vec![],
+    };
+    let mut read = Stats {
+        name: "read 8 MiB: GET /files",
+        samples: vec![],
+    };
+    for i in 0..args.files {
+        let t = Instant::now();
+        session
+            .write("runs", &format!("big-{i}.bin"), payload.clone())
+            .await?;
+        write.samples.push(t.elapsed());
+        let t = Instant::now();
+        let back = session
+            .read("runs", &format!("big-{i}.bin"), 0, None)
+            .await?;
+        read.samples.push(t.elapsed());
+        if back.len() != payload.len() {
+            bail!("read {} bytes back", back.len());
+        }
+    }
+    admin.destroy("runs").await?;
+
+    println!("| measurement | n | p50 ms | p95 ms |");
+    println!("|---|---|---|---|");
+    for s in [&open_raw, &open_sbx, &run_raw, &run_sbx, &write, &read] {
+        println!(
+            "| {} | {} | {:.2} | {:.2} |",
+            s.name,
+            s.samples.len(),
+            Stats::ms(s.pct(0.5)),
+            Stats::ms(s.pct(0.95))
+        );
+    }
+    let ratio = |a: &Stats, b: &Stats| Stats::ms(a.pct(0.5)) / Stats::ms(b.pct(0.5));
+    println!();
+    println!(
+        "run `true` p50 ratio sandboxd / raw exec: {:.3} (target <= 1.2)",
+        ratio(&run_sbx, &run_raw)
+    );
+    println!(
+        "cold open p50: sandboxd - raw = {:+.1} ms (target <= +100 ms)",
+        Stats::ms(open_sbx.pct(0.5)) - Stats::ms(open_raw.pct(0.5))
+    );
+    let mbps = |s: &Stats| 8.0 * 1024.0 * 1024.0 / s.pct(0.5).as_secs_f64() / 1e9;
+    println!(
+        "8 MiB write p50: {:.2} GB/s, read p50: {:.2} GB/s (target >= 1 GB/s)",
+        mbps(&write),
+        mbps(&read)
+    );
+    Ok(())
+}
+
+fn engine_container(instance: &str, session: &str) -> String {
+    format!("sandboxd-{instance}-{session}")
+}
