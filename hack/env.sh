@@ -7,5 +7,13 @@ export DOCKER_HOST=unix://$DEV_DIR/docker.sock
 export SANDBOXD_BASE_IMAGE=$BASE_IMAGE_TAG
 export SANDBOXD_KUBECTL=$KUBE_BIN/kubectl
 export SANDBOXD_HELM=$HELM_BIN/helm
+export SANDBOXD_TEST_POSTGRES_URL=$("$HACK_DIR/postgres.sh" url)
+ENV
+# Runtime builds trust the host's CA bundle, so they reach PyPI where TLS is intercepted by a
+# proxy (the CI machines do that); elsewhere it only adds the public CAs.
+if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then
+  echo "export SANDBOXD_BUILD_CA_FILE=/etc/ssl/certs/ca-certificates.crt"
+fi
+cat <<ENV
 export PATH=$KUBE_BIN:$HELM_BIN:\$PATH
 ENV

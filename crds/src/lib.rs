@@ -1,8 +1,8 @@
 //! The API of sandboxd: the `sandboxd.dev/v1alpha1` custom resources, the session key that names
 //! a `SandboxSession`, and the runtime catalog that `Runtime` objects are generated from.
 //!
-//! This crate depends on nothing else in the workspace; the operator, sandboxd and the tests
-//! build on it.
+//! Of this workspace it depends only on `sandboxd-catalog` (the kube-free catalog format); the
+//! operator and the tests build on it.
 
 // kube's `printcolumn(...)` repeats `type_ = ...` by design; clippy reads it as a duplicate.
 #![allow(clippy::duplicated_attributes)]
@@ -10,8 +10,9 @@
 pub mod catalog;
 pub mod generate;
 pub mod key;
-pub mod memory;
 pub mod v1alpha1;
+
+pub use sandboxd_catalog::memory;
 
 /// The API group of every custom resource here.
 pub const GROUP: &str = "sandboxd.dev";

@@ -2,9 +2,10 @@
 //! `{"code", "message"}`. The index at `/` (no token) names the service, version and routes.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,8 +16,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::audit::{Op, OperationQuery};
 use crate::auth::{AdminToken, bearer};
-use crate::core::{Core, OpenRequest, RunRequest};
+use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest};
 use crate::error::ApiError;
 use crate::files::TreeLimits;
 use crate::metrics::{Metrics, StateLabel};
@@ -42,7 +44,47 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sessions/{id}/mkdir",
     "GET /v1/sessions/{id}/ls",
     "GET /v1/sessions/{id}/tree",
+    "GET /v1/runtimes",
+    "PUT /v1/runtimes",
+    "GET /v1/policy",
+    "PUT /v1/policy",
+    "GET /v1/operations",
 ];
+
+/// The header naming the agent behind a request; recorded in the audit log.
+pub const AGENT_HEADER: &str = "x-sandbox-agent";
+/// The header naming the (agent) run behind a request; recorded in the audit log.
+pub const RUN_HEADER: &str = "x-sandbox-run";
+
+fn actor(headers: &HeaderMap) -> Actor {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Actor {
+        agent: get(AGENT_HEADER),
+        run: get(RUN_HEADER),
+    }
+}
+
+fn outcome<T>(result: &Result<T, ApiError>, bytes: impl Fn(&T) -> Option<i64>) -> Outcome {
+    match result {
+        Ok(v) => Outcome {
+            ok: true,
+            bytes: bytes(v),
+            ..Outcome::default()
+        },
+        Err(e) => Outcome {
+            ok: false,
+            error: Some(e.code.to_owned()),
+            ..Outcome::default()
+        },
+    }
+}
 
 /// The largest body a file write accepts.
 pub const MAX_WRITE_BYTES: usize = 256 * 1024 * 1024;
@@ -125,6 +167,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/mkdir", post(mkdir))
         .route("/v1/sessions/{id}/ls", get(ls))
         .route("/v1/sessions/{id}/tree", get(tree))
+        .route("/v1/runtimes", get(runtimes).put(put_runtimes))
+        .route("/v1/policy", get(policy).put(put_policy))
+        .route("/v1/operations", get(operations))
         .fallback(not_found)
         .with_state(state)
 }
@@ -283,8 +328,13 @@ async fn run(
     for_session(&state, &headers, &id).await?;
     let req: RunRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid run request: {e}")))?;
+    let who = actor(&headers);
+    let command = req.command.clone();
+    let started = Instant::now();
     if !q.stream {
-        return Ok(Json(state.core.run(&id, req, None).await?).into_response());
+        let result = state.core.run(&id, req, None).await;
+        record_run(&state.core, &id, &who, &command, &result, started);
+        return Ok(Json(result?).into_response());
     }
     // NDJSON: one event per line as output comes, then the outcome (or the error).
     let (tx, rx) = mpsc::channel::<serde_json::Value>(64);
@@ -303,7 +353,9 @@ async fn run(
         }
     });
     tokio::spawn(async move {
-        let last = match core.run(&id, req, Some(events_tx)).await {
+        let result = core.run(&id, req, Some(events_tx)).await;
+        record_run(&core, &id, &who, &command, &result, started);
+        let last = match result {
             Ok(outcome) => {
                 let mut v = serde_json::to_value(&outcome).unwrap_or_default();
                 v["type"] = json!("exit");
@@ -320,6 +372,39 @@ async fn run(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// The audit row of a run: the command, never its output; a failed command with its exit status.
+fn record_run(
+    core: &Core,
+    id: &str,
+    who: &Actor,
+    command: &str,
+    result: &Result<crate::runner::RunOutcome, ApiError>,
+    started: Instant,
+) {
+    let outcome = match result {
+        Ok(o) => Outcome {
+            ok: o.exit_code == 0 && !o.timed_out && !o.stopped,
+            exit_code: Some(o.exit_code),
+            error: if o.timed_out {
+                Some("timed_out".into())
+            } else if o.stopped {
+                Some("stopped".into())
+            } else if o.exit_code != 0 {
+                Some(format!("exit {}", o.exit_code))
+            } else {
+                None
+            },
+            bytes: None,
+        },
+        Err(e) => Outcome {
+            ok: false,
+            error: Some(e.code.to_owned()),
+            ..Outcome::default()
+        },
+    };
+    core.record(id, who, Op::Execute, command, outcome, started);
 }
 
 async fn stop_run(
@@ -349,11 +434,19 @@ async fn read_file(
     Query(q): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
-    let max = state.core.settings().max_read_bytes;
-    let read = tokio::task::spawn_blocking(move || ws.read(&path, q.offset, q.limit, max))
+    let max = state.core.policy().max_read_bytes;
+    let p = path.clone();
+    let read = tokio::task::spawn_blocking(move || ws.read(&p, q.offset, q.limit, max))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&read, |r| i64::try_from(r.data.len()).ok());
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Read, &path, o, started);
+    let read = read?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -378,11 +471,18 @@ async fn write_file(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
     let written = tokio::task::spawn_blocking(move || ws.write(&p, &body))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&written, |w| i64::try_from(w.size).ok());
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Write, &path, o, started);
+    let written = written?;
     Ok(Json(json!({"path": path, "size": written.size})).into_response())
 }
 
@@ -393,11 +493,18 @@ async fn remove_file(
     Query(q): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    tokio::task::spawn_blocking(move || ws.remove(&p, q.recursive))
+    let removed = tokio::task::spawn_blocking(move || ws.remove(&p, q.recursive))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&removed, |_| None);
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Remove, &path, o, started);
+    removed?;
     Ok(Json(json!({"path": path, "removed": true})).into_response())
 }
 
@@ -416,11 +523,18 @@ async fn mkdir(
     for_session(&state, &headers, &id).await?;
     let req: MkdirRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid mkdir request: {e}")))?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = req.path.clone();
-    tokio::task::spawn_blocking(move || ws.mkdir(&p))
+    let made = tokio::task::spawn_blocking(move || ws.mkdir(&p))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&made, |_| None);
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Mkdir, &req.path, o, started);
+    made?;
     Ok((StatusCode::CREATED, Json(json!({"path": req.path}))).into_response())
 }
 
@@ -437,11 +551,18 @@ async fn ls(
     Query(q): Query<PathQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
     let entries = tokio::task::spawn_blocking(move || ws.list(&p))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&entries, |_| None);
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
+    let entries = entries?;
     Ok(Json(json!({"path": q.path, "entries": entries})).into_response())
 }
 
@@ -452,9 +573,91 @@ async fn tree(
     Query(q): Query<PathQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let started = Instant::now();
     let ws = state.core.files(&id).await?;
-    let tree = tokio::task::spawn_blocking(move || ws.tree(&q.path, TreeLimits::default()))
+    let p = q.path.clone();
+    let tree = tokio::task::spawn_blocking(move || ws.tree(&p, TreeLimits::default()))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(Json(tree).into_response())
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from);
+    let o = outcome(&tree, |_| None);
+    state
+        .core
+        .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
+    Ok(Json(tree?).into_response())
+}
+
+async fn runtimes(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    caller(&state, &headers).await?;
+    Ok(Json(state.core.runtimes().list()).into_response())
+}
+
+/// Replaces the allowlist with a catalog (the JSON array of `catalog/runtimes.json`), validated
+/// whole first: a malformed one changes nothing and answers 422 `invalid_catalog` listing every
+/// error. Runtimes whose definition is unchanged keep their image; the others are built in the
+/// background.
+async fn put_runtimes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad_request("the catalog must be UTF-8 JSON"))?;
+    let entries = sandboxd_catalog::parse(text)
+        .map_err(|e| ApiError::new(422, "invalid_catalog", e.to_string()))?;
+    state
+        .core
+        .runtimes()
+        .replace(crate::runtimes::Allowlist {
+            entries,
+            catalog: true,
+        })
+        .await;
+    Ok(Json(state.core.runtimes().list()).into_response())
+}
+
+async fn policy(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    Ok(Json(state.core.policy_view()).into_response())
+}
+
+async fn put_policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers).await?;
+    let fields = crate::policy::fields(&body)?;
+    Ok(Json(state.core.set_policy(&fields)?).into_response())
+}
+
+/// Pages through the audit log, newest first. A session token sees only its own session.
+async fn operations(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let mut q: OperationQuery = serde_urlencoded::from_str(raw.as_deref().unwrap_or_default())
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "invalid operations query: {e}; the filters are session, tenant, agent, run, op, failed, q, cursor and limit"
+            ))
+        })?;
+    match caller(&state, &headers).await? {
+        Caller::Admin => {}
+        Caller::Session(own) => match q.session.as_deref() {
+            Some(other) if other != own => {
+                return Err(ApiError::forbidden(
+                    "a session token sees only its own session's operations",
+                ));
+            }
+            _ => q.session = Some(own),
+        },
+    }
+    let page = state.core.audit().query(&q).await.map_err(|e| match e {
+        crate::audit::AuditError::BadQuery(m) => ApiError::bad_request(m),
+        other => ApiError::internal(other.to_string()),
+    })?;
+    Ok(Json(page).into_response())
 }

@@ -11,11 +11,15 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::api::Index;
+use crate::api::{AGENT_HEADER, Index, RUN_HEADER};
+use crate::audit::{OperationPage, OperationQuery};
 use crate::core::{Destroyed, Limits, SessionView};
 use crate::error::ErrorBody;
 use crate::files::{Entry, Tree};
+use crate::policy::PolicyView;
 use crate::runner::{RunEvent, RunOutcome};
+use crate::runtimes::RuntimeList;
+use sandboxd_catalog::CatalogEntry;
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +87,8 @@ pub struct OpenResponse {
 pub struct Client {
     base: String,
     token: String,
+    agent: Option<String>,
+    run: Option<String>,
     http: reqwest::Client,
 }
 
@@ -107,6 +113,8 @@ impl Client {
         Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
+            agent: None,
+            run: None,
             http: reqwest::Client::new(),
         }
     }
@@ -114,9 +122,18 @@ impl Client {
     /// The same server with another token.
     pub fn with_token(&self, token: &str) -> Self {
         Self {
-            base: self.base.clone(),
             token: token.to_owned(),
-            http: self.http.clone(),
+            ..self.clone()
+        }
+    }
+
+    /// The same client, naming the agent and run behind its requests (`X-Sandbox-Agent`,
+    /// `X-Sandbox-Run`), as the audit log records them.
+    pub fn with_actor(&self, agent: Option<&str>, run: Option<&str>) -> Self {
+        Self {
+            agent: agent.map(str::to_owned),
+            run: run.map(str::to_owned),
+            ..self.clone()
         }
     }
 
@@ -139,6 +156,12 @@ impl Client {
             .http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.token);
+        if let Some(a) = &self.agent {
+            req = req.header(AGENT_HEADER, a);
+        }
+        if let Some(r) = &self.run {
+            req = req.header(RUN_HEADER, r);
+        }
         if let Some(v) = json_body {
             req = req.json(&v);
         } else if let Some(b) = body {
@@ -471,6 +494,50 @@ impl Client {
             )
             .await?
             .entries)
+    }
+
+    /// The allowlist and each runtime's build state (`GET /v1/runtimes`).
+    pub async fn runtimes(&self) -> Result<RuntimeList, ClientError> {
+        self.json(Method::GET, "GET /v1/runtimes", "/v1/runtimes", None)
+            .await
+    }
+
+    /// Replaces the allowlist with `entries` (admin token; `PUT /v1/runtimes`). A malformed
+    /// catalog is refused whole: 422 `invalid_catalog` listing every error.
+    pub async fn put_runtimes(&self, entries: &[CatalogEntry]) -> Result<RuntimeList, ClientError> {
+        let body = serde_json::to_value(entries).map_err(|e| self.transport(e))?;
+        self.json(Method::PUT, "PUT /v1/runtimes", "/v1/runtimes", Some(body))
+            .await
+    }
+
+    /// The live policy and what needs a restart (admin token; `GET /v1/policy`).
+    pub async fn policy(&self) -> Result<PolicyView, ClientError> {
+        self.json(Method::GET, "GET /v1/policy", "/v1/policy", None)
+            .await
+    }
+
+    /// Changes caps and lifetimes (admin token; `PUT /v1/policy`), for example
+    /// `{"max_sessions": 5}`; anything else is refused with 422 `policy_refused`.
+    pub async fn put_policy(&self, changes: &serde_json::Value) -> Result<PolicyView, ClientError> {
+        self.json(
+            Method::PUT,
+            "PUT /v1/policy",
+            "/v1/policy",
+            Some(changes.clone()),
+        )
+        .await
+    }
+
+    /// One page of the audit log, newest first (`GET /v1/operations`).
+    pub async fn operations(&self, query: &OperationQuery) -> Result<OperationPage, ClientError> {
+        let qs = serde_urlencoded::to_string(query).map_err(|e| self.transport(e))?;
+        let path = if qs.is_empty() {
+            "/v1/operations".to_owned()
+        } else {
+            format!("/v1/operations?{qs}")
+        };
+        self.json(Method::GET, "GET /v1/operations", &path, None)
+            .await
     }
 
     /// The breadth-first tree of a folder.

@@ -4,7 +4,18 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+
+use crate::runtimes::Allowlist;
+
+/// What the binary does besides serving.
+#[derive(Subcommand, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Build every runtime of the allowlist and exit: 0 when all are built, non-zero naming the
+    /// ones that failed after three attempts. What an upgrade runs before the old service is
+    /// replaced.
+    Prepare,
+}
 
 /// Everything sandboxd is configured with.
 #[derive(Parser, Clone)]
@@ -26,9 +37,39 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_PORT", default_value_t = 8080)]
     pub port: u16,
 
-    /// The runtimes sessions may use, `alias=image,alias2=image2`; the first is the default.
+    /// What to do instead of serving (`prepare`).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// The runtimes sessions may use: the catalog format (a JSON array as catalog/runtimes.json)
+    /// or the compact `alias=image,alias2=image2`; the first is the default.
     #[arg(long, env = "SANDBOXD_RUNTIMES", default_value = "")]
     pub runtimes: String,
+
+    /// A file holding the runtimes in the catalog format (instead of SANDBOXD_RUNTIMES).
+    #[arg(long, env = "SANDBOXD_RUNTIMES_FILE")]
+    pub runtimes_file: Option<PathBuf>,
+
+    /// A PEM bundle of CA certificates that runtime builds (and the built images) trust, for a
+    /// network whose TLS to the package registries is intercepted by a proxy.
+    #[arg(long, env = "SANDBOXD_BUILD_CA_FILE")]
+    pub build_ca_file: Option<PathBuf>,
+
+    /// Seconds before the second build attempt of a failed runtime; doubles per attempt.
+    #[arg(long, env = "SANDBOXD_BUILD_BACKOFF", default_value_t = 10)]
+    pub build_backoff: u64,
+
+    /// Where the audit log goes: a `postgres://` URL, or unset for SQLite in the state folder.
+    #[arg(long, env = "SANDBOXD_AUDIT_DATABASE_URL", hide_env_values = true)]
+    pub audit_database_url: Option<String>,
+
+    /// Whether every workspace operation is written to the audit log.
+    #[arg(long, env = "SANDBOXD_AUDIT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub audit: bool,
+
+    /// Days an audit row is kept; older rows are swept daily (files are never touched).
+    #[arg(long, env = "OPERATION_RETENTION_DAYS", default_value_t = 30)]
+    pub operation_retention_days: u32,
 
     /// Sessions this host holds at most (opening ones included).
     #[arg(long, env = "SANDBOXD_MAX_SESSIONS", default_value_t = 20)]
@@ -115,6 +156,8 @@ impl std::fmt::Debug for Config {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("runtimes", &self.runtimes)
+            .field("runtimes_file", &self.runtimes_file)
+            .field("audit", &self.audit)
             .field("max_sessions", &self.max_sessions)
             .field("max_sessions_per_tenant", &self.max_sessions_per_tenant)
             .field("workspace_root", &self.workspace_root)
@@ -135,6 +178,14 @@ pub enum ConfigError {
     /// The runtime list is empty or malformed.
     #[error("SANDBOXD_RUNTIMES (--runtimes): {0}")]
     Runtimes(String),
+    /// The runtime file cannot be read or is malformed.
+    #[error("SANDBOXD_RUNTIMES_FILE {path}: {message}")]
+    RuntimesFile {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Another setting is out of range.
     #[error("{0}")]
     Invalid(String),
@@ -220,14 +271,46 @@ pub fn parse_bytes(text: &str) -> Option<i64> {
 }
 
 impl Config {
-    /// Checks everything that can be checked before start-up and returns the admin token and runtimes.
-    pub fn validate(&self) -> Result<(String, Vec<RuntimeImage>), ConfigError> {
+    /// The allowlist: SANDBOXD_RUNTIMES_FILE when set, else SANDBOXD_RUNTIMES (catalog format
+    /// or compact form). A malformed list is refused here, with every error listed.
+    pub fn allowlist(&self) -> Result<Allowlist, ConfigError> {
+        if let Some(path) = &self.runtimes_file {
+            let file = |message: String| ConfigError::RuntimesFile {
+                path: path.display().to_string(),
+                message,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| file(e.to_string()))?;
+            return Allowlist::parse(&text).map_err(|e| file(e.to_string()));
+        }
+        Allowlist::parse(&self.runtimes).map_err(|e| ConfigError::Runtimes(e.to_string()))
+    }
+
+    /// What every runtime build shares: the sandbox uid and the extra CA bundle, read now.
+    pub fn build_settings(&self) -> Result<crate::runtimes::BuildSettings, ConfigError> {
+        let ca = match &self.build_ca_file {
+            None => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "SANDBOXD_BUILD_CA_FILE {} cannot be read: {e}",
+                    path.display()
+                ))
+            })?),
+        };
+        Ok(crate::runtimes::BuildSettings {
+            uid: self.sandbox_uid,
+            ca,
+        })
+    }
+
+    /// Checks everything that can be checked before start-up and returns the admin token and
+    /// the allowlist.
+    pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
         let token = self
             .token
             .clone()
             .filter(|t| !t.is_empty())
             .ok_or(ConfigError::MissingToken)?;
-        let runtimes = parse_runtimes(&self.runtimes)?;
+        let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
             return Err(ConfigError::Invalid(
                 "SANDBOXD_SANDBOX_UID must not be 0: sandboxes never run as root".into(),
@@ -245,6 +328,20 @@ impl Config {
         }
         if self.cpus.is_nan() || self.cpus <= 0.0 {
             return Err(ConfigError::Invalid("SANDBOXD_CPUS must be above 0".into()));
+        }
+        if let Some(url) = &self.audit_database_url
+            && !url.is_empty()
+            && !url.starts_with("postgres://")
+            && !url.starts_with("postgresql://")
+        {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_AUDIT_DATABASE_URL must be a postgres:// URL (unset keeps the audit log in SQLite in SANDBOXD_STATE_DIR)".into(),
+            ));
+        }
+        if self.operation_retention_days == 0 {
+            return Err(ConfigError::Invalid(
+                "OPERATION_RETENTION_DAYS must be at least 1".into(),
+            ));
         }
         Ok((token, runtimes))
     }
@@ -304,6 +401,50 @@ mod tests {
             let err = parse_runtimes(bad).expect_err(bad).to_string();
             assert!(err.contains(want), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn runtimes_in_the_catalog_format_inline_and_from_a_file() {
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            sandboxd_catalog::SHIPPED,
+        ]);
+        let (_, list) = c.validate().expect("valid");
+        assert!(list.catalog);
+        assert_eq!(list.entries[0].alias, "workbench");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("runtimes.json");
+        std::fs::write(
+            &path,
+            r#"[{"alias": "a", "image": "x", "colour": 1}, {"alias": "B"}]"#,
+        )
+        .expect("write");
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes-file",
+            path.to_str().expect("utf8"),
+        ]);
+        let err = c.validate().expect_err("invalid").to_string();
+        assert_eq!(
+            err,
+            format!(
+                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, needs_network\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn prepare_is_a_subcommand() {
+        let c = Config::parse_from(["sandboxd", "prepare"]);
+        assert_eq!(c.command, Some(Command::Prepare));
+        assert_eq!(c.operation_retention_days, 30);
+        assert!(c.audit);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,13 +10,16 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::audit::{Audit, NewOperation, Op};
 use crate::auth;
 use crate::config::{Config, RuntimeImage, parse_bytes};
 use crate::docker::{Engine, SandboxSpec};
 use crate::error::ApiError;
 use crate::files::Workspace;
 use crate::metrics::Metrics;
+use crate::policy::{Fixed, Policy, PolicyView};
 use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, Runner};
+use crate::runtimes::Runtimes;
 use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
 
 /// How long an open waits for a concurrent open of the same name to finish.
@@ -190,10 +193,36 @@ pub struct Core {
     store: Store,
     engine: Engine,
     runner: Arc<dyn Runner>,
-    runtimes: Vec<RuntimeImage>,
+    runtimes: Arc<Runtimes>,
+    policy: RwLock<Policy>,
+    audit: Audit,
+    tenants: Mutex<HashMap<String, String>>,
     opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
     runs: Mutex<HashMap<String, RunEntry>>,
     metrics: Arc<Metrics>,
+}
+
+/// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
+/// `X-Sandbox-Run`); recorded in the audit log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Actor {
+    /// The agent id.
+    pub agent: Option<String>,
+    /// The run id.
+    pub run: Option<String>,
+}
+
+/// The outcome of an operation, for its audit row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// A command's exit status.
+    pub exit_code: Option<i64>,
+    /// Our error code when it failed.
+    pub error: Option<String>,
+    /// Bytes read or written.
+    pub bytes: Option<i64>,
 }
 
 /// Whether `id` may name a session: it is a folder name on the host and a container name part.
@@ -221,15 +250,26 @@ impl Core {
         store: Store,
         engine: Engine,
         runner: Arc<dyn Runner>,
-        runtimes: Vec<RuntimeImage>,
+        runtimes: Arc<Runtimes>,
+        audit: Audit,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let policy = Policy {
+            max_sessions: settings.caps.max_sessions,
+            max_sessions_per_tenant: settings.caps.max_per_tenant,
+            execute_timeout: settings.execute_timeout.as_secs(),
+            max_read_bytes: settings.max_read_bytes,
+            max_output_bytes: settings.max_output_bytes as u64,
+        };
         Self {
             settings,
             store,
             engine,
             runner,
             runtimes,
+            policy: RwLock::new(policy),
+            audit,
+            tenants: Mutex::default(),
             opening: Mutex::default(),
             runs: Mutex::default(),
             metrics,
@@ -246,9 +286,100 @@ impl Core {
         &self.store
     }
 
-    /// The allowlisted runtimes.
-    pub fn runtimes(&self) -> &[RuntimeImage] {
+    /// The allowlisted runtimes and their build state.
+    pub fn runtimes(&self) -> &Arc<Runtimes> {
         &self.runtimes
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// The live policy (caps and lifetimes).
+    pub fn policy(&self) -> Policy {
+        *self
+            .policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn caps(&self) -> Caps {
+        let p = self.policy();
+        Caps {
+            max_sessions: p.max_sessions,
+            max_per_tenant: p.max_sessions_per_tenant,
+        }
+    }
+
+    /// The policy with what cannot change at runtime.
+    pub fn policy_view(&self) -> PolicyView {
+        let s = &self.settings;
+        PolicyView {
+            policy: self.policy(),
+            fixed: Fixed {
+                runtimes: self.runtimes.aliases(),
+                network_mode: s.network_mode.clone(),
+                runtime_network: s.runtime_network.clone(),
+                oci_runtime: s.oci_runtime.clone(),
+                sandbox_uid: s.uid,
+                work_dir: crate::docker::WORKSPACE_MOUNT.to_owned(),
+                workspace_root: s.workspace_root.display().to_string(),
+                persist_containers: s.persist_containers,
+                cpus: s.cpus,
+                memory: s.memory,
+                pids_limit: s.pids_limit,
+                tmpfs_size: s.tmpfs_size.clone(),
+            },
+        }
+    }
+
+    /// Changes caps and lifetimes live; refuses (422 naming the field) everything else.
+    pub fn set_policy(&self, body: &serde_json::Value) -> Result<PolicyView, ApiError> {
+        {
+            let mut p = self
+                .policy
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = p.apply(body)?;
+            info!(
+                max_sessions = next.max_sessions,
+                max_sessions_per_tenant = next.max_sessions_per_tenant,
+                execute_timeout = next.execute_timeout,
+                "policy changed"
+            );
+            *p = next;
+        }
+        Ok(self.policy_view())
+    }
+
+    /// Records a workspace operation on session `id` in the audit log, off the request path.
+    /// Only an operation that reached a session (one this core has looked up) is recorded.
+    pub fn record(
+        &self,
+        id: &str,
+        actor: &Actor,
+        op: Op,
+        target: &str,
+        outcome: Outcome,
+        started: std::time::Instant,
+    ) {
+        let tenant = self.tenants.lock().ok().and_then(|t| t.get(id).cloned());
+        let Some(tenant) = tenant else { return };
+        self.audit.record(NewOperation {
+            at_ms: crate::store::now_ms(),
+            session: id.to_owned(),
+            tenant,
+            agent: actor.agent.clone(),
+            run: actor.run.clone(),
+            op,
+            target: target.to_owned(),
+            ok: outcome.ok,
+            exit_code: outcome.exit_code,
+            error: outcome.error,
+            bytes: outcome.bytes,
+            duration_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        });
     }
 
     /// The workspace of a session.
@@ -292,11 +423,18 @@ impl Core {
     }
 
     async fn row(&self, id: &str) -> Result<SessionRow, ApiError> {
-        self.store
+        let row = self
+            .store
             .get(id)
             .await
             .map_err(db)?
-            .ok_or_else(|| ApiError::no_such_session(id))
+            .ok_or_else(|| ApiError::no_such_session(id))?;
+        if let Ok(mut t) = self.tenants.lock()
+            && t.get(id) != Some(&row.tenant)
+        {
+            t.insert(id.to_owned(), row.tenant.clone());
+        }
+        Ok(row)
     }
 
     /// The session a token belongs to, if any.
@@ -325,30 +463,8 @@ impl Core {
         Ok(out)
     }
 
-    fn runtime(&self, alias: Option<&str>) -> Result<&RuntimeImage, ApiError> {
-        let allowed = || {
-            self.runtimes
-                .iter()
-                .map(|r| r.alias.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        match alias.filter(|a| !a.is_empty()) {
-            None => self
-                .runtimes
-                .first()
-                .ok_or_else(|| ApiError::internal("no runtime is allowlisted")),
-            Some(a) => self.runtimes.iter().find(|r| r.alias == a).ok_or_else(|| {
-                ApiError::new(
-                    400,
-                    "unknown_runtime",
-                    format!(
-                        "Runtime '{a}' is not allowed on this host; allowed: {}",
-                        allowed()
-                    ),
-                )
-            }),
-        }
+    fn runtime(&self, alias: Option<&str>) -> Result<RuntimeImage, ApiError> {
+        self.runtimes.resolve(alias)
     }
 
     fn check_limits(&self, limits: &Limits) -> Result<(), ApiError> {
@@ -389,7 +505,7 @@ impl Core {
     }
 
     fn cap_error(&self, claim: &Claim, tenant: &str) -> ApiError {
-        let caps = self.settings.caps;
+        let caps = self.caps();
         match claim {
             Claim::TenantCap { held } => ApiError::new(
                 429,
@@ -431,7 +547,23 @@ impl Core {
                 "tenant must not be empty: send the organization id",
             ));
         }
-        let runtime = self.runtime(req.runtime.as_deref())?.clone();
+        let runtime = match self.runtime(req.runtime.as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                // Opening a session that exists is finding it, whatever its runtime does now.
+                if let Some(row) = self.store.get(&req.name).await.map_err(db)?
+                    && row.tenant == req.tenant
+                    && row.state != State::Opening
+                {
+                    return Ok(Opened {
+                        created: false,
+                        session: self.view(&row, false).await,
+                        token: None,
+                    });
+                }
+                return Err(e);
+            }
+        };
         let limits = req.limits.clone().unwrap_or_default();
         self.check_limits(&limits)?;
         let token = auth::new_session_token();
@@ -449,11 +581,7 @@ impl Core {
         // Register the in-flight open before claiming, so a concurrent open that finds the row
         // in state opening always has something to wait on.
         let (done_tx, done_rx) = watch::channel(false);
-        let claim = self
-            .store
-            .claim(&new, self.settings.caps)
-            .await
-            .map_err(db)?;
+        let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
         match claim {
             Claim::Inserted => {
                 if let Ok(mut m) = self.opening.lock() {
@@ -692,7 +820,7 @@ impl Core {
             State::Reclaimed => {
                 match self
                     .store
-                    .reclaim_to_opening(id, &row.tenant, self.settings.caps)
+                    .reclaim_to_opening(id, &row.tenant, self.caps())
                     .await
                     .map_err(db)?
                 {
@@ -700,18 +828,19 @@ impl Core {
                     Some(refused) => return Err(self.cap_error(&refused, &row.tenant)),
                     None => return Box::pin(self.wake(id)).await,
                 }
-                let runtime = self
-                    .runtimes
-                    .iter()
-                    .find(|r| r.alias == row.runtime)
-                    .cloned()
-                    .unwrap_or(RuntimeImage {
+                let runtime = self.runtimes.ready(&row.runtime).unwrap_or_else(|| {
+                    let mut env = std::collections::BTreeMap::new();
+                    if row.image.starts_with(crate::runtimes::REPOSITORY) {
+                        env.insert("HOME".to_owned(), crate::runtimes::HOME.to_owned());
+                    }
+                    RuntimeImage {
                         alias: row.runtime.clone(),
                         image: row.image.clone(),
                         needs_network: false,
                         mem_limit: None,
-                        env: Default::default(),
-                    });
+                        env,
+                    }
+                });
                 let (done_tx, done_rx) = watch::channel(false);
                 if let Ok(mut m) = self.opening.lock() {
                     m.insert(id.to_owned(), done_rx);
@@ -874,6 +1003,9 @@ impl Core {
             })?;
         }
         self.store.delete(id).await.map_err(db)?;
+        if let Ok(mut t) = self.tenants.lock() {
+            t.remove(id);
+        }
         info!(session = id, "session destroyed");
         Ok(Destroyed {
             id: id.to_owned(),
@@ -959,11 +1091,11 @@ impl Core {
             );
         }
         let _ = self.store.touch(id).await;
+        let policy = self.policy();
+        let max_timeout = Duration::from_secs(policy.execute_timeout);
         let timeout = req
             .timeout_seconds
-            .map_or(self.settings.execute_timeout, |t| {
-                Duration::from_secs(t).min(self.settings.execute_timeout)
-            });
+            .map_or(max_timeout, |t| Duration::from_secs(t).min(max_timeout));
         let mut spec = RunSpec {
             run_id: run_id.clone(),
             container: container.clone(),
@@ -971,7 +1103,7 @@ impl Core {
             env,
             uid: self.settings.uid,
             timeout,
-            max_output_bytes: self.settings.max_output_bytes,
+            max_output_bytes: usize::try_from(policy.max_output_bytes).unwrap_or(usize::MAX),
         };
         let mut result = self
             .runner

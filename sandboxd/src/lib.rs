@@ -4,9 +4,12 @@
 //! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
 //! - [`api`]: the `/v1` HTTP API; [`client`]: its typed client;
 //! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`files`]: confined file access;
-//! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up.
+//! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
+//! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
+//! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod config;
@@ -15,7 +18,9 @@ pub mod docker;
 pub mod error;
 pub mod files;
 pub mod metrics;
+pub mod policy;
 pub mod runner;
+pub mod runtimes;
 pub mod server;
 pub mod store;
 

@@ -11,6 +11,22 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let config = sandboxd::config::Config::parse();
+    if config.command == Some(sandboxd::config::Command::Prepare) {
+        return match sandboxd::server::prepare(&config).await {
+            Ok(failed) if failed.is_empty() => std::process::ExitCode::SUCCESS,
+            Ok(failed) => {
+                eprintln!(
+                    "sandboxd prepare: these runtimes could not be built: {}",
+                    failed.join(", ")
+                );
+                std::process::ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("sandboxd prepare: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match sandboxd::server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

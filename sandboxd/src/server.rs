@@ -11,12 +11,14 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::api::{AppState, router};
+use crate::audit::{Audit, AuditStore};
 use crate::auth::AdminToken;
 use crate::config::Config;
 use crate::core::{Core, Settings};
 use crate::docker::Engine;
 use crate::metrics::Metrics;
 use crate::runner::ExecRunner;
+use crate::runtimes::{self, Runtimes};
 use crate::store::Store;
 
 /// Runs sandboxd with `config` until it is told to stop.
@@ -50,11 +52,29 @@ pub async fn start(
     let engine = Engine::connect(&config.instance)
         .await
         .context("cannot reach Docker (DOCKER_HOST)")?;
-    for rt in &runtimes {
-        if !engine.has_image(&rt.image).await? {
-            tracing::warn!(runtime = %rt.alias, image = %rt.image, "runtime image is not present on this host; opens on it fail until it is");
-        }
+    let backoff = std::time::Duration::from_secs(config.build_backoff);
+    let runtimes =
+        Runtimes::start(engine.clone(), config.build_settings()?, backoff, runtimes).await;
+    for rt in runtimes.list().runtimes {
+        info!(runtime = %rt.alias, tag = %rt.tag, state = ?rt.state, "runtime allowlisted");
     }
+    let audit = if config.audit {
+        let store = AuditStore::open(config.audit_database_url.as_deref(), &config.state_dir)
+            .await
+            .context("cannot open the audit store (SANDBOXD_AUDIT_DATABASE_URL, or audit.db in SANDBOXD_STATE_DIR)")?;
+        info!(
+            backend = if store.is_postgres() {
+                "postgres"
+            } else {
+                "sqlite"
+            },
+            "audit log open"
+        );
+        Audit::start(Some(store))
+    } else {
+        Audit::start(None)
+    };
+    audit.spawn_sweeper(config.operation_retention_days);
     let metrics = Arc::new(Metrics::default());
     let runner = Arc::new(ExecRunner::new(engine.clone()));
     let core = Arc::new(Core::new(
@@ -63,6 +83,7 @@ pub async fn start(
         engine,
         runner,
         runtimes,
+        audit.clone(),
         metrics.clone(),
     ));
     let reconciled = core
@@ -85,8 +106,15 @@ pub async fn start(
             let _ = tcp.set_nodelay(true);
         }),
         router(state),
-    );
-    Ok((addr, serve.with_graceful_shutdown(shutdown()).into_future()))
+    )
+    .with_graceful_shutdown(shutdown())
+    .into_future();
+    Ok((addr, async move {
+        let served = serve.await;
+        // Every row recorded by the requests that finished is written before the process ends.
+        audit.flush().await;
+        served
+    }))
 }
 
 async fn shutdown() {
@@ -108,4 +136,41 @@ async fn shutdown() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `sandboxd prepare`: builds every runtime of the allowlist, [`runtimes::PREPARE_ATTEMPTS`]
+/// attempts each, and says which failed. Returns the failed aliases.
+pub async fn prepare(config: &Config) -> anyhow::Result<Vec<String>> {
+    let allowlist = config.allowlist()?;
+    let engine = Engine::connect(&config.instance)
+        .await
+        .context("cannot reach Docker (DOCKER_HOST)")?;
+    let backoff = std::time::Duration::from_secs(config.build_backoff);
+    let failed = runtimes::prepare(
+        &engine,
+        &allowlist,
+        &config.build_settings()?,
+        runtimes::PREPARE_ATTEMPTS,
+        backoff,
+    )
+    .await;
+    for entry in &allowlist.entries {
+        match failed.iter().find(|(a, _)| *a == entry.alias) {
+            None => println!(
+                "ready {} {}",
+                entry.alias,
+                runtimes::tag(entry, &config.build_settings()?)
+            ),
+            Some((_, e)) => {
+                eprintln!(
+                    "failed {} after {} attempts: {}\n{}",
+                    entry.alias,
+                    runtimes::PREPARE_ATTEMPTS,
+                    e.message,
+                    e.log_tail
+                );
+            }
+        }
+    }
+    Ok(failed.into_iter().map(|(a, _)| a).collect())
 }

@@ -182,3 +182,62 @@ pub async fn raw(
 pub fn exists(p: &Path) -> bool {
     p.symlink_metadata().is_ok()
 }
+
+impl Daemon {
+    /// Stops the process with SIGTERM (a clean shutdown) and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("a running sandboxd");
+        let status = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success(), "kill -TERM failed");
+        c.wait().expect("sandboxd exits")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+}
+
+/// The PostgreSQL cluster `make up` started, with a fresh database for one test; fails (never
+/// skips) when it is not there.
+pub async fn postgres_database() -> String {
+    use sqlx::AssertSqlSafe;
+    let base = std::env::var("SANDBOXD_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!("SANDBOXD_TEST_POSTGRES_URL is not set: start PostgreSQL with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
+    });
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&base)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {base} does not answer ({e}): run `make up`"));
+    let name = format!("sbx_e2e_{:016x}", rand::rng().random::<u64>());
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&pool)
+        .await
+        .expect("create a test database");
+    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+    format!("{prefix}/{name}")
+}
+
+/// Waits, with a deadline, until `probe` returns `Some`.
+pub async fn until<T, F, Fut>(what: &str, deadline: std::time::Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = std::time::Instant::now() + deadline;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {deadline:?}"
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! The runtime catalog format (`catalog/runtimes.json`): the one source for `Runtime` manifests,
+//! image builds and the model briefing. This crate knows nothing of Kubernetes: sandboxd reads
+//! its allowlist in this format, and `sandboxd-crds` turns entries into `Runtime` objects.
+//!
+//! The file is a JSON array of entries; the first is the default runtime. An entry has one of
+//! two forms, never both: `image` (a ready image, used as is) or `base_image` with optional
+//! `setup_commands` and `packages` (built once, then cached). A malformed catalog is refused
+//! when it is loaded, with every error listed at once, each naming the entry and the field.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod briefing;
+pub mod memory;
+
+pub use briefing::{briefing, briefing_for};
+
+/// One runtime of the catalog, in the catalog's own (snake_case) format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    /// What a spec names: `[a-z][a-z0-9-]*`.
+    pub alias: String,
+    /// What it is for, shown to whoever chooses a runtime.
+    #[serde(default)]
+    pub description: String,
+    /// A ready image, used as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The image the hosts build on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_image: Option<String>,
+    /// Shell at build time, before the packages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup_commands: Vec<String>,
+    /// pip packages installed at build time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
+    /// Environment variables of every container on this runtime.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_vars: BTreeMap<String, String>,
+    /// Sentences for the model that the fields above cannot say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub briefing: Vec<String>,
+    /// Memory limit in Docker's syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// Whether a session gets a network.
+    #[serde(default)]
+    pub needs_network: bool,
+}
+
+/// The fields an entry may have.
+pub const FIELDS: [&str; 10] = [
+    "alias",
+    "description",
+    "image",
+    "base_image",
+    "setup_commands",
+    "packages",
+    "env_vars",
+    "briefing",
+    "mem_limit",
+    "needs_network",
+];
+
+/// One thing wrong with a catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogError {
+    /// Which entry: `entry 2 (workbench)`, or `catalog` for the whole file.
+    pub entry: String,
+    /// Which field, if one.
+    pub field: Option<String>,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl std::fmt::Display for CatalogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{}: {}: {}", self.entry, field, self.message),
+            None => write!(f, "{}: {}", self.entry, self.message),
+        }
+    }
+}
+
+/// Every error of a catalog, in file order.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the runtime catalog is invalid ({} errors):\n{}", .0.len(), render(.0))]
+pub struct CatalogErrors(pub Vec<CatalogError>);
+
+fn render(errors: &[CatalogError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  - {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `alias` is a valid runtime alias: `[a-z][a-z0-9-]*`.
+pub fn is_valid_alias(alias: &str) -> bool {
+    let mut chars = alias.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Parses and validates a catalog; on failure every error is returned at once.
+pub fn parse(text: &str) -> Result<Vec<CatalogEntry>, CatalogErrors> {
+    let whole = |message: String| {
+        CatalogErrors(vec![CatalogError {
+            entry: "catalog".into(),
+            field: None,
+            message,
+        }])
+    };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| whole(format!("not valid JSON: {e}")))?;
+    let Value::Array(items) = value else {
+        return Err(whole(
+            "must be a JSON array of runtime entries (the first is the default)".into(),
+        ));
+    };
+    if items.is_empty() {
+        return Err(whole(
+            "holds no runtime: at least one entry is needed (the first is the default)".into(),
+        ));
+    }
+    let mut errors = Vec::new();
+    let mut entries = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (index, item) in items.iter().enumerate() {
+        let label = match item.get("alias").and_then(Value::as_str) {
+            Some(alias) => format!("entry {} ({alias})", index + 1),
+            None => format!("entry {}", index + 1),
+        };
+        let before = errors.len();
+        check_entry(item, &label, &mut errors);
+        if let Some(alias) = item.get("alias").and_then(Value::as_str)
+            && !seen.insert(alias.to_owned())
+        {
+            errors.push(CatalogError {
+                entry: label.clone(),
+                field: Some("alias".into()),
+                message: format!(
+                    "'{alias}' is already used by an earlier entry; aliases must be unique"
+                ),
+            });
+        }
+        if errors.len() == before {
+            match serde_json::from_value::<CatalogEntry>(item.clone()) {
+                Ok(entry) => entries.push(entry),
+                Err(e) => errors.push(CatalogError {
+                    entry: label,
+                    field: None,
+                    message: e.to_string(),
+                }),
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(entries)
+    } else {
+        Err(CatalogErrors(errors))
+    }
+}
+
+fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
+    let mut err = |field: &str, message: String| {
+        errors.push(CatalogError {
+            entry: label.to_owned(),
+            field: Some(field.to_owned()),
+            message,
+        })
+    };
+    let Value::Object(map) = item else {
+        err("(entry)", "must be a JSON object".into());
+        return;
+    };
+    for key in map.keys() {
+        if !FIELDS.contains(&key.as_str()) {
+            err(
+                key,
+                format!("unknown field; allowed are {}", FIELDS.join(", ")),
+            );
+        }
+    }
+    let string = |v: &Value| v.as_str().map(str::to_owned);
+    match map.get("alias") {
+        None => err(
+            "alias",
+            "is required: the name a spec uses, [a-z][a-z0-9-]*".into(),
+        ),
+        Some(v) => match string(v) {
+            Some(a) if is_valid_alias(&a) => {}
+            Some(a) => err(
+                "alias",
+                format!(
+                    "'{a}' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')"
+                ),
+            ),
+            None => err("alias", "must be a string".into()),
+        },
+    }
+    for field in ["description", "image", "base_image", "mem_limit"] {
+        if let Some(v) = map.get(field) {
+            match v.as_str() {
+                None => err(field, "must be a string".into()),
+                Some("") if field != "description" => err(field, "must not be empty".into()),
+                Some(_) => {}
+            }
+        }
+    }
+    match (map.contains_key("image"), map.contains_key("base_image")) {
+        (true, true) => err(
+            "image",
+            "image and base_image exclude each other: image is used as is, base_image is built"
+                .into(),
+        ),
+        (false, false) => err(
+            "image",
+            "one of image (a ready image) and base_image (built on the host) is required".into(),
+        ),
+        _ => {}
+    }
+    for field in ["setup_commands", "packages", "briefing"] {
+        if let Some(v) = map.get(field) {
+            match v.as_array() {
+                Some(list) if list.iter().all(Value::is_string) => {
+                    if field != "briefing" && !list.is_empty() && map.contains_key("image") {
+                        err(
+                            field,
+                            "is allowed only with base_image: an image entry installs nothing"
+                                .into(),
+                        );
+                    }
+                }
+                _ => err(field, "must be a list of strings".into()),
+            }
+        }
+    }
+    if let Some(v) = map.get("env_vars") {
+        match v.as_object() {
+            Some(vars) => {
+                for (name, value) in vars {
+                    if !is_env_name(name) {
+                        err(
+                            "env_vars",
+                            format!("'{name}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+                        );
+                    }
+                    if !value.is_string() {
+                        err(
+                            "env_vars",
+                            format!("the value of '{name}' must be a string"),
+                        );
+                    }
+                }
+            }
+            None => err(
+                "env_vars",
+                "must be an object of NAME: value strings".into(),
+            ),
+        }
+    }
+    if let Some(limit) = map.get("mem_limit").and_then(Value::as_str)
+        && !limit.is_empty()
+        && memory::parse(limit).is_none()
+    {
+        err("mem_limit", format!("'{limit}' is not {}", memory::ALLOWED));
+    }
+    if let Some(v) = map.get("needs_network")
+        && !v.is_boolean()
+    {
+        err("needs_network", "must be true or false".into());
+    }
+}
+
+/// The shipped catalog, `catalog/runtimes.json`, as compiled into this crate.
+pub const SHIPPED: &str = include_str!("../runtimes.json");
+
+/// Serialises entries back into the catalog format (a JSON array), as [`parse`] reads it.
+pub fn to_json(entries: &[CatalogEntry]) -> String {
+    serde_json::to_string_pretty(entries).unwrap_or_else(|_| "[]".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(text: &str) -> Vec<String> {
+        match parse(text) {
+            Ok(_) => vec![],
+            Err(CatalogErrors(errors)) => errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn shipped_catalog_is_valid_and_first_is_default() {
+        let entries = parse(SHIPPED).expect("the shipped catalog is valid");
+        assert_eq!(entries[0].alias, "workbench");
+    }
+
+    #[test]
+    fn every_error_is_listed_at_once_naming_entry_and_field() {
+        let text = r#"[
+            {"alias": "Bad_Alias", "image": "busybox", "packages": ["x"]},
+            {"alias": "both", "image": "a", "base_image": "b", "mem_limit": "2 gigs"},
+            {"alias": "none", "colour": "red", "needs_network": "yes"},
+            {"alias": "both", "base_image": "b", "env_vars": {"1X": "y", "OK": 3}}
+        ]"#;
+        assert_eq!(
+            messages(text),
+            vec![
+                "entry 1 (Bad_Alias): alias: 'Bad_Alias' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')",
+                "entry 1 (Bad_Alias): packages: is allowed only with base_image: an image entry installs nothing",
+                "entry 2 (both): image: image and base_image exclude each other: image is used as is, base_image is built",
+                "entry 2 (both): mem_limit: '2 gigs' is not a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
+                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, needs_network",
+                "entry 3 (none): image: one of image (a ready image) and base_image (built on the host) is required",
+                "entry 3 (none): needs_network: must be true or false",
+                "entry 4 (both): env_vars: '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                "entry 4 (both): env_vars: the value of 'OK' must be a string",
+                "entry 4 (both): alias: 'both' is already used by an earlier entry; aliases must be unique",
+            ]
+        );
+    }
+
+    #[test]
+    fn whole_file_errors() {
+        assert_eq!(
+            messages("{}"),
+            vec!["catalog: must be a JSON array of runtime entries (the first is the default)"]
+        );
+        assert_eq!(
+            messages("[]"),
+            vec![
+                "catalog: holds no runtime: at least one entry is needed (the first is the default)"
+            ]
+        );
+        assert!(
+            messages("[")
+                .first()
+                .is_some_and(|m| m.starts_with("catalog: not valid JSON"))
+        );
+    }
+}

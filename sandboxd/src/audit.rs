@@ -1,0 +1,807 @@
+//! The audit log: every read, write, ls, mkdir, remove and execute that reaches a session is a
+//! row — time, session, tenant, agent and run (from the request's `X-Sandbox-Agent` and
+//! `X-Sandbox-Run` headers), operation, target (the path, or the command cut to
+//! [`MAX_TARGET_CHARS`]), ok, the numeric exit status of a failed command, bytes of a read,
+//! duration. Never a payload and never output.
+//!
+//! Stored through sqlx: SQLite in the state folder by default (`audit.db`), PostgreSQL when
+//! `SANDBOXD_AUDIT_DATABASE_URL` is a `postgres://` URL; one migration set per backend
+//! (`migrations/audit/{sqlite,postgres}`), the same queries. Rows are written off the request
+//! path: [`Audit::record`] hands the row to a writer task over a channel, which writes what has
+//! queued up in one transaction; [`Audit::flush`] waits for everything recorded before it (a
+//! query flushes first, and so does a clean shutdown, so no row is lost).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, AssertSqlSafe, Row};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+/// The longest target (a command) kept, in characters; the rest is cut and marked with `…`.
+pub const MAX_TARGET_CHARS: usize = 1000;
+/// The longest agent or run id kept, in characters.
+pub const MAX_ID_CHARS: usize = 200;
+/// Rows per page when the query names no limit.
+pub const DEFAULT_PAGE: u32 = 100;
+/// The page-size ceiling.
+pub const MAX_PAGE: u32 = 1000;
+/// The default retention, days (`OPERATION_RETENTION_DAYS`).
+pub const RETENTION_DAYS: u32 = 30;
+/// How often the retention sweep runs.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
+/// Rows the writer puts in one transaction at most.
+const BATCH: usize = 500;
+
+/// An operation kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// A file read.
+    Read,
+    /// A file write.
+    Write,
+    /// A folder listing (one folder, or a tree).
+    Ls,
+    /// A folder made.
+    Mkdir,
+    /// A file or folder removed.
+    Remove,
+    /// A command run.
+    Execute,
+}
+
+impl Op {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Ls => "ls",
+            Op::Mkdir => "mkdir",
+            Op::Remove => "remove",
+            Op::Execute => "execute",
+        }
+    }
+
+    /// The kind of a stored name.
+    pub fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "read" => Op::Read,
+            "write" => Op::Write,
+            "ls" => Op::Ls,
+            "mkdir" => Op::Mkdir,
+            "remove" => Op::Remove,
+            "execute" => Op::Execute,
+            _ => return None,
+        })
+    }
+}
+
+/// A row to write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewOperation {
+    /// Unix milliseconds.
+    pub at_ms: i64,
+    /// The session.
+    pub session: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// The agent, from `X-Sandbox-Agent`.
+    pub agent: Option<String>,
+    /// The run, from `X-Sandbox-Run`.
+    pub run: Option<String>,
+    /// What was done.
+    pub op: Op,
+    /// The path, or the command.
+    pub target: String,
+    /// Whether it succeeded (a command: exit status 0).
+    pub ok: bool,
+    /// A command's exit status (when it ran).
+    pub exit_code: Option<i64>,
+    /// Our own error code when it failed before or around the operation (never a message a
+    /// shell printed: that is output).
+    pub error: Option<String>,
+    /// Bytes of a read or write.
+    pub bytes: Option<i64>,
+    /// How long it took.
+    pub duration_ms: i64,
+}
+
+/// A stored row, as `GET /v1/operations` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Operation {
+    /// The row id (ascending in time of writing).
+    pub id: i64,
+    /// RFC 3339.
+    pub at: String,
+    /// The session.
+    pub session: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// The agent id, if the request named one.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The run id, if the request named one.
+    #[serde(default)]
+    pub run: Option<String>,
+    /// read, write, ls, mkdir, remove or execute.
+    pub op: Op,
+    /// The path or the command.
+    pub target: String,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// A command's exit status.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    /// Our error code when it failed: `exit 2` for a command that exited 2.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Bytes of a read or write.
+    #[serde(default)]
+    pub bytes: Option<i64>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: i64,
+}
+
+/// The filters of `GET /v1/operations` (all optional; query parameters of the same names).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationQuery {
+    /// Only this session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Only this tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Only this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// Only this run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// Only this operation kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<Op>,
+    /// Only failed operations.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+    /// Only targets containing this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub q: Option<String>,
+    /// The page after this cursor (the `next_cursor` of the page before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    /// Rows per page: 1 to [`MAX_PAGE`], [`DEFAULT_PAGE`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// One page of operations, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationPage {
+    /// The rows.
+    pub operations: Vec<Operation>,
+    /// The cursor of the next (older) page; absent on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+/// What the audit store can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The database failed.
+    #[error("the audit store failed: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The migrations failed.
+    #[error("the audit store's migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A query was malformed.
+    #[error("{0}")]
+    BadQuery(String),
+}
+
+/// Cuts `text` to `max` characters, marking a cut with `…`.
+pub fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((i, _)) => format!("{}…", &text[..i]),
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The database of the audit log.
+#[derive(Clone, Debug)]
+pub struct AuditStore {
+    pool: AnyPool,
+    postgres: bool,
+}
+
+enum Bind {
+    Text(String),
+    Int(i64),
+}
+
+impl AuditStore {
+    /// Opens the store: PostgreSQL at `url` when given, else SQLite `audit.db` in `state_dir`;
+    /// runs the migrations.
+    pub async fn open(url: Option<&str>, state_dir: &std::path::Path) -> Result<Self, AuditError> {
+        sqlx::any::install_default_drivers();
+        match url.filter(|u| !u.is_empty()) {
+            Some(url) => {
+                let pool = AnyPoolOptions::new()
+                    .max_connections(8)
+                    .connect(url)
+                    .await?;
+                sqlx::migrate!("./migrations/audit/postgres")
+                    .run(&pool)
+                    .await?;
+                Ok(Self {
+                    pool,
+                    postgres: true,
+                })
+            }
+            None => {
+                std::fs::create_dir_all(state_dir).map_err(sqlx::Error::Io)?;
+                let url = format!("sqlite://{}?mode=rwc", state_dir.join("audit.db").display());
+                let pool = AnyPoolOptions::new()
+                    .max_connections(4)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            sqlx::query("PRAGMA busy_timeout = 10000")
+                                .execute(&mut *conn)
+                                .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(&url)
+                    .await?;
+                sqlx::query("PRAGMA journal_mode = WAL")
+                    .execute(&pool)
+                    .await?;
+                sqlx::migrate!("./migrations/audit/sqlite")
+                    .run(&pool)
+                    .await?;
+                Ok(Self {
+                    pool,
+                    postgres: false,
+                })
+            }
+        }
+    }
+
+    /// Whether this store is PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        self.postgres
+    }
+
+    /// The pool, for tests that look into every table.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    fn ph(&self, n: usize) -> String {
+        if self.postgres {
+            format!("${n}")
+        } else {
+            format!("?{n}")
+        }
+    }
+
+    /// Writes rows in one transaction.
+    pub async fn insert(&self, rows: &[NewOperation]) -> Result<(), AuditError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO operations (at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms) VALUES ({})",
+            (1..=12).map(|n| self.ph(n)).collect::<Vec<_>>().join(", ")
+        );
+        let mut tx = self.pool.begin().await?;
+        for r in rows {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(r.at_ms)
+                .bind(&r.session)
+                .bind(&r.tenant)
+                .bind(r.agent.as_deref())
+                .bind(r.run.as_deref())
+                .bind(r.op.as_str())
+                .bind(&r.target)
+                .bind(i64::from(r.ok))
+                .bind(r.exit_code)
+                .bind(r.error.as_deref())
+                .bind(r.bytes)
+                .bind(r.duration_ms)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// One page of rows matching `q`, newest first; the cursor is the id of the last row.
+    pub async fn query(&self, q: &OperationQuery) -> Result<OperationPage, AuditError> {
+        let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(AuditError::BadQuery(format!(
+                "limit must be between 1 and {MAX_PAGE}"
+            )));
+        }
+        let mut wheres = Vec::new();
+        let mut binds = Vec::new();
+        let mut add = |clause: &dyn Fn(&str) -> String, value: Bind, binds: &mut Vec<Bind>| {
+            binds.push(value);
+            wheres.push(clause(&self.ph(binds.len())));
+        };
+        for (column, value) in [
+            ("session", &q.session),
+            ("tenant", &q.tenant),
+            ("agent", &q.agent),
+            ("run", &q.run),
+        ] {
+            if let Some(v) = value {
+                add(
+                    &|p| format!("{column} = {p}"),
+                    Bind::Text(v.clone()),
+                    &mut binds,
+                );
+            }
+        }
+        if let Some(op) = q.op {
+            add(
+                &|p| format!("op = {p}"),
+                Bind::Text(op.as_str().to_owned()),
+                &mut binds,
+            );
+        }
+        if let Some(text) = q.q.as_deref().filter(|t| !t.is_empty()) {
+            let escaped = text
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            let like = if self.postgres { "ILIKE" } else { "LIKE" };
+            add(
+                &|p| format!("target {like} {p} ESCAPE '\\'"),
+                Bind::Text(format!("%{escaped}%")),
+                &mut binds,
+            );
+        }
+        if let Some(cursor) = q.cursor.as_deref() {
+            let id: i64 = cursor.parse().map_err(|_| {
+                AuditError::BadQuery(format!(
+                    "cursor '{cursor}' is not one this server gave out; pass the next_cursor of the page before"
+                ))
+            })?;
+            add(&|p| format!("id < {p}"), Bind::Int(id), &mut binds);
+        }
+        if q.failed {
+            wheres.push("ok = 0".to_owned());
+        }
+        let sql = format!(
+            "SELECT id, at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms FROM operations{} ORDER BY id DESC LIMIT {}",
+            if wheres.is_empty() {
+                String::new()
+            } else {
+                format!(" WHERE {}", wheres.join(" AND "))
+            },
+            i64::from(limit) + 1
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            query = match b {
+                Bind::Text(t) => query.bind(t),
+                Bind::Int(i) => query.bind(i),
+            };
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        let mut operations = rows.iter().map(row).collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if operations.len() > limit as usize {
+            operations.truncate(limit as usize);
+            operations.last().map(|o| o.id.to_string())
+        } else {
+            None
+        };
+        Ok(OperationPage {
+            operations,
+            next_cursor,
+        })
+    }
+
+    /// Deletes rows older than `retention_days` before `now_ms`; returns how many. Files are
+    /// never touched.
+    pub async fn sweep(&self, now_ms: i64, retention_days: u32) -> Result<u64, AuditError> {
+        let cutoff = now_ms - i64::from(retention_days) * 24 * 60 * 60 * 1000;
+        let sql = format!("DELETE FROM operations WHERE at_ms < {}", self.ph(1));
+        Ok(sqlx::query(AssertSqlSafe(sql))
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
+
+fn row(r: &AnyRow) -> Result<Operation, sqlx::Error> {
+    let op: String = r.try_get("op")?;
+    Ok(Operation {
+        id: r.try_get("id")?,
+        at: rfc3339(r.try_get("at_ms")?),
+        session: r.try_get("session")?,
+        tenant: r.try_get("tenant")?,
+        agent: r.try_get("agent")?,
+        run: r.try_get("run")?,
+        op: Op::parse(&op)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown operation '{op}'").into()))?,
+        target: r.try_get("target")?,
+        ok: r.try_get::<i64, _>("ok")? != 0,
+        exit_code: r.try_get("exit_code")?,
+        error: r.try_get("error")?,
+        bytes: r.try_get("bytes")?,
+        duration_ms: r.try_get("duration_ms")?,
+    })
+}
+
+enum Msg {
+    Row(Box<NewOperation>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The audit log of a running sandboxd: records off the request path, queries, sweeps.
+#[derive(Clone, Debug)]
+pub struct Audit {
+    store: Option<AuditStore>,
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+impl Audit {
+    /// Starts the writer over `store`; `None` turns the audit log off (nothing is recorded,
+    /// queries answer empty).
+    pub fn start(store: Option<AuditStore>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(s) = store.clone() {
+            tokio::spawn(writer(s, rx));
+        } else {
+            tokio::spawn(async move {
+                let mut rx = rx;
+                while let Some(m) = rx.recv().await {
+                    if let Msg::Flush(done) = m {
+                        let _ = done.send(());
+                    }
+                }
+            });
+        }
+        Self { store, tx }
+    }
+
+    /// The store, when the audit log is on.
+    pub fn store(&self) -> Option<&AuditStore> {
+        self.store.as_ref()
+    }
+
+    /// Records a row; never blocks and never fails the request.
+    pub fn record(&self, mut row: NewOperation) {
+        if self.store.is_none() {
+            return;
+        }
+        row.target = bounded(&row.target, MAX_TARGET_CHARS);
+        row.agent = row.agent.map(|a| bounded(&a, MAX_ID_CHARS));
+        row.run = row.run.map(|r| bounded(&r, MAX_ID_CHARS));
+        let _ = self.tx.send(Msg::Row(Box::new(row)));
+    }
+
+    /// Waits until every row recorded before this call is written.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Msg::Flush(done)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    /// One page of rows (after a flush, so a caller sees what it did).
+    pub async fn query(&self, q: &OperationQuery) -> Result<OperationPage, AuditError> {
+        self.flush().await;
+        match &self.store {
+            Some(s) => s.query(q).await,
+            None => Ok(OperationPage {
+                operations: vec![],
+                next_cursor: None,
+            }),
+        }
+    }
+
+    /// Sweeps rows older than `retention_days` now, then once a day.
+    pub fn spawn_sweeper(&self, retention_days: u32) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                every.tick().await;
+                match store.sweep(crate::store::now_ms(), retention_days).await {
+                    Ok(n) => info!(removed = n, retention_days, "audit rows swept"),
+                    Err(e) => warn!(error = %e, "audit retention sweep failed"),
+                }
+            }
+        });
+    }
+}
+
+async fn writer(store: AuditStore, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = Vec::new();
+        let mut waiters = Vec::new();
+        let mut take = |m: Msg, batch: &mut Vec<NewOperation>| match m {
+            Msg::Row(r) => batch.push(*r),
+            Msg::Flush(done) => waiters.push(done),
+        };
+        take(first, &mut batch);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(m) => take(m, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = store.insert(&batch).await {
+            warn!(error = %e, rows = batch.len(), "audit rows could not be written; retrying once");
+            if let Err(e) = store.insert(&batch).await {
+                warn!(error = %e, rows = batch.len(), "audit rows lost");
+            }
+        }
+        for w in waiters {
+            let _ = w.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A fresh PostgreSQL database on the cluster `make up` started; fails (never skips) when
+    /// it is not there.
+    pub(crate) async fn postgres_url() -> String {
+        let base = std::env::var("SANDBOXD_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+            panic!("SANDBOXD_TEST_POSTGRES_URL is not set: start PostgreSQL with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
+        });
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&base)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("PostgreSQL at {base} does not answer ({e}): run `make up`")
+            });
+        let name = format!("sbx_audit_{:016x}", rand::random::<u64>());
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .expect("create a test database");
+        let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+        format!("{prefix}/{name}")
+    }
+
+    fn op(at_ms: i64, session: &str, tenant: &str, op: Op, target: &str, ok: bool) -> NewOperation {
+        NewOperation {
+            at_ms,
+            session: session.into(),
+            tenant: tenant.into(),
+            agent: Some("agent-1".into()),
+            run: Some("run-1".into()),
+            op,
+            target: target.into(),
+            ok,
+            exit_code: (op == Op::Execute).then_some(if ok { 0 } else { 2 }),
+            error: (!ok).then(|| "exit 2".into()),
+            bytes: None,
+            duration_ms: 3,
+        }
+    }
+
+    async fn store_suite(store: AuditStore) {
+        let now = 1_800_000_000_000;
+        let day = 24 * 60 * 60 * 1000;
+        let mut rows = vec![
+            op(now - 31 * day, "s1", "t1", Op::Read, "old.txt", true),
+            op(now - 29 * day, "s1", "t1", Op::Read, "kept.txt", true),
+        ];
+        for i in 0..25 {
+            rows.push(op(
+                now + i,
+                "s1",
+                "t1",
+                Op::Write,
+                &format!("dir/file_{i}.txt"),
+                true,
+            ));
+        }
+        rows.push(op(
+            now + 30,
+            "s2",
+            "t2",
+            Op::Execute,
+            "grep -r 100% src",
+            false,
+        ));
+        store.insert(&rows).await.expect("insert");
+
+        // Filters.
+        let page = |q: OperationQuery| {
+            let store = store.clone();
+            async move { store.query(&q).await.expect("query") }
+        };
+        let failed = page(OperationQuery {
+            failed: true,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(failed.operations.len(), 1);
+        let f = &failed.operations[0];
+        assert_eq!(
+            (f.op, f.exit_code, f.error.as_deref(), f.ok),
+            (Op::Execute, Some(2), Some("exit 2"), false)
+        );
+        assert_eq!(
+            page(OperationQuery {
+                tenant: Some("t2".into()),
+                ..Default::default()
+            })
+            .await
+            .operations
+            .len(),
+            1
+        );
+        assert_eq!(
+            page(OperationQuery {
+                op: Some(Op::Read),
+                ..Default::default()
+            })
+            .await
+            .operations
+            .len(),
+            2
+        );
+        assert_eq!(
+            page(OperationQuery {
+                q: Some("100%".into()),
+                ..Default::default()
+            })
+            .await
+            .operations
+            .len(),
+            1
+        );
+        assert_eq!(
+            page(OperationQuery {
+                q: Some("FILE_1".into()),
+                ..Default::default()
+            })
+            .await
+            .operations
+            .len(),
+            11,
+            "case-insensitive search, _ taken literally"
+        );
+        assert_eq!(
+            page(OperationQuery {
+                agent: Some("nobody".into()),
+                ..Default::default()
+            })
+            .await
+            .operations
+            .len(),
+            0
+        );
+
+        // Keyset paging: newest first, no row twice, none left out.
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let p = page(OperationQuery {
+                session: Some("s1".into()),
+                limit: Some(10),
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await;
+            seen.extend(p.operations.iter().map(|o| o.id));
+            match p.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 27);
+        assert!(seen.windows(2).all(|w| w[0] > w[1]));
+        assert!(
+            matches!(store.query(&OperationQuery { limit: Some(MAX_PAGE + 1), ..Default::default() }).await, Err(AuditError::BadQuery(m)) if m == "limit must be between 1 and 1000")
+        );
+        assert!(matches!(
+            store
+                .query(&OperationQuery {
+                    cursor: Some("abc".into()),
+                    ..Default::default()
+                })
+                .await,
+            Err(AuditError::BadQuery(_))
+        ));
+
+        // Retention, with an injected now.
+        assert_eq!(store.sweep(now, RETENTION_DAYS).await.expect("sweep"), 1);
+        let reads = page(OperationQuery {
+            op: Some(Op::Read),
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(
+            reads
+                .operations
+                .iter()
+                .map(|o| o.target.as_str())
+                .collect::<Vec<_>>(),
+            ["kept.txt"]
+        );
+        assert_eq!(store.sweep(now, RETENTION_DAYS).await.expect("sweep"), 0);
+    }
+
+    #[tokio::test]
+    async fn sqlite_store_filters_pages_and_sweeps() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = AuditStore::open(None, dir.path()).await.expect("sqlite");
+        assert!(!store.is_postgres());
+        store_suite(store).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_store_filters_pages_and_sweeps() {
+        let url = postgres_url().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let store = AuditStore::open(Some(&url), dir.path())
+            .await
+            .expect("postgres");
+        assert!(store.is_postgres());
+        store_suite(store).await;
+    }
+
+    #[tokio::test]
+    async fn the_writer_batches_and_a_flush_loses_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let audit = Audit::start(Some(
+            AuditStore::open(None, dir.path()).await.expect("sqlite"),
+        ));
+        for i in 0..1200 {
+            audit.record(op(i, "s", "t", Op::Execute, &"x".repeat(5000), true));
+        }
+        audit.flush().await;
+        let page = audit
+            .query(&OperationQuery {
+                limit: Some(MAX_PAGE),
+                ..Default::default()
+            })
+            .await
+            .expect("query");
+        assert_eq!(page.operations.len(), 1000);
+        assert!(page.next_cursor.is_some());
+        assert_eq!(
+            page.operations[0].target.chars().count(),
+            MAX_TARGET_CHARS + 1
+        );
+        assert!(page.operations[0].target.ends_with('…'));
+    }
+
+    #[test]
+    fn bounded_cuts_on_characters() {
+        assert_eq!(bounded("héllo", 2), "hé…");
+        assert_eq!(bounded("hi", 2), "hi");
+    }
+}

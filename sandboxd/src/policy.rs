@@ -1,0 +1,202 @@
+//! The policy a running sandboxd can change: caps and lifetimes (`GET`/`PUT /v1/policy`). The
+//! allowlist, network mode, OCI runtime, sandbox uid, work dir, persist-containers and the
+//! per-sandbox isolation limits are refused (422 naming the field): choosing an image or an
+//! isolation setting is a decision that takes a restart, and the admin token is held by an
+//! application, not by whoever runs the host.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// The settings that change live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Sessions this host holds at most (`SANDBOXD_MAX_SESSIONS`).
+    pub max_sessions: u32,
+    /// Sessions one tenant holds at most (`SANDBOXD_MAX_SESSIONS_PER_TENANT`).
+    pub max_sessions_per_tenant: u32,
+    /// Longest run, seconds (`SANDBOXD_EXECUTE_TIMEOUT`).
+    pub execute_timeout: u64,
+    /// Largest read, bytes (`SANDBOXD_MAX_READ_BYTES`).
+    pub max_read_bytes: u64,
+    /// Output kept per stream of a run, bytes (`SANDBOXD_MAX_OUTPUT_BYTES`).
+    pub max_output_bytes: u64,
+}
+
+/// What cannot change at runtime, shown so a caller sees the whole picture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fixed {
+    /// The allowlisted runtime aliases (changed through `PUT /v1/runtimes`, never the policy).
+    pub runtimes: Vec<String>,
+    /// Network of sessions whose runtime needs none.
+    pub network_mode: String,
+    /// Network of sessions whose runtime needs one.
+    pub runtime_network: String,
+    /// OCI runtime of sandboxes.
+    pub oci_runtime: Option<String>,
+    /// uid of every sandbox.
+    pub sandbox_uid: u32,
+    /// The work dir inside a sandbox.
+    pub work_dir: String,
+    /// The host folder of the workspaces.
+    pub workspace_root: String,
+    /// Whether closed containers are kept.
+    pub persist_containers: bool,
+    /// CPUs per sandbox.
+    pub cpus: f64,
+    /// Memory per sandbox, bytes.
+    pub memory: i64,
+    /// Processes per sandbox.
+    pub pids_limit: i64,
+    /// Size of the tmpfs at /tmp.
+    pub tmpfs_size: String,
+}
+
+/// The body of `GET /v1/policy` and of a successful `PUT /v1/policy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyView {
+    /// The live settings.
+    #[serde(flatten)]
+    pub policy: Policy,
+    /// What needs a restart.
+    pub fixed: Fixed,
+}
+
+/// The fields that are refused, and the variable a restart would change them with.
+pub const FIXED_FIELDS: [(&str, &str); 13] = [
+    ("runtimes", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
+    ("allowlist", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
+    ("network_mode", "SANDBOXD_NETWORK_MODE"),
+    ("runtime_network", "SANDBOXD_RUNTIME_NETWORK"),
+    ("oci_runtime", "SANDBOXD_OCI_RUNTIME"),
+    ("sandbox_uid", "SANDBOXD_SANDBOX_UID"),
+    ("work_dir", "the image (it is always /workspace)"),
+    ("workspace_root", "SANDBOXD_WORKSPACE_ROOT"),
+    ("persist_containers", "SANDBOXD_PERSIST_CONTAINERS"),
+    ("cpus", "SANDBOXD_CPUS"),
+    ("memory", "SANDBOXD_MEM_LIMIT"),
+    ("pids_limit", "SANDBOXD_PIDS_LIMIT"),
+    ("tmpfs_size", "SANDBOXD_TMPFS_SIZE"),
+];
+
+/// The fields that change live.
+pub const LIVE_FIELDS: [&str; 5] = [
+    "max_sessions",
+    "max_sessions_per_tenant",
+    "execute_timeout",
+    "max_read_bytes",
+    "max_output_bytes",
+];
+
+impl Policy {
+    /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
+    /// listing every refused field (nothing is applied then).
+    pub fn apply(&self, body: &Value) -> Result<Policy, ApiError> {
+        let Some(map) = body.as_object() else {
+            return Err(ApiError::new(
+                422,
+                "policy_refused",
+                "The policy was not changed: the body must be a JSON object of fields to change",
+            ));
+        };
+        let mut next = *self;
+        let mut errors = Vec::new();
+        for (key, value) in map {
+            if let Some((_, how)) = FIXED_FIELDS.iter().find(|(f, _)| f == key) {
+                errors.push(format!(
+                    "{key} cannot change at runtime (it is an isolation decision); restart sandboxd with {how}"
+                ));
+                continue;
+            }
+            if key == "fixed" {
+                continue;
+            }
+            let number = |min: u64| -> Result<u64, String> {
+                match value.as_u64() {
+                    Some(n) if n >= min => Ok(n),
+                    _ => Err(format!("{key} must be a whole number of at least {min}")),
+                }
+            };
+            let result = match key.as_str() {
+                "max_sessions" => number(1).and_then(|n| {
+                    u32::try_from(n)
+                        .map(|n| next.max_sessions = n)
+                        .map_err(|_| format!("{key} is too large"))
+                }),
+                "max_sessions_per_tenant" => number(1).and_then(|n| {
+                    u32::try_from(n)
+                        .map(|n| next.max_sessions_per_tenant = n)
+                        .map_err(|_| format!("{key} is too large"))
+                }),
+                "execute_timeout" => number(1).map(|n| next.execute_timeout = n),
+                "max_read_bytes" => number(1).map(|n| next.max_read_bytes = n),
+                "max_output_bytes" => number(1).map(|n| next.max_output_bytes = n),
+                _ => Err(format!(
+                    "{key} is not a policy field; the live fields are {}",
+                    LIVE_FIELDS.join(", ")
+                )),
+            };
+            if let Err(e) = result {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Ok(next)
+        } else {
+            Err(ApiError::new(
+                422,
+                "policy_refused",
+                format!("The policy was not changed: {}", errors.join("; ")),
+            ))
+        }
+    }
+}
+
+/// Parses a body into a JSON object map, for callers that build one.
+pub fn fields(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice::<Map<String, Value>>(body)
+        .map(Value::Object)
+        .map_err(|e| ApiError::bad_request(format!("invalid policy: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const P: Policy = Policy {
+        max_sessions: 20,
+        max_sessions_per_tenant: 10,
+        execute_timeout: 300,
+        max_read_bytes: 8 << 20,
+        max_output_bytes: 1 << 20,
+    };
+
+    #[test]
+    fn caps_and_lifetimes_change() {
+        let next = P
+            .apply(&json!({"max_sessions": 5, "execute_timeout": 30}))
+            .expect("applied");
+        assert_eq!(
+            (
+                next.max_sessions,
+                next.execute_timeout,
+                next.max_sessions_per_tenant
+            ),
+            (5, 30, 10)
+        );
+    }
+
+    #[test]
+    fn isolation_fields_are_refused_each_named_and_nothing_applies() {
+        let e = P
+            .apply(&json!({"max_sessions": 5, "network_mode": "bridge", "sandbox_uid": 0, "colour": 1, "max_read_bytes": 0}))
+            .expect_err("refused");
+        assert_eq!((e.status, e.code), (422, "policy_refused"));
+        assert_eq!(
+            e.message,
+            "The policy was not changed: colour is not a policy field; the live fields are max_sessions, max_sessions_per_tenant, execute_timeout, max_read_bytes, max_output_bytes; max_read_bytes must be a whole number of at least 1; network_mode cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_NETWORK_MODE; sandbox_uid cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_SANDBOX_UID"
+        );
+    }
+}

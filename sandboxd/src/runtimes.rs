@@ -1,0 +1,948 @@
+//! Runtimes: the allowlist in the catalog format, and the images behind it.
+//!
+//! An `image` entry is used as is (pulled when missing). A `base_image` entry is built from a
+//! generated Dockerfile: the sandbox account (`useradd --uid <uid> --create-home`), the
+//! `setup_commands`, then the `packages` with pip into a virtualenv the sandbox user owns
+//! (`/opt/venv`, first on `PATH`), and `env_vars` as image `ENV`. The tag is derived from that
+//! Dockerfile, so a changed definition builds anew and an unchanged one is reused; superseded
+//! images of the alias are pruned after a build when no container uses them.
+//!
+//! Prewarm: at start every allowlisted runtime whose image is missing is built in the
+//! background, one at a time, so the service answers at once; a failed build is tried
+//! [`START_ATTEMPTS`] times with backoff, then left to be built on demand. Opening a session on
+//! a runtime still building answers 409 `runtime_preparing`; on a failed one, 503
+//! `runtime_failed` with the build's error and the tail of its log.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, CreateImageOptionsBuilder, ListImagesOptionsBuilder,
+    RemoveImageOptionsBuilder,
+};
+use futures::StreamExt;
+use sandboxd_catalog::{CatalogEntry, CatalogErrors, briefing};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::RuntimeImage;
+use crate::docker::Engine;
+use crate::error::ApiError;
+
+/// Build attempts of a runtime at start (the first and two retries).
+pub const START_ATTEMPTS: u32 = 3;
+/// Build attempts of `sandboxd prepare`.
+pub const PREPARE_ATTEMPTS: u32 = 3;
+/// How long after a failed build an open may set off a new one (built on demand).
+pub const ON_DEMAND_RETRY: Duration = Duration::from_secs(60);
+/// Lines of a build log kept as its tail.
+pub const LOG_TAIL_LINES: usize = 20;
+/// The virtualenv of a built runtime, owned by the sandbox user.
+pub const VENV: &str = "/opt/venv";
+/// The home folder of the sandbox account in a built runtime.
+pub const HOME: &str = "/home/sandbox";
+/// Label on every image sandboxd builds: the alias it was built for.
+pub const LABEL_RUNTIME: &str = "sandboxd.dev/runtime";
+/// The repository of built runtime images; the tag is derived from the definition.
+pub const REPOSITORY: &str = "sandboxd-runtime";
+
+/// Where a runtime's image is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildState {
+    /// Not there yet; a build (or pull) is queued or waits for its next attempt.
+    Pending,
+    /// Being built (or pulled) now.
+    Building,
+    /// The image is on this host; sessions open on it.
+    Ready,
+    /// Every attempt failed; opens answer with the build's error.
+    Failed,
+}
+
+/// How an entry gets its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    /// A ready image, used as is.
+    Image,
+    /// Built from `base_image`.
+    Build,
+}
+
+/// One runtime as `GET /v1/runtimes` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeStatus {
+    /// The alias a session names.
+    pub alias: String,
+    /// What it is for.
+    pub description: String,
+    /// Whether it is the default (the allowlist's first entry).
+    pub default: bool,
+    /// `image` (used as is) or `build` (built from a base image).
+    pub kind: RuntimeKind,
+    /// The entry's `image` or `base_image`.
+    pub source_image: String,
+    /// The image sessions run: the entry's image, or the tag derived from the definition.
+    pub tag: String,
+    /// pending, building, ready or failed.
+    pub state: BuildState,
+    /// Build (or pull) attempts since the definition was last set.
+    pub attempts: u32,
+    /// The last attempt's error, if it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The last lines of the failed attempt's build log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
+    /// Whether its sessions get a network.
+    pub needs_network: bool,
+    /// Its memory limit, if it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// The model briefing; only for an allowlist given in the catalog format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub briefing: Option<String>,
+}
+
+/// The body of `GET /v1/runtimes` and the answer of `PUT /v1/runtimes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeList {
+    /// Whether the allowlist came in the catalog format (then it has briefings).
+    pub catalog: bool,
+    /// The runtimes, in allowlist order; the first is the default.
+    pub runtimes: Vec<RuntimeStatus>,
+}
+
+/// The allowlist: catalog entries, and whether they came in the catalog format (JSON) or the
+/// compact `alias=image,…` form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allowlist {
+    /// The entries; the first is the default.
+    pub entries: Vec<CatalogEntry>,
+    /// Whether it came in the catalog format.
+    pub catalog: bool,
+}
+
+/// Why an allowlist was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllowlistError {
+    /// The catalog format, with every error.
+    #[error(transparent)]
+    Catalog(#[from] CatalogErrors),
+    /// The compact form.
+    #[error("{0}")]
+    Compact(String),
+}
+
+impl Allowlist {
+    /// Parses the catalog format (a JSON array, as `catalog/runtimes.json`) or the compact
+    /// `alias=image,alias2=image2` form.
+    pub fn parse(text: &str) -> Result<Self, AllowlistError> {
+        if text.trim_start().starts_with('[') || text.trim_start().starts_with('{') {
+            return Ok(Self {
+                entries: sandboxd_catalog::parse(text)?,
+                catalog: true,
+            });
+        }
+        let compact = crate::config::parse_runtimes(text)
+            .map_err(|e| AllowlistError::Compact(e.to_string()))?;
+        Ok(Self {
+            entries: compact
+                .into_iter()
+                .map(|r| CatalogEntry {
+                    alias: r.alias,
+                    description: String::new(),
+                    image: Some(r.image),
+                    base_image: None,
+                    setup_commands: vec![],
+                    packages: vec![],
+                    env_vars: BTreeMap::new(),
+                    briefing: vec![],
+                    mem_limit: None,
+                    needs_network: false,
+                })
+                .collect(),
+            catalog: false,
+        })
+    }
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn run_line(command: &str) -> String {
+    // The exec form with an explicit POSIX shell: any command text, newlines included.
+    let json = serde_json::to_string(&["/bin/sh", "-c", command]).unwrap_or_default();
+    format!("RUN {json}\n")
+}
+
+fn env_value(v: &str) -> String {
+    let escaped = v
+        .replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('$', r"\$")
+        .replace('\n', r"\n");
+    format!("\"{escaped}\"")
+}
+
+/// What every build on this host shares: the sandbox uid, and an optional CA bundle that
+/// builds (and the built image) trust, for a network whose TLS is intercepted by a proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuildSettings {
+    /// The sandbox uid (`SANDBOXD_SANDBOX_UID`).
+    pub uid: u32,
+    /// PEM certificates (`SANDBOXD_BUILD_CA_FILE`), copied to [`CA_PATH`] in built images.
+    pub ca: Option<Vec<u8>>,
+}
+
+impl BuildSettings {
+    /// Builds for `uid`, with no extra CA.
+    pub fn uid(uid: u32) -> Self {
+        Self { uid, ca: None }
+    }
+}
+
+/// Where the extra CA bundle goes in a built image; `PIP_CERT`, `SSL_CERT_FILE` and
+/// `REQUESTS_CA_BUNDLE` point at it.
+pub const CA_PATH: &str = "/etc/ssl/certs/sandboxd-build-ca.pem";
+
+/// The Dockerfile of a `base_image` entry; `None` for an `image` entry.
+pub fn dockerfile(entry: &CatalogEntry, b: &BuildSettings) -> Option<String> {
+    let base = entry.base_image.as_deref()?;
+    let uid = b.uid;
+    let mut f = format!(
+        "# sandboxd runtime '{}'\nFROM {base}\nUSER root\n",
+        entry.alias
+    );
+    if b.ca.is_some() {
+        f.push_str(&format!(
+            "COPY build-ca.pem {CA_PATH}\nENV PIP_CERT={CA_PATH} SSL_CERT_FILE={CA_PATH} REQUESTS_CA_BUNDLE={CA_PATH}\n"
+        ));
+    }
+    f.push_str(&run_line(&format!(
+        "id -u sandbox >/dev/null 2>&1 || useradd --uid {uid} --user-group --create-home --home-dir {HOME} --shell /bin/sh sandbox"
+    )));
+    for command in &entry.setup_commands {
+        f.push_str(&run_line(command));
+    }
+    if !entry.packages.is_empty() {
+        let packages: Vec<String> = entry.packages.iter().map(|p| sh_quote(p)).collect();
+        f.push_str(&run_line(&format!(
+            "python3 -m venv {VENV} && {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check {} && chown -R {uid}:{uid} {VENV}",
+            packages.join(" ")
+        )));
+        f.push_str(&format!("ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:$PATH\n"));
+    }
+    f.push_str(&format!("ENV HOME={HOME}\n"));
+    for (name, value) in &entry.env_vars {
+        f.push_str(&format!("ENV {name}={}\n", env_value(value)));
+    }
+    f.push_str(&format!(
+        "LABEL {LABEL_RUNTIME}={}\n",
+        env_value(&entry.alias)
+    ));
+    Some(f)
+}
+
+/// The image sessions on `entry` run: its `image`, or `sandboxd-runtime/<alias>:<hash>` with 16
+/// hex digits of the SHA-256 of its Dockerfile (and of the CA bundle it copies).
+pub fn tag(entry: &CatalogEntry, b: &BuildSettings) -> String {
+    match dockerfile(entry, b) {
+        None => entry.image.clone().unwrap_or_default(),
+        Some(f) => {
+            let mut h = Sha256::new();
+            h.update(f.as_bytes());
+            if let Some(ca) = &b.ca {
+                h.update(ca);
+            }
+            format!(
+                "{REPOSITORY}/{}:{}",
+                entry.alias,
+                &hex::encode(h.finalize())[..16]
+            )
+        }
+    }
+}
+
+/// A tar archive of `files`, the build context.
+fn tar(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in files {
+        out.extend(tar_entry(name, data));
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+fn tar_entry(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    let octal = |field: &mut [u8], value: u64| {
+        let text = format!("{:0width$o}\0", value, width = field.len() - 1);
+        field.copy_from_slice(text.as_bytes());
+    };
+    octal(&mut header[100..108], 0o644);
+    octal(&mut header[108..116], 0);
+    octal(&mut header[116..124], 0);
+    octal(&mut header[124..136], data.len() as u64);
+    octal(&mut header[136..148], 0);
+    header[148..156].copy_from_slice(b"        ");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut out = header.to_vec();
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out
+}
+
+/// A failed build or pull.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BuildFailure {
+    /// What failed.
+    pub message: String,
+    /// The last lines of the log.
+    pub log_tail: String,
+}
+
+fn tail(lines: &[String]) -> String {
+    let start = lines.len().saturating_sub(LOG_TAIL_LINES);
+    lines[start..].join("\n")
+}
+
+/// Builds (or pulls) the image of one entry, once. Builds reach the package registries over
+/// Docker's bridge network, whatever the session network is.
+pub async fn build_once(
+    engine: &Engine,
+    entry: &CatalogEntry,
+    b: &BuildSettings,
+) -> Result<(), BuildFailure> {
+    let docker = engine.client();
+    let image = tag(entry, b);
+    if engine.has_image(&image).await.unwrap_or(false) {
+        return Ok(());
+    }
+    let mut lines: Vec<String> = Vec::new();
+    let mut push = |text: &str| {
+        for l in text.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+            lines.push(l.to_owned());
+            if lines.len() > 4 * LOG_TAIL_LINES {
+                lines.drain(..LOG_TAIL_LINES);
+            }
+        }
+    };
+    let Some(file) = dockerfile(entry, b) else {
+        let options = CreateImageOptionsBuilder::default()
+            .from_image(&image)
+            .build();
+        let mut stream = docker.create_image(Some(options), None, None);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(s) = info.status {
+                        push(&s);
+                    }
+                    if let Some(m) = info.error_detail.and_then(|d| d.message) {
+                        return Err(BuildFailure {
+                            message: format!("pulling {image} failed: {m}"),
+                            log_tail: tail(&lines),
+                        });
+                    }
+                }
+                Err(e) => {
+                    return Err(BuildFailure {
+                        message: format!("pulling {image} failed: {e}"),
+                        log_tail: tail(&lines),
+                    });
+                }
+            }
+        }
+        return Ok(());
+    };
+    let labels = HashMap::from([(LABEL_RUNTIME.to_owned(), entry.alias.clone())]);
+    let options = BuildImageOptionsBuilder::default()
+        .dockerfile("Dockerfile")
+        .t(&image)
+        .rm(true)
+        .forcerm(true)
+        .networkmode("bridge")
+        .labels(&labels)
+        .build();
+    let mut files: Vec<(&str, &[u8])> = vec![("Dockerfile", file.as_bytes())];
+    if let Some(ca) = &b.ca {
+        files.push(("build-ca.pem", ca));
+    }
+    let context = tar(&files);
+    let mut stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(info) => {
+                if let Some(s) = info.stream.as_deref() {
+                    push(s);
+                }
+                if let Some(m) = info.error_detail.and_then(|d| d.message) {
+                    push(&m);
+                    return Err(BuildFailure {
+                        message: format!("building {image} failed: {m}"),
+                        log_tail: tail(&lines),
+                    });
+                }
+            }
+            Err(e) => {
+                let m = match &e {
+                    bollard::errors::Error::DockerStreamError { error } => error.clone(),
+                    other => other.to_string(),
+                };
+                push(&m);
+                return Err(BuildFailure {
+                    message: format!("building {image} failed: {m}"),
+                    log_tail: tail(&lines),
+                });
+            }
+        }
+    }
+    if !engine.has_image(&image).await.unwrap_or(false) {
+        return Err(BuildFailure {
+            message: format!("building {image} ended without the image"),
+            log_tail: tail(&lines),
+        });
+    }
+    prune(engine, &entry.alias, &image).await;
+    Ok(())
+}
+
+/// Removes the images built for `alias` other than `keep` that no container uses (Docker
+/// refuses those, and that refusal is fine).
+async fn prune(engine: &Engine, alias: &str, keep: &str) {
+    let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_RUNTIME}={alias}")])]);
+    let options = ListImagesOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let Ok(images) = engine.client().list_images(Some(options)).await else {
+        return;
+    };
+    for image in images {
+        if image.repo_tags.iter().any(|t| t == keep) {
+            continue;
+        }
+        let options = RemoveImageOptionsBuilder::default().force(false).build();
+        match engine
+            .client()
+            .remove_image(&image.id, Some(options), None)
+            .await
+        {
+            Ok(_) => info!(runtime = alias, image = %image.id, "superseded runtime image pruned"),
+            Err(e) => {
+                tracing::debug!(runtime = alias, image = %image.id, error = %e, "superseded runtime image kept")
+            }
+        }
+    }
+}
+
+/// Builds every runtime of an allowlist, each up to `attempts` times with `backoff` (doubling)
+/// between attempts. Returns the aliases that failed, with their last error.
+pub async fn prepare(
+    engine: &Engine,
+    allowlist: &Allowlist,
+    b: &BuildSettings,
+    attempts: u32,
+    backoff: Duration,
+) -> Vec<(String, BuildFailure)> {
+    let mut failed = Vec::new();
+    for entry in &allowlist.entries {
+        let mut last = None;
+        for attempt in 1..=attempts {
+            info!(runtime = %entry.alias, attempt, tag = %tag(entry, b), "preparing runtime");
+            match build_once(engine, entry, b).await {
+                Ok(()) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => {
+                    warn!(runtime = %entry.alias, attempt, error = %e.message, "runtime build failed");
+                    last = Some(e);
+                    if attempt < attempts {
+                        tokio::time::sleep(backoff * 2u32.pow(attempt - 1)).await;
+                    }
+                }
+            }
+        }
+        if let Some(e) = last {
+            failed.push((entry.alias.clone(), e));
+        }
+    }
+    failed
+}
+
+#[derive(Debug, Clone)]
+struct Status {
+    tag: String,
+    state: BuildState,
+    attempts: u32,
+    last_error: Option<String>,
+    log_tail: Option<String>,
+    failed_at: Option<Instant>,
+}
+
+impl Status {
+    fn new(tag: String, ready: bool) -> Self {
+        Self {
+            tag,
+            state: if ready {
+                BuildState::Ready
+            } else {
+                BuildState::Pending
+            },
+            attempts: 0,
+            last_error: None,
+            log_tail: None,
+            failed_at: None,
+        }
+    }
+}
+
+struct Inner {
+    allowlist: Allowlist,
+    status: HashMap<String, Status>,
+    queued: HashSet<String>,
+}
+
+struct Job {
+    alias: String,
+    attempts: u32,
+}
+
+/// The allowlist of a running sandboxd and the state of each runtime's image.
+pub struct Runtimes {
+    engine: Engine,
+    build: BuildSettings,
+    backoff: Duration,
+    inner: Mutex<Inner>,
+    queue: mpsc::UnboundedSender<Job>,
+}
+
+impl std::fmt::Debug for Runtimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtimes").finish_non_exhaustive()
+    }
+}
+
+impl Runtimes {
+    /// Takes the allowlist: runtimes whose image is here are ready at once; the others are
+    /// queued for the background builder (prewarm), [`START_ATTEMPTS`] attempts each.
+    pub async fn start(
+        engine: Engine,
+        build: BuildSettings,
+        backoff: Duration,
+        allowlist: Allowlist,
+    ) -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let this = Arc::new(Self {
+            engine,
+            build,
+            backoff,
+            inner: Mutex::new(Inner {
+                allowlist: Allowlist {
+                    entries: vec![],
+                    catalog: false,
+                },
+                status: HashMap::new(),
+                queued: HashSet::new(),
+            }),
+            queue: tx,
+        });
+        this.replace(allowlist).await;
+        tokio::spawn(Self::worker(Arc::downgrade(&this), rx));
+        this
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Replaces the allowlist. A runtime whose definition (tag) is unchanged keeps its state;
+    /// the others are ready when their image is here, else queued for a build.
+    pub async fn replace(&self, allowlist: Allowlist) {
+        let mut present = HashMap::new();
+        for entry in &allowlist.entries {
+            let t = tag(entry, &self.build);
+            let here = self.engine.has_image(&t).await.unwrap_or(false);
+            present.insert(entry.alias.clone(), (t, here));
+        }
+        let mut to_queue = Vec::new();
+        {
+            let mut inner = self.lock();
+            let mut status = HashMap::new();
+            for entry in &allowlist.entries {
+                let (t, here) = present.remove(&entry.alias).unwrap_or_default();
+                let s = match inner.status.remove(&entry.alias) {
+                    Some(old) if old.tag == t && (old.state != BuildState::Ready || here) => old,
+                    _ => Status::new(t, here),
+                };
+                if s.state == BuildState::Pending && !inner.queued.contains(&entry.alias) {
+                    to_queue.push(entry.alias.clone());
+                }
+                status.insert(entry.alias.clone(), s);
+            }
+            inner.status = status;
+            inner.allowlist = allowlist;
+            for alias in &to_queue {
+                inner.queued.insert(alias.clone());
+            }
+        }
+        for alias in to_queue {
+            let _ = self.queue.send(Job {
+                alias,
+                attempts: START_ATTEMPTS,
+            });
+        }
+    }
+
+    async fn worker(this: std::sync::Weak<Self>, mut rx: mpsc::UnboundedReceiver<Job>) {
+        while let Some(job) = rx.recv().await {
+            let Some(this) = this.upgrade() else { return };
+            this.build_job(job).await;
+        }
+    }
+
+    async fn build_job(&self, job: Job) {
+        for attempt in 1..=job.attempts {
+            let entry = {
+                let mut inner = self.lock();
+                let Some(entry) = inner
+                    .allowlist
+                    .entries
+                    .iter()
+                    .find(|e| e.alias == job.alias)
+                    .cloned()
+                else {
+                    inner.queued.remove(&job.alias);
+                    return;
+                };
+                let Some(s) = inner.status.get_mut(&job.alias) else {
+                    inner.queued.remove(&job.alias);
+                    return;
+                };
+                if s.state == BuildState::Ready {
+                    inner.queued.remove(&job.alias);
+                    return;
+                }
+                s.state = BuildState::Building;
+                s.attempts += 1;
+                entry
+            };
+            let wanted = tag(&entry, &self.build);
+            info!(runtime = %entry.alias, attempt, tag = %wanted, "building runtime");
+            let started = Instant::now();
+            let result = build_once(&self.engine, &entry, &self.build).await;
+            let last = attempt == job.attempts;
+            {
+                let mut inner = self.lock();
+                let Some(s) = inner.status.get_mut(&job.alias).filter(|s| s.tag == wanted) else {
+                    // The definition changed while it built; the new one has its own job.
+                    inner.queued.remove(&job.alias);
+                    return;
+                };
+                match &result {
+                    Ok(()) => {
+                        s.state = BuildState::Ready;
+                        s.last_error = None;
+                        s.log_tail = None;
+                        s.failed_at = None;
+                        info!(runtime = %job.alias, tag = %wanted, seconds = started.elapsed().as_secs_f64(), "runtime ready");
+                    }
+                    Err(e) => {
+                        s.state = if last {
+                            BuildState::Failed
+                        } else {
+                            BuildState::Pending
+                        };
+                        s.last_error = Some(e.message.clone());
+                        s.log_tail = Some(e.log_tail.clone());
+                        s.failed_at = Some(Instant::now());
+                        warn!(runtime = %job.alias, attempt, error = %e.message, "runtime build failed");
+                    }
+                }
+                if result.is_ok() || last {
+                    inner.queued.remove(&job.alias);
+                }
+            }
+            if result.is_ok() {
+                return;
+            }
+            if !last {
+                tokio::time::sleep(self.backoff * 2u32.pow(attempt - 1)).await;
+            }
+        }
+    }
+
+    /// The allowlist and each runtime's state.
+    pub fn list(&self) -> RuntimeList {
+        let inner = self.lock();
+        let catalog = inner.allowlist.catalog;
+        RuntimeList {
+            catalog,
+            runtimes: inner
+                .allowlist
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let s = inner
+                        .status
+                        .get(&e.alias)
+                        .cloned()
+                        .unwrap_or_else(|| Status::new(tag(e, &self.build), false));
+                    RuntimeStatus {
+                        alias: e.alias.clone(),
+                        description: e.description.clone(),
+                        default: i == 0,
+                        kind: if e.base_image.is_some() {
+                            RuntimeKind::Build
+                        } else {
+                            RuntimeKind::Image
+                        },
+                        source_image: e
+                            .base_image
+                            .clone()
+                            .or_else(|| e.image.clone())
+                            .unwrap_or_default(),
+                        tag: s.tag,
+                        state: s.state,
+                        attempts: s.attempts,
+                        last_error: s.last_error,
+                        log_tail: s.log_tail,
+                        needs_network: e.needs_network,
+                        mem_limit: e.mem_limit.clone(),
+                        briefing: catalog.then(|| briefing(e)),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The aliases allowed, in order.
+    pub fn aliases(&self) -> Vec<String> {
+        self.lock()
+            .allowlist
+            .entries
+            .iter()
+            .map(|e| e.alias.clone())
+            .collect()
+    }
+
+    fn image_of(&self, entry: &CatalogEntry, tag: String) -> RuntimeImage {
+        let mut env = entry.env_vars.clone();
+        if entry.base_image.is_some() {
+            env.insert("HOME".to_owned(), HOME.to_owned());
+        }
+        RuntimeImage {
+            alias: entry.alias.clone(),
+            image: tag,
+            needs_network: entry.needs_network,
+            mem_limit: entry.mem_limit.clone(),
+            env,
+        }
+    }
+
+    /// The runtime a ready session of `alias` runs, if it is allowlisted and ready.
+    pub fn ready(&self, alias: &str) -> Option<RuntimeImage> {
+        let inner = self.lock();
+        let entry = inner.allowlist.entries.iter().find(|e| e.alias == alias)?;
+        let s = inner.status.get(alias)?;
+        (s.state == BuildState::Ready).then(|| self.image_of(entry, s.tag.clone()))
+    }
+
+    /// The runtime to open a session on: `alias`, or the default when absent. 400
+    /// `unknown_runtime` when it is not allowed; 409 `runtime_preparing` while its image is
+    /// built; 503 `runtime_failed` with the build's error after every attempt failed (and a new
+    /// attempt queued, at most every [`ON_DEMAND_RETRY`]).
+    pub fn resolve(&self, alias: Option<&str>) -> Result<RuntimeImage, ApiError> {
+        let mut inner = self.lock();
+        let entry = match alias.filter(|a| !a.is_empty()) {
+            None => inner
+                .allowlist
+                .entries
+                .first()
+                .cloned()
+                .ok_or_else(|| ApiError::internal("no runtime is allowlisted"))?,
+            Some(a) => match inner.allowlist.entries.iter().find(|e| e.alias == a) {
+                Some(e) => e.clone(),
+                None => {
+                    let allowed: Vec<&str> = inner
+                        .allowlist
+                        .entries
+                        .iter()
+                        .map(|e| e.alias.as_str())
+                        .collect();
+                    return Err(ApiError::new(
+                        400,
+                        "unknown_runtime",
+                        format!(
+                            "Runtime '{a}' is not allowed on this host; allowed: {}",
+                            allowed.join(", ")
+                        ),
+                    ));
+                }
+            },
+        };
+        let alias = entry.alias.clone();
+        let Some(s) = inner.status.get(&alias).cloned() else {
+            return Err(ApiError::internal(format!(
+                "runtime '{alias}' has no state"
+            )));
+        };
+        match s.state {
+            BuildState::Ready => Ok(self.image_of(&entry, s.tag)),
+            BuildState::Pending | BuildState::Building => Err(ApiError::conflict(
+                "runtime_preparing",
+                format!(
+                    "Runtime '{alias}' is being prepared (its image {} is being built, attempt {}); try again shortly - a first build can take minutes",
+                    s.tag,
+                    s.attempts.max(1)
+                ),
+            )),
+            BuildState::Failed => {
+                if s.failed_at.is_none_or(|t| t.elapsed() >= ON_DEMAND_RETRY)
+                    && inner.queued.insert(alias.clone())
+                {
+                    if let Some(st) = inner.status.get_mut(&alias) {
+                        st.failed_at = Some(Instant::now());
+                    }
+                    let _ = self.queue.send(Job {
+                        alias: alias.clone(),
+                        attempts: 1,
+                    });
+                }
+                Err(ApiError::new(
+                    503,
+                    "runtime_failed",
+                    format!(
+                        "Runtime '{alias}' could not be built after {} attempts: {}\nLast lines of the build log:\n{}",
+                        s.attempts,
+                        s.last_error.unwrap_or_default(),
+                        s.log_tail.unwrap_or_default()
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(json: &str) -> CatalogEntry {
+        sandboxd_catalog::parse(&format!("[{json}]"))
+            .expect("valid")
+            .remove(0)
+    }
+
+    #[test]
+    fn dockerfile_of_a_built_runtime() {
+        let e = entry(
+            r#"{"alias": "py", "base_image": "debian:12", "setup_commands": ["apt-get update"], "packages": ["six", "it's"], "env_vars": {"A": "x \"$y\""}}"#,
+        );
+        assert_eq!(
+            dockerfile(&e, &BuildSettings::uid(10001)).expect("built"),
+            r#"# sandboxd runtime 'py'
+FROM debian:12
+USER root
+RUN ["/bin/sh","-c","id -u sandbox >/dev/null 2>&1 || useradd --uid 10001 --user-group --create-home --home-dir /home/sandbox --shell /bin/sh sandbox"]
+RUN ["/bin/sh","-c","apt-get update"]
+RUN ["/bin/sh","-c","python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check 'six' 'it'\\''s' && chown -R 10001:10001 /opt/venv"]
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+ENV HOME=/home/sandbox
+ENV A="x \"\$y\""
+LABEL sandboxd.dev/runtime="py"
+"#
+        );
+        assert_eq!(
+            dockerfile(
+                &entry(r#"{"alias": "i", "image": "busybox"}"#),
+                &BuildSettings::uid(10001)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn tag_follows_the_definition() {
+        let a = entry(r#"{"alias": "py", "base_image": "debian:12", "packages": ["six"]}"#);
+        let b =
+            entry(r#"{"alias": "py", "base_image": "debian:12", "packages": ["six", "attrs"]}"#);
+        let ta = tag(&a, &BuildSettings::uid(10001));
+        assert!(
+            ta.starts_with("sandboxd-runtime/py:") && ta.len() == "sandboxd-runtime/py:".len() + 16,
+            "{ta}"
+        );
+        assert_eq!(
+            ta,
+            tag(&a.clone(), &BuildSettings::uid(10001)),
+            "unchanged definition, same tag"
+        );
+        assert_ne!(
+            ta,
+            tag(&b, &BuildSettings::uid(10001)),
+            "changed packages, new tag"
+        );
+        assert_ne!(
+            ta,
+            tag(&a, &BuildSettings::uid(10002)),
+            "another uid, new tag"
+        );
+        let with_ca = BuildSettings {
+            uid: 10001,
+            ca: Some(b"PEM".to_vec()),
+        };
+        assert_ne!(ta, tag(&a, &with_ca), "a CA bundle, new tag");
+        let f = dockerfile(&a, &with_ca).expect("built");
+        assert!(f.contains("COPY build-ca.pem /etc/ssl/certs/sandboxd-build-ca.pem\nENV PIP_CERT=/etc/ssl/certs/sandboxd-build-ca.pem SSL_CERT_FILE=/etc/ssl/certs/sandboxd-build-ca.pem REQUESTS_CA_BUNDLE=/etc/ssl/certs/sandboxd-build-ca.pem\n"), "{f}");
+        assert_eq!(
+            tag(
+                &entry(r#"{"alias": "i", "image": "busybox:1"}"#),
+                &BuildSettings::uid(1)
+            ),
+            "busybox:1"
+        );
+    }
+
+    #[test]
+    fn allowlist_takes_both_forms() {
+        let compact = Allowlist::parse("base=img:1, alt=img:2").expect("compact");
+        assert!(!compact.catalog);
+        assert_eq!(compact.entries[1].image.as_deref(), Some("img:2"));
+        let json = Allowlist::parse(sandboxd_catalog::SHIPPED).expect("catalog");
+        assert!(json.catalog);
+        assert_eq!(json.entries[0].alias, "workbench");
+        let err = Allowlist::parse(r#"[{"alias": "X", "image": "a", "packages": ["p"]}]"#)
+            .expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "the runtime catalog is invalid (2 errors):\n  - entry 1 (X): alias: 'X' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 1 (X): packages: is allowed only with base_image: an image entry installs nothing"
+        );
+    }
+
+    #[test]
+    fn tar_context_is_a_valid_archive() {
+        let t = tar(&[("Dockerfile", b"FROM scratch\n")]);
+        assert_eq!(t.len(), 512 + 512 + 1024);
+        assert_eq!(&t[512..525], b"FROM scratch\n");
+        let stored: u32 = u32::from_str_radix(std::str::from_utf8(&t[148..154]).expect("utf8"), 8)
+            .expect("octal");
+        let mut h = t[..512].to_vec();
+        h[148..156].copy_from_slice(b"        ");
+        assert_eq!(stored, h.iter().map(|b| u32::from(*b)).sum::<u32>());
+    }
+}
