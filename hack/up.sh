@@ -2,7 +2,8 @@
 # `make up`: everything a developer or a test run needs, started once and reused.
 #   1. kube-apiserver, kube-controller-manager, kubectl, etcd, helm built at the pins (cached)
 #   2. dockerd of the project's own (.dev/docker.sock), installing docker.io if missing
-#   3. the local base image ($BASE_IMAGE_TAG), built with debootstrap (cached in dockerd's data root)
+#   3. the local base image ($BASE_IMAGE_TAG), built with debootstrap (cached in dockerd's data root),
+#      and the busybox-only test image (hack/busybox-image.sh)
 #   4. etcd, kube-apiserver, kube-controller-manager on loopback (.dev/kubeconfig)
 #   5. PostgreSQL for the audit-store tests (Debian's postgresql, a cluster in .dev/postgres)
 source "$(dirname "$0")/lib.sh"
@@ -10,6 +11,7 @@ mkdir -p "$DEV_DIR"
 "$HACK_DIR/build-control-plane.sh" all
 "$HACK_DIR/dockerd.sh" start
 "$HACK_DIR/base-image.sh"
+"$HACK_DIR/busybox-image.sh" >/dev/null
 "$HACK_DIR/control-plane.sh" start
 "$HACK_DIR/postgres.sh" start
 log "up: kube-apiserver v$KUBERNETES_VERSION, etcd v$ETCD_VERSION, dockerd, base image $BASE_IMAGE_TAG, PostgreSQL $("$HACK_DIR/postgres.sh" url)"

@@ -37,6 +37,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sessions/{id}/reclaim",
     "POST /v1/sessions/{id}/token",
     "POST /v1/sessions/{id}/runs",
+    "GET /v1/sessions/{id}/runs/{run_id}",
     "POST /v1/sessions/{id}/runs/{run_id}/stop",
     "GET /v1/sessions/{id}/files/{path}",
     "PUT /v1/sessions/{id}/files/{path}",
@@ -156,6 +157,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/reclaim", post(reclaim))
         .route("/v1/sessions/{id}/token", post(rotate_token))
         .route("/v1/sessions/{id}/runs", post(run))
+        .route("/v1/sessions/{id}/runs/{run_id}", get(run_status))
         .route("/v1/sessions/{id}/runs/{run_id}/stop", post(stop_run))
         .route(
             "/v1/sessions/{id}/files/{*path}",
@@ -170,6 +172,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runtimes", get(runtimes).put(put_runtimes))
         .route("/v1/policy", get(policy).put(put_policy))
         .route("/v1/operations", get(operations))
+        .merge(crate::wire::router())
         .fallback(not_found)
         .with_state(state)
 }
@@ -193,22 +196,28 @@ pub struct Index {
     pub routes: Vec<String>,
 }
 
-async fn index() -> Json<Index> {
-    Json(Index {
+/// The index: [`Index`] (every route of both surfaces), and the fields of the wire protocol's
+/// own index (`health`, `endpoints`, …, and `wire`: the pydantic-ai-backend release served).
+async fn index(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let index = Index {
         service: crate::SERVICE.into(),
         version: crate::VERSION.into(),
-        routes: ROUTES.iter().map(|r| (*r).to_owned()).collect(),
-    })
+        routes: ROUTES
+            .iter()
+            .chain(crate::wire::ROUTES.iter())
+            .map(|r| (*r).to_owned())
+            .collect(),
+    };
+    let mut body = serde_json::to_value(index).map_err(|e| ApiError::internal(e.to_string()))?;
+    if let Some(map) = body.as_object_mut() {
+        map.extend(crate::wire::index_fields(&state.core).await?);
+    }
+    Ok(Json(body))
 }
 
+/// Health: `{"status": "ok"}` and the wire protocol's capacity summary (`ServiceHealth`).
 async fn healthz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    state
-        .core
-        .store()
-        .list()
-        .await
-        .map_err(|e| ApiError::internal(format!("state store: {e}")))?;
-    Ok(Json(json!({"status": "ok"})))
+    Ok(Json(crate::wire::health(&state.core).await?))
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -407,13 +416,22 @@ fn record_run(
     core.record(id, who, Op::Execute, command, outcome, started);
 }
 
+async fn run_status(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, run_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    for_session(&state, &headers, &id).await?;
+    Ok(Json(state.core.run_status(&id, &run_id).await?).into_response())
+}
+
 async fn stop_run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    state.core.stop_run(&id, &run_id)?;
+    state.core.stop_run_or_detached(&id, &run_id).await?;
     Ok(Json(json!({"run_id": run_id, "stopping": true})).into_response())
 }
 

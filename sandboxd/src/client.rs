@@ -381,6 +381,22 @@ impl Client {
         Err(self.transport("the run stream ended without an outcome"))
     }
 
+    /// The state of a run, in flight or finished (also one whose request a restart of
+    /// sandboxd lost, on the agent path).
+    pub async fn run_status(
+        &self,
+        id: &str,
+        run_id: &str,
+    ) -> Result<crate::runner::RunStatus, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}/runs/{run_id}",
+            &format!("/v1/sessions/{}/runs/{}", enc(id), enc(run_id)),
+            None,
+        )
+        .await
+    }
+
     /// Stops a running run.
     pub async fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ClientError> {
         self.send(

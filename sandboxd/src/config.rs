@@ -17,6 +17,15 @@ pub enum Command {
     Prepare,
 }
 
+/// How runs reach a sandbox.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunBackend {
+    /// The resident agent (PID 1 of the sandbox) over a Unix socket.
+    Agent,
+    /// Docker exec.
+    Exec,
+}
+
 /// Everything sandboxd is configured with.
 #[derive(Parser, Clone)]
 #[command(
@@ -143,6 +152,12 @@ pub struct Config {
     /// OCI runtime of sandbox containers (for example runsc or crun); unset uses Docker's default.
     #[arg(long, env = "SANDBOXD_OCI_RUNTIME")]
     pub oci_runtime: Option<String>,
+
+    /// How runs reach a sandbox: `agent` (the resident agent as every new sandbox's PID 1,
+    /// over a Unix socket; Docker exec for a container that has none) or `exec` (Docker exec
+    /// only, Docker's init as PID 1).
+    #[arg(long, env = "SANDBOXD_RUN_BACKEND", value_enum, default_value_t = RunBackend::Agent)]
+    pub run_backend: RunBackend,
 
     /// Name of this sandboxd, written on the containers it owns.
     #[arg(long, env = "SANDBOXD_INSTANCE", default_value = "sandboxd")]

@@ -18,7 +18,7 @@ use crate::error::ApiError;
 use crate::files::Workspace;
 use crate::metrics::Metrics;
 use crate::policy::{Fixed, Policy, PolicyView};
-use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, Runner};
+use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 use crate::runtimes::Runtimes;
 use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
 
@@ -400,7 +400,15 @@ impl Core {
 
     async fn view(&self, row: &SessionRow, with_cpu: bool) -> SessionView {
         let workspace_exists = self.workspace(&row.id).exists();
+        // The sandbox's agent knows its CPU time and its runs (also those whose request a
+        // restart of sandboxd lost); without one, Docker's stats tell the CPU time.
+        let stats = if with_cpu && row.state == State::Running {
+            self.runner.session_stats(&row.id).await.ok().flatten()
+        } else {
+            None
+        };
         let cpu_ns = match (&row.container_id, with_cpu && row.state == State::Running) {
+            _ if stats.is_some() => stats.as_ref().map(|s| s.cpu_ns),
             (Some(c), true) => self.engine.cpu_ns(c).await.ok().flatten(),
             _ => None,
         };
@@ -416,7 +424,9 @@ impl Core {
             },
             created_at: rfc3339(row.created_at),
             last_activity_at: rfc3339(row.last_activity_at),
-            runs_in_flight: self.runs_in_flight(&row.id),
+            runs_in_flight: self
+                .runs_in_flight(&row.id)
+                .max(stats.map_or(0, |s| s.runs_in_flight.len())),
             cpu_ns,
             workspace_exists,
         }
@@ -702,6 +712,9 @@ impl Core {
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
+            agent: self.runner.agent_mount(id).map_err(|e| {
+                ApiError::internal(format!("cannot prepare the agent folder of '{id}': {e}"))
+            })?,
         };
         // A container left by an earlier crash under the same name is removed first.
         let _ = self.engine.remove(&self.engine.container_name(id)).await;
@@ -782,6 +795,10 @@ impl Core {
                         == Some(true)
                 {
                     return Ok(row);
+                }
+                if let Some(c) = &row.container_id {
+                    // The run path says why (an agent that died is reported).
+                    self.runner.container_stopped(id, c).await;
                 }
                 self.store
                     .transition(id, &[State::Running], State::Stopped)
@@ -1025,6 +1042,21 @@ impl Core {
         Ok(token)
     }
 
+    /// Gives a session one more token beside the ones it has (those keep working) and returns
+    /// it; only its hash is kept. The wire surface hands one to every caller that attaches.
+    pub async fn grant_token(&self, id: &str) -> Result<String, ApiError> {
+        let token = auth::new_session_token();
+        if !self
+            .store
+            .add_token_hash(id, &auth::hash(&token))
+            .await
+            .map_err(db)?
+        {
+            return Err(ApiError::no_such_session(id));
+        }
+        Ok(token)
+    }
+
     fn cancel_runs(&self, id: &str) {
         if let Ok(runs) = self.runs.lock() {
             for e in runs.values().filter(|e| e.session == id) {
@@ -1062,7 +1094,19 @@ impl Core {
             }
             env.push(format!("{k}={v}"));
         }
-        let row = self.wake(id).await?;
+        // A running session goes straight to a run path that finds a stopped container by
+        // itself (the agent's handshake fails, and `NotRunning` below starts it again): no
+        // Docker round trip per run. Anything else is woken first.
+        let row = match self.row(id).await? {
+            row if row.state == State::Running
+                && row.container_id.is_some()
+                && self.runner.finds_stopped_containers()
+                && self.workspace(id).exists() =>
+            {
+                row
+            }
+            _ => self.wake(id).await?,
+        };
         let mut container = row.container_id.clone().ok_or_else(|| {
             ApiError::internal(format!("session '{id}' runs without a container"))
         })?;
@@ -1098,6 +1142,7 @@ impl Core {
             .map_or(max_timeout, |t| Duration::from_secs(t).min(max_timeout));
         let mut spec = RunSpec {
             run_id: run_id.clone(),
+            session: id.to_owned(),
             container: container.clone(),
             command: req.command,
             env,
@@ -1160,6 +1205,61 @@ impl Core {
                 format!("No run '{run_id}' is running in session '{id}'"),
             )),
         }
+    }
+
+    /// Stops a run of a session: one this process runs, else one the session's agent still
+    /// runs whose request was lost when sandboxd restarted.
+    pub async fn stop_run_or_detached(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+        match self.stop_run(id, run_id) {
+            Err(e) if e.code == "run_not_found" => {
+                self.row(id).await?;
+                match self.runner.stop_detached(id, run_id).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(e),
+                    Err(err) => Err(ApiError::docker(err.to_string())),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The state of a run, in flight or finished, as the session's agent knows it (runs of
+    /// the exec path are known only while in flight).
+    pub async fn run_status(&self, id: &str, run_id: &str) -> Result<RunStatus, ApiError> {
+        let row = self.row(id).await?;
+        if row.state == State::Running
+            && let Some(status) = self
+                .runner
+                .status(id, run_id)
+                .await
+                .map_err(|e| ApiError::docker(e.to_string()))?
+        {
+            return Ok(status);
+        }
+        let local = self
+            .runs
+            .lock()
+            .map(|r| r.get(run_id).is_some_and(|e| e.session == id))
+            .unwrap_or(false);
+        if local {
+            return Ok(RunStatus {
+                run_id: run_id.to_owned(),
+                running: true,
+                exit_code: None,
+                timed_out: false,
+                stopped: false,
+                truncated: false,
+                cpu_ns: None,
+                duration_ms: None,
+                stdout: String::new(),
+                stderr: String::new(),
+            });
+        }
+        Err(ApiError::new(
+            404,
+            "run_not_found",
+            format!("No run '{run_id}' is known in session '{id}'"),
+        ))
     }
 
     /// The workspace of a session for a file operation: never wakes it; a vanished workspace

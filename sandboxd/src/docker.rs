@@ -26,6 +26,17 @@ pub const WORKSPACE_MOUNT: &str = "/workspace";
 /// The container's PID-2 process: waits forever and exits on TERM. POSIX sh, so any image works.
 const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done";
 
+/// How a sandbox runs the resident agent as its PID 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentMount {
+    /// Host folder holding the agent binary, mounted read-only.
+    pub bin_dir: String,
+    /// Host folder of the session's socket (outside the workspace), mounted read-write.
+    pub run_dir: String,
+    /// The newest agent protocol of this sandboxd, written on the container's label.
+    pub protocol: u32,
+}
+
 /// Everything a sandbox container is created with.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -53,6 +64,8 @@ pub struct SandboxSpec {
     pub oci_runtime: Option<String>,
     /// Environment.
     pub env: Vec<String>,
+    /// The resident agent as PID 1; `None`: Docker's init, and runs through Docker exec.
+    pub agent: Option<AgentMount>,
 }
 
 /// A Docker failure, with what was being done.
@@ -143,15 +156,39 @@ impl Engine {
 
     /// Creates and starts a sandbox container; returns its id. A failed start removes it.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<String, DockerError> {
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "sandboxd".to_owned()),
             (LABEL_INSTANCE.to_owned(), self.instance.clone()),
             (LABEL_SESSION.to_owned(), spec.session.clone()),
             (LABEL_TENANT.to_owned(), spec.tenant.clone()),
         ]);
+        let mut binds = vec![format!("{}:{WORKSPACE_MOUNT}:rw", spec.workspace)];
+        // With the agent, it is PID 1 (it reaps and forwards signals, Docker's init's job) and
+        // the entrypoint, whatever the image says; its binary comes read-only from the host.
+        let (entrypoint, cmd) = match &spec.agent {
+            Some(agent) => {
+                use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
+                labels.insert(
+                    crate::agent_runner::LABEL_AGENT.to_owned(),
+                    agent.protocol.to_string(),
+                );
+                binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));
+                binds.push(format!("{}:{RUN_DIR}:rw", agent.run_dir));
+                (
+                    Some(vec![format!("{BIN_DIR}/{BINARY_NAME}")]),
+                    vec![
+                        "--session".to_owned(),
+                        spec.session.clone(),
+                        "--socket".to_owned(),
+                        format!("{RUN_DIR}/{SOCKET_NAME}"),
+                    ],
+                )
+            }
+            None => (None, vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
+        };
         let host = HostConfig {
-            binds: Some(vec![format!("{}:{WORKSPACE_MOUNT}:rw", spec.workspace)]),
-            init: Some(true),
+            binds: Some(binds),
+            init: Some(spec.agent.is_none()),
             privileged: Some(false),
             cap_drop: Some(vec!["ALL".to_owned()]),
             security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
@@ -171,7 +208,8 @@ impl Engine {
         env.extend(spec.env.iter().cloned());
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
-            cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
+            entrypoint,
+            cmd: Some(cmd),
             user: Some(format!("{0}:{0}", spec.uid)),
             working_dir: Some(WORKSPACE_MOUNT.to_owned()),
             env: Some(env),

@@ -477,6 +477,106 @@ impl Workspace {
         Ok(listed.into_iter().map(|item| item.entry).collect())
     }
 
+    /// Describes what `path` leads to, following symlinks that stay inside the workspace (one
+    /// that leads out is [`FileError::OutsideWorkspace`], a dangling one
+    /// [`FileError::NotFound`]).
+    pub fn stat_followed(&self, path: &str) -> Result<Entry, FileError> {
+        let comps = normalize(path)?;
+        let root = self.open_root()?;
+        let meta = if comps.is_empty() {
+            root.dir_metadata()
+        } else {
+            root.metadata(comps.join("/"))
+        }
+        .map_err(|e| map_io(path, e))?;
+        let name = comps.last().cloned().unwrap_or_default();
+        Ok(entry_of(name, comps.join("/"), &meta))
+    }
+
+    /// Lists the directory at `path` (one level), sorted by name, with nothing left out (as
+    /// `ls -A`); a symlink is listed as itself.
+    pub fn list_all(&self, path: &str) -> Result<Vec<Entry>, FileError> {
+        let comps = normalize(path)?;
+        let rel = comps.join("/");
+        let root = self.open_root()?;
+        let dir = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let mut entries = Vec::new();
+        for item in dir.entries().map_err(|e| map_io(path, e))? {
+            let item = item.map_err(|e| map_io(path, e))?;
+            let name = item.file_name().to_string_lossy().into_owned();
+            let meta = match item.metadata() {
+                Ok(meta) => meta,
+                // Removed between readdir and stat: it is gone, leave it out.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(map_io(path, e)),
+            };
+            entries.push(entry_of(name.clone(), child_path(&rel, &name), &meta));
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// The real path of `path` below the workspace root (`/`-separated, empty for the root),
+    /// every symlink on it resolved as the kernel would, like `realpath -m`: what does not exist
+    /// is kept as written, and so is everything below a file. A symlink that leads out (an
+    /// absolute target, or `..` past the root) is [`FileError::OutsideWorkspace`]; `.` and `..`
+    /// in `path` itself are resolved lexically first, as everywhere here.
+    pub fn realpath(&self, path: &str) -> Result<String, FileError> {
+        let mut rest: VecDeque<String> = normalize(path)?.into();
+        let root = self.open_root()?;
+        let mut resolved: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(comp) = rest.pop_front() {
+            let candidate = child_path(&resolved.join("/"), &comp);
+            let meta = match root.symlink_metadata(&candidate) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    resolved.push(comp);
+                    resolved.extend(rest.drain(..));
+                    break;
+                }
+                Err(e) => return Err(map_io(path, e)),
+            };
+            if meta.file_type().is_symlink() {
+                hops += 1;
+                if hops > MAX_SYMLINK_HOPS {
+                    return Err(invalid(path, "too many levels of symbolic links"));
+                }
+                let target = root
+                    .read_link_contents(&candidate)
+                    .map_err(|e| map_io(path, e))?;
+                let target = target.to_str().ok_or_else(|| {
+                    invalid(path, "a symlink on it has a target that is not UTF-8")
+                })?;
+                if target.starts_with('/') {
+                    return Err(FileError::OutsideWorkspace { path: shown(path) });
+                }
+                let mut ahead: Vec<String> = Vec::new();
+                for part in target.split('/') {
+                    match part {
+                        "" | "." => {}
+                        ".." => {
+                            if ahead.pop().is_none() && resolved.pop().is_none() {
+                                return Err(FileError::OutsideWorkspace { path: shown(path) });
+                            }
+                        }
+                        other => ahead.push(other.to_owned()),
+                    }
+                }
+                for part in ahead.into_iter().rev() {
+                    rest.push_front(part);
+                }
+                continue;
+            }
+            resolved.push(comp);
+            if !meta.is_dir() {
+                resolved.extend(rest.drain(..));
+                break;
+            }
+        }
+        Ok(resolved.join("/"))
+    }
+
     /// Walks the directory at `path` breadth-first, at most `limits.max_depth` levels and
     /// `limits.max_entries` entries, leaving out the excluded names and prefixes and not
     /// descending into symlinked directories. A subdirectory that cannot be read is skipped and
@@ -1429,6 +1529,74 @@ mod tests {
         assert_eq!(json["path"], "c");
         let modified = json["modified"].as_str().expect("modified");
         assert!(DateTime::parse_from_rfc3339(modified).is_ok(), "{modified}");
+    }
+
+    #[test]
+    fn realpath_stat_followed_and_list_all_stay_inside() {
+        let f = fixture();
+        f.file("a/b.txt", b"12345");
+        f.file(".git/HEAD", b"ref");
+        f.link("link", "a/b.txt");
+        f.link("dirlink", "a");
+        f.link("a/up", "..");
+        f.link("abs", "/etc");
+        f.link("climb", "../../..");
+        f.link("loop1", "loop2");
+        f.link("loop2", "loop1");
+        assert_eq!(f.ws.realpath("").expect("root"), "");
+        assert_eq!(f.ws.realpath("/workspace/link").expect("link"), "a/b.txt");
+        assert_eq!(f.ws.realpath("dirlink/b.txt").expect("dirlink"), "a/b.txt");
+        assert_eq!(f.ws.realpath("dirlink/up/link").expect("up"), "a/b.txt");
+        assert_eq!(f.ws.realpath("new/x/../y").expect("missing"), "new/y");
+        assert_eq!(
+            f.ws.realpath("a/b.txt/below").expect("below"),
+            "a/b.txt/below"
+        );
+        for out in ["abs", "abs/passwd", "climb", "climb/secret"] {
+            assert!(
+                matches!(f.ws.realpath(out), Err(FileError::OutsideWorkspace { .. })),
+                "{out}"
+            );
+            assert!(
+                matches!(
+                    f.ws.stat_followed(out),
+                    Err(FileError::OutsideWorkspace { .. })
+                ),
+                "{out}"
+            );
+        }
+        assert!(matches!(
+            f.ws.realpath("loop1"),
+            Err(FileError::InvalidPath { .. })
+        ));
+        let e = f.ws.stat_followed("dirlink").expect("stat dirlink");
+        assert_eq!((e.kind, e.path.as_str()), (EntryKind::Dir, "dirlink"));
+        let e = f.ws.stat_followed("link").expect("stat link");
+        assert_eq!((e.kind, e.size), (EntryKind::File, 5));
+        assert!(matches!(
+            f.ws.stat_followed("nope"),
+            Err(FileError::NotFound { .. })
+        ));
+        // Nothing is left out of list_all: toolchain folders and links are listed as themselves.
+        let all: Vec<_> =
+            f.ws.list_all("")
+                .expect("list_all")
+                .into_iter()
+                .map(|e| (e.name, e.kind))
+                .collect();
+        assert!(
+            all.contains(&(".git".to_owned(), EntryKind::Dir)),
+            "{all:?}"
+        );
+        assert!(
+            all.contains(&("abs".to_owned(), EntryKind::Symlink)),
+            "{all:?}"
+        );
+        assert!(matches!(
+            f.ws.list_all("abs"),
+            Err(FileError::OutsideWorkspace { .. })
+        ));
+        f.sentinels_intact();
     }
 
     #[test]

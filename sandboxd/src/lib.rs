@@ -2,12 +2,15 @@
 //! workspaces. It knows Docker and the node's disk, and nothing of Kubernetes.
 //!
 //! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
-//! - [`api`]: the `/v1` HTTP API; [`client`]: its typed client;
-//! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`files`]: confined file access;
+//! - [`api`]: the `/v1` HTTP API; [`client`]: its typed client; [`wire`]: the wire protocol of
+//!   pydantic-ai-backend's sandboxd, a second surface over the same core;
+//! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
+//!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
+pub mod agent_runner;
 pub mod api;
 pub mod audit;
 pub mod auth;
@@ -23,6 +26,7 @@ pub mod runner;
 pub mod runtimes;
 pub mod server;
 pub mod store;
+pub mod wire;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

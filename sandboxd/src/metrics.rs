@@ -32,6 +32,13 @@ pub struct StateLabel {
     pub state: String,
 }
 
+/// A label set with one `path` label: how a run reached its sandbox.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    /// agent, exec (the configured backend) or exec_fallback (no usable agent).
+    pub path: String,
+}
+
 /// The metrics.
 pub struct Metrics {
     registry: Registry,
@@ -43,6 +50,10 @@ pub struct Metrics {
     pub run_seconds: Histogram,
     /// Sessions by state, set at each scrape.
     pub sessions: Family<StateLabel, Gauge>,
+    /// Runs by the path that carried them.
+    pub run_paths: Family<PathLabel, Counter>,
+    /// Sandbox agents found dead (their container stopped under a running session).
+    pub agent_deaths: Counter,
 }
 
 impl Default for Metrics {
@@ -56,12 +67,26 @@ impl Default for Metrics {
         registry.register("runs", "Runs by outcome", runs.clone());
         registry.register("run_seconds", "Wall time of runs", run_seconds.clone());
         registry.register("sessions", "Sessions by state", sessions.clone());
+        let run_paths = Family::<PathLabel, Counter>::default();
+        let agent_deaths = Counter::default();
+        registry.register(
+            "run_paths",
+            "Runs by the path that carried them (agent, exec, exec_fallback)",
+            run_paths.clone(),
+        );
+        registry.register(
+            "agent_deaths",
+            "Sandbox agents found dead; their containers were started again",
+            agent_deaths.clone(),
+        );
         Self {
             registry,
             opens,
             runs,
             run_seconds,
             sessions,
+            run_paths,
+            agent_deaths,
         }
     }
 }
@@ -80,6 +105,15 @@ impl Metrics {
         };
         self.runs.get_or_create(&Outcome::new(outcome)).inc();
         self.run_seconds.observe(run.duration_ms as f64 / 1000.0);
+    }
+
+    /// Counts a run by the path that carried it.
+    pub fn run_path(&self, path: &str) {
+        self.run_paths
+            .get_or_create(&PathLabel {
+                path: path.to_owned(),
+            })
+            .inc();
     }
 
     /// The text exposition.

@@ -1,5 +1,6 @@
 //! The run path: how a command runs in a session's container. [`Runner`] is the seam; the
-//! Docker exec implementation ([`ExecRunner`]) is the first one behind it.
+//! resident agent ([`crate::agent_runner::AgentRunner`], the default) and Docker exec
+//! ([`ExecRunner`], the fallback and `SANDBOXD_RUN_BACKEND=exec`) sit behind it.
 //!
 //! A run executes `/bin/sh -c <command>` in `/workspace` as the sandbox uid. Its output streams
 //! as it comes, each stream capped (the rest is drained and dropped, and the run is marked
@@ -15,13 +16,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::docker::{Engine, WORKSPACE_MOUNT};
+use crate::docker::{AgentMount, Engine, WORKSPACE_MOUNT};
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     /// The run id.
     pub run_id: String,
+    /// The session.
+    pub session: String,
     /// The container.
     pub container: String,
     /// The shell command.
@@ -71,6 +74,44 @@ pub struct RunOutcome {
     pub stopped: bool,
     /// Wall time.
     pub duration_ms: u64,
+    /// CPU time of the command and the children it waited for, nanoseconds (agent path only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<u64>,
+}
+
+/// A run as the sandbox's agent knows it: one in flight, or one that finished (also one whose
+/// request was lost when sandboxd restarted).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStatus {
+    /// The run id.
+    pub run_id: String,
+    /// Whether it still runs.
+    pub running: bool,
+    /// Exit status, once finished.
+    pub exit_code: Option<i64>,
+    /// Whether the timeout ended it.
+    pub timed_out: bool,
+    /// Whether a stop ended it.
+    pub stopped: bool,
+    /// Whether output was cut at the cap.
+    pub truncated: bool,
+    /// CPU time, nanoseconds, once finished.
+    pub cpu_ns: Option<u64>,
+    /// Wall time, once finished.
+    pub duration_ms: Option<u64>,
+    /// Output so far (capped).
+    pub stdout: String,
+    /// Errors so far (capped).
+    pub stderr: String,
+}
+
+/// What a session's agent reports about its sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionStats {
+    /// CPU time every process of the sandbox used, nanoseconds.
+    pub cpu_ns: u64,
+    /// Ids of the runs in flight (including runs whose request sandboxd lost in a restart).
+    pub runs_in_flight: Vec<String>,
 }
 
 /// A run that could not be carried out.
@@ -97,6 +138,56 @@ pub trait Runner: Send + Sync {
         events: Option<mpsc::Sender<RunEvent>>,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<RunOutcome, RunError>>;
+
+    /// What a new container of `session` mounts to run the agent as its PID 1; `None` makes a
+    /// container without it (the Docker exec path). Creates the session's run folder.
+    fn agent_mount(&self, session: &str) -> std::io::Result<Option<AgentMount>> {
+        let _ = session;
+        Ok(None)
+    }
+
+    /// Whether [`Runner::run`] itself answers `NotRunning` for a container that stopped, so
+    /// the core need not ask Docker before each run.
+    fn finds_stopped_containers(&self) -> bool {
+        false
+    }
+
+    /// Told when a running session's container was found stopped behind sandboxd's back,
+    /// before it is started again.
+    fn container_stopped<'a>(&'a self, session: &'a str, container: &'a str) -> BoxFuture<'a, ()> {
+        let _ = (session, container);
+        Box::pin(async {})
+    }
+
+    /// Stops a run this process did not start (its request was lost in a restart); whether
+    /// there was such a run.
+    fn stop_detached<'a>(
+        &'a self,
+        session: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, RunError>> {
+        let _ = (session, run_id);
+        Box::pin(async { Ok(false) })
+    }
+
+    /// The state of a run, running or finished, as the sandbox knows it.
+    fn status<'a>(
+        &'a self,
+        session: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunStatus>, RunError>> {
+        let _ = (session, run_id);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// CPU time and runs in flight of a session's sandbox, when the run path can tell.
+    fn session_stats<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Option<SessionStats>, RunError>> {
+        let _ = session;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Prints the shell's pid on the first stdout line, then becomes the command. The pid is the
@@ -274,6 +365,7 @@ impl ExecRunner {
             timed_out: ended_by == Some(Ended::Timeout),
             stopped: ended_by == Some(Ended::Stopped),
             duration_ms: started.elapsed().as_millis() as u64,
+            cpu_ns: None,
         })
     }
 }
@@ -296,14 +388,14 @@ impl Runner for ExecRunner {
 }
 
 /// One output stream, kept up to a cap.
-struct Capture {
+pub(crate) struct Capture {
     kept: Vec<u8>,
     cap: usize,
-    truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 impl Capture {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Self {
             kept: Vec::new(),
             cap,
@@ -311,7 +403,7 @@ impl Capture {
         }
     }
 
-    async fn push(
+    pub(crate) async fn push(
         &mut self,
         bytes: &[u8],
         events: &Option<mpsc::Sender<RunEvent>>,
@@ -334,7 +426,7 @@ impl Capture {
         }
     }
 
-    fn text(self) -> String {
+    pub(crate) fn text(self) -> String {
         String::from_utf8_lossy(&self.kept).into_owned()
     }
 }

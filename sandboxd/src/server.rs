@@ -10,10 +10,11 @@ use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::info;
 
+use crate::agent_runner::{self, AgentRunner};
 use crate::api::{AppState, router};
 use crate::audit::{Audit, AuditStore};
 use crate::auth::AdminToken;
-use crate::config::Config;
+use crate::config::{Config, RunBackend};
 use crate::core::{Core, Settings};
 use crate::docker::Engine;
 use crate::metrics::Metrics;
@@ -76,7 +77,26 @@ pub async fn start(
     };
     audit.spawn_sweeper(config.operation_retention_days);
     let metrics = Arc::new(Metrics::default());
-    let runner = Arc::new(ExecRunner::new(engine.clone()));
+    let runner: Arc<dyn crate::runner::Runner> = match config.run_backend {
+        RunBackend::Agent => Arc::new(
+            AgentRunner::new(
+                engine.clone(),
+                &config.workspace_root,
+                config.sandbox_uid,
+                metrics.clone(),
+            )
+            .with_context(|| {
+                format!(
+                    "cannot install the sandbox agent into {}",
+                    config
+                        .workspace_root
+                        .join(agent_runner::BIN_FOLDER)
+                        .display()
+                )
+            })?,
+        ),
+        RunBackend::Exec => Arc::new(ExecRunner::new(engine.clone())),
+    };
     let core = Arc::new(Core::new(
         Settings::from_config(&config),
         store,

@@ -196,15 +196,18 @@ impl Store {
             .transpose()
     }
 
-    /// The session a token hash belongs to.
+    /// The session a token hash belongs to: its own token, or one granted on an attach.
     pub async fn by_token_hash(&self, hash: &str) -> Result<Option<SessionRow>, sqlx::Error> {
-        sqlx::query("SELECT * FROM sessions WHERE token_hash = ?")
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(row)
-            .transpose()
+        sqlx::query(
+            "SELECT * FROM sessions WHERE token_hash = ?1
+             OR id = (SELECT session_id FROM session_tokens WHERE token_hash = ?1)",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(row)
+        .transpose()
     }
 
     /// Every session, oldest first.
@@ -345,7 +348,7 @@ impl Store {
         Ok(())
     }
 
-    /// Replaces a session's token hash.
+    /// Replaces a session's token hash; the tokens granted on attaches end with it.
     pub async fn set_token_hash(&self, id: &str, hash: &str) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE sessions SET token_hash = ?2, updated_at = ?3 WHERE id = ?1")
             .bind(id)
@@ -353,7 +356,27 @@ impl Store {
             .bind(now_ms())
             .execute(&self.pool)
             .await?;
+        sqlx::query("DELETE FROM session_tokens WHERE session_id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
+    }
+
+    /// Adds a token (its hash) to a session beside the ones it has; false when there is no
+    /// such session.
+    pub async fn add_token_hash(&self, id: &str, hash: &str) -> Result<bool, sqlx::Error> {
+        Ok(sqlx::query(
+            "INSERT INTO session_tokens (token_hash, session_id, created_at)
+             SELECT ?2, id, ?3 FROM sessions WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(hash)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1)
     }
 
     /// Marks activity now.
@@ -366,8 +389,12 @@ impl Store {
         Ok(())
     }
 
-    /// Removes a session row; true when there was one.
+    /// Removes a session row (and every token granted for it); true when there was one.
     pub async fn delete(&self, id: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query("DELETE FROM session_tokens WHERE session_id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(sqlx::query("DELETE FROM sessions WHERE id = ?")
             .bind(id)
             .execute(&self.pool)

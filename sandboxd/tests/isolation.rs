@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Daemon;
+use common::{Backend, Daemon};
 
 async fn open(d: &Daemon, name: &str) -> sandboxd::client::Client {
     let opened = d
@@ -14,9 +14,8 @@ async fn open(d: &Daemon, name: &str) -> sandboxd::client::Client {
     d.client(opened.token.as_deref().expect("a token on create"))
 }
 
-#[tokio::test]
-async fn sandbox_is_unprivileged_capped_and_offline() {
-    let d = Daemon::start(&[]);
+async fn sandbox_is_unprivileged_capped_and_offline(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let s = open(&d, "iso-1").await;
     let run = |cmd: &'static str| {
         let s = s.clone();
@@ -66,9 +65,8 @@ async fn sandbox_is_unprivileged_capped_and_offline() {
     assert_eq!(pids.stdout.trim(), "512");
 }
 
-#[tokio::test]
-async fn fork_bomb_and_memory_hog_are_contained() {
-    let d = Daemon::start(&[]);
+async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let opened = d
         .admin()
         .open(
@@ -136,4 +134,11 @@ async fn fork_bomb_and_memory_hog_are_contained() {
         d.admin().index().await.expect("sandboxd healthy").service,
         "sandboxd"
     );
+}
+
+on_both_backends! {
+    #[tokio::test]
+    sandbox_is_unprivileged_capped_and_offline,
+    #[tokio::test]
+    fork_bomb_and_memory_hog_are_contained,
 }

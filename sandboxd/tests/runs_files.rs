@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, exists, raw};
+use common::{Backend, Daemon, exists, raw};
 use reqwest::Method;
 use sandboxd::client::{Client, ClientError};
 use sandboxd::runner::RunEvent;
@@ -20,12 +20,14 @@ async fn session(d: &Daemon, name: &str) -> Client {
     d.client(opened.token.as_deref().expect("token"))
 }
 
-#[tokio::test]
-async fn runs_report_output_status_and_limits() {
-    let d = Daemon::start(&[
-        ("SANDBOXD_MAX_OUTPUT_BYTES", "1000"),
-        ("SANDBOXD_EXECUTE_TIMEOUT", "3"),
-    ]);
+async fn runs_report_output_status_and_limits(backend: Backend) {
+    let d = Daemon::start_on(
+        backend,
+        &[
+            ("SANDBOXD_MAX_OUTPUT_BYTES", "1000"),
+            ("SANDBOXD_EXECUTE_TIMEOUT", "3"),
+        ],
+    );
     let s = session(&d, "runs").await;
     let split = s
         .run("runs", "echo out; echo err >&2; exit 3", None, None, None)
@@ -127,9 +129,8 @@ async fn runs_report_output_status_and_limits() {
     );
 }
 
-#[tokio::test]
-async fn a_run_is_stopped_by_id_from_a_second_request() {
-    let d = Daemon::start(&[]);
+async fn a_run_is_stopped_by_id_from_a_second_request(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let s = session(&d, "stopper").await;
     let runner = s.clone();
     let run = tokio::spawn(async move {
@@ -176,9 +177,8 @@ async fn a_run_is_stopped_by_id_from_a_second_request() {
     ));
 }
 
-#[tokio::test]
-async fn files_are_read_written_and_listed_in_place() {
-    let d = Daemon::start(&[("SANDBOXD_MAX_READ_BYTES", "1048576")]);
+async fn files_are_read_written_and_listed_in_place(backend: Backend) {
+    let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_READ_BYTES", "1048576")]);
     let s = session(&d, "files").await;
     assert_eq!(
         s.write("files", "a/b/c.txt", "hello world")
@@ -251,9 +251,8 @@ async fn files_are_read_written_and_listed_in_place() {
     assert!(!exists(&d.workspace("files").join("a")));
 }
 
-#[tokio::test]
-async fn hostile_paths_are_refused_and_nothing_outside_is_touched() {
-    let d = Daemon::start(&[]);
+async fn hostile_paths_are_refused_and_nothing_outside_is_touched(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let s = session(&d, "hostile").await;
     // A sentinel next to the workspace, and links the agent makes inside the container.
     let sentinel = d.workspace_root().join("hostile").join("sentinel.txt");
@@ -315,4 +314,15 @@ async fn hostile_paths_are_refused_and_nothing_outside_is_touched() {
     .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["code"], "outside_workspace");
+}
+
+on_both_backends! {
+    #[tokio::test]
+    runs_report_output_status_and_limits,
+    #[tokio::test]
+    a_run_is_stopped_by_id_from_a_second_request,
+    #[tokio::test]
+    files_are_read_written_and_listed_in_place,
+    #[tokio::test]
+    hostile_paths_are_refused_and_nothing_outside_is_touched,
 }

@@ -5,14 +5,13 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{Daemon, exists, raw};
+use common::{Backend, Daemon, exists, raw};
 use reqwest::Method;
 use sandboxd::client::ClientError;
 use sandboxd::store::State;
 
-#[tokio::test]
-async fn thirty_parallel_opens_of_one_name_make_one_container() {
-    let d = Daemon::start(&[]);
+async fn thirty_parallel_opens_of_one_name_make_one_container(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let admin = d.admin();
     let opens = (0..30).map(|_| {
         let admin = admin.clone();
@@ -42,9 +41,8 @@ async fn thirty_parallel_opens_of_one_name_make_one_container() {
     assert_eq!(containers[0].1, "same-name");
 }
 
-#[tokio::test]
-async fn thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten() {
-    let d = Daemon::start(&[("SANDBOXD_MAX_SESSIONS", "40")]);
+async fn thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten(backend: Backend) {
+    let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_SESSIONS", "40")]);
     let admin = d.admin();
     let opens = (0..30).map(|i| {
         let admin = admin.clone();
@@ -85,9 +83,8 @@ async fn thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten() {
         .expect("another tenant opens");
 }
 
-#[tokio::test]
-async fn host_cap_and_refusals_carry_their_code_and_message() {
-    let d = Daemon::start(&[("SANDBOXD_MAX_SESSIONS", "2")]);
+async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
+    let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_SESSIONS", "2")]);
     let admin = d.admin();
     let first = admin.open("h-1", "t1", None, None).await.expect("open");
     admin.open("h-2", "t2", None, None).await.expect("open");
@@ -204,9 +201,8 @@ async fn host_cap_and_refusals_carry_their_code_and_message() {
     );
 }
 
-#[tokio::test]
-async fn sleep_wake_reclaim_destroy_and_lost() {
-    let d = Daemon::start(&[]);
+async fn sleep_wake_reclaim_destroy_and_lost(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let admin = d.admin();
     let opened = admin.open("life", "org-l", None, None).await.expect("open");
     assert!(opened.created);
@@ -298,9 +294,8 @@ async fn sleep_wake_reclaim_destroy_and_lost() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_after_kill_9_during_open_converges() {
-    let mut d = Daemon::start(&[]);
+async fn restart_after_kill_9_during_open_converges(backend: Backend) {
+    let mut d = Daemon::start_on(backend, &[]);
     let admin = d.admin();
     admin
         .open("steady", "org-k", None, None)
@@ -320,33 +315,54 @@ async fn restart_after_kill_9_during_open_converges() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("docker events");
-    let mut created = std::io::BufReader::new(events.stdout.take().expect("stdout"));
-    let mut next_created = move || {
-        let mut line = String::new();
-        tokio::task::block_in_place(|| std::io::BufRead::read_line(&mut created, &mut line))
-            .expect("a create event");
-        assert!(!line.is_empty(), "docker events ended");
-        line
+    // Lines are read on a thread into a channel, so every wait below has a deadline.
+    let stdout = events.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |what: &str, within: std::time::Duration| -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match tokio::task::block_in_place(|| rx.recv_timeout(left)) {
+                Ok(line) if line.contains(what) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        false
     };
-    // Prove the subscription is live with a probe container of the same label.
-    let probe = format!("probe-{}", d.instance);
-    let made = std::process::Command::new("docker")
-        .args([
-            "create",
-            "--label",
-            &format!("sandboxd.dev/instance={}", d.instance),
-            "--name",
-            &probe,
-            &common::base_image(),
-            "true",
-        ])
-        .output()
-        .expect("docker create");
-    assert!(made.status.success());
-    while !next_created().contains(&probe) {}
-    let _ = std::process::Command::new("docker")
-        .args(["rm", "-f", &probe])
-        .output();
+    // Prove the subscription is live with probe containers of the same label: the first ones
+    // may be created before `docker events` subscribed.
+    let mut live = false;
+    for attempt in 0..20 {
+        let probe = format!("probe-{}-{attempt}", d.instance);
+        let made = std::process::Command::new("docker")
+            .args([
+                "create",
+                "--label",
+                &format!("sandboxd.dev/instance={}", d.instance),
+                "--name",
+                &probe,
+                &common::base_image(),
+                "true",
+            ])
+            .output()
+            .expect("docker create");
+        assert!(made.status.success());
+        live = wait_for(&probe, std::time::Duration::from_secs(1));
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &probe])
+            .output();
+        if live {
+            break;
+        }
+    }
+    assert!(live, "docker events never reported a probe container");
     let inflight: Vec<_> = (0..4)
         .map(|i| {
             let admin = admin.clone();
@@ -355,7 +371,10 @@ async fn restart_after_kill_9_during_open_converges() {
             )
         })
         .collect();
-    while !next_created().contains("crash-") {}
+    assert!(
+        wait_for("crash-", std::time::Duration::from_secs(60)),
+        "no crash- container was created"
+    );
     d.kill9();
     let _ = events.kill();
     let _ = events.wait();
@@ -396,14 +415,16 @@ async fn restart_after_kill_9_during_open_converges() {
     }
 }
 
-#[tokio::test]
-async fn oci_runtime_metrics_health_and_persisted_containers() {
+async fn oci_runtime_metrics_health_and_persisted_containers(backend: Backend) {
     // runc-alt is a second OCI runtime name the project's dockerd registers (hack/dockerd.sh);
     // crun refuses this machine's hybrid cgroup hierarchy.
-    let d = Daemon::start(&[
-        ("SANDBOXD_OCI_RUNTIME", "runc-alt"),
-        ("SANDBOXD_PERSIST_CONTAINERS", "true"),
-    ]);
+    let d = Daemon::start_on(
+        backend,
+        &[
+            ("SANDBOXD_OCI_RUNTIME", "runc-alt"),
+            ("SANDBOXD_PERSIST_CONTAINERS", "true"),
+        ],
+    );
     let admin = d.admin();
     let opened = admin
         .open("crun-1", "org-m", Some("alt"), None)
@@ -417,7 +438,8 @@ async fn oci_runtime_metrics_health_and_persisted_containers() {
         .expect("docker inspect");
     assert_eq!(
         String::from_utf8_lossy(&inspect.stdout).trim(),
-        "runc-alt true none 10001:10001"
+        // Docker's init is PID 1 on the exec path; on the agent path the agent is.
+        format!("runc-alt {} none 10001:10001", backend == Backend::Exec)
     );
     let s = d.client(opened.token.as_deref().expect("token"));
     assert_eq!(
@@ -453,4 +475,19 @@ async fn oci_runtime_metrics_health_and_persisted_containers() {
         metrics.contains("sandboxd_sessions{state=\"running\"} 1"),
         "{metrics}"
     );
+}
+
+on_both_backends! {
+    #[tokio::test]
+    thirty_parallel_opens_of_one_name_make_one_container,
+    #[tokio::test]
+    thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten,
+    #[tokio::test]
+    host_cap_and_refusals_carry_their_code_and_message,
+    #[tokio::test]
+    sleep_wake_reclaim_destroy_and_lost,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    restart_after_kill_9_during_open_converges,
+    #[tokio::test]
+    oci_runtime_metrics_health_and_persisted_containers,
 }

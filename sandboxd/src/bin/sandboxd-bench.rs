@@ -1,6 +1,7 @@
 //! Benchmarks sandboxd against the same operations done directly with bollard, in one run:
-//! a cold session open against a raw create+start, a trivial run (`true`) against a raw
-//! `docker exec`, and 8 MiB file reads and writes. Prints p50/p95 and the ratios.
+//! a cold session open against a raw create+start, a trivial run (`true`) on the agent path and
+//! on the Docker exec path against a raw `docker exec`, 1 MiB of run output on both paths, and
+//! 8 MiB file reads and writes. Prints p50/p95 and the ratios.
 //!
 //! Needs the project's dockerd and base image: `eval "$(make -s env)"` after `make up`.
 //! Usage: `sandboxd-bench [--runs N] [--opens N] [--files N]`
@@ -80,29 +81,44 @@ async fn main() -> Result<()> {
         .tempdir()?;
     let instance = format!("bench{}", std::process::id());
     let admin_token = "bench-admin-token";
-    let config = Config::try_parse_from([
-        "sandboxd",
-        "--token",
-        admin_token,
-        "--port",
-        "0",
-        "--runtimes",
-        &format!("base={image}"),
-        "--instance",
-        &instance,
-        "--workspace-root",
-        &dir.path().join("ws").display().to_string(),
-        "--state-dir",
-        &dir.path().join("state").display().to_string(),
-        "--max-sessions",
-        "100",
-        "--max-sessions-per-tenant",
-        "100",
-    ])?;
+    // Two sandboxds in this process: the default (the resident agent) and the Docker exec path.
+    let config_for = |backend: &str| {
+        Config::try_parse_from([
+            "sandboxd",
+            "--token",
+            admin_token,
+            "--port",
+            "0",
+            "--runtimes",
+            &format!("base={image}"),
+            "--instance",
+            &format!("{instance}{backend}"),
+            "--workspace-root",
+            &dir.path()
+                .join(format!("ws-{backend}"))
+                .display()
+                .to_string(),
+            "--state-dir",
+            &dir.path()
+                .join(format!("state-{backend}"))
+                .display()
+                .to_string(),
+            "--max-sessions",
+            "100",
+            "--max-sessions-per-tenant",
+            "100",
+            "--run-backend",
+            backend,
+        ])
+    };
+    let config = config_for("agent")?;
     let settings = sandboxd::core::Settings::from_config(&config);
     let (addr, serve) = sandboxd::server::start(config).await?;
     tokio::spawn(serve);
+    let (exec_addr, exec_serve) = sandboxd::server::start(config_for("exec")?).await?;
+    tokio::spawn(exec_serve);
     let admin = Client::new(&format!("http://{addr}"), admin_token);
+    let exec_admin = Client::new(&format!("http://{exec_addr}"), admin_token);
     let engine = Engine::connect(&format!("{instance}raw")).await?;
 
     // Cold opens: sandboxd (HTTP, state, workspace, create+start) vs raw create+start.
@@ -130,6 +146,7 @@ async fn main() -> Result<()> {
             tmpfs_size: settings.tmpfs_size.clone(),
             oci_runtime: None,
             env: vec![],
+            agent: None,
         };
         let t = Instant::now();
         let id = engine.create(&spec).await?;
@@ -143,26 +160,40 @@ async fn main() -> Result<()> {
         admin.destroy(&format!("open-{i}")).await?;
     }
 
-    // Trivial runs on one warm session: sandboxd with its session token vs raw exec.
+    // Trivial runs on warm sessions, interleaved: sandboxd on the agent path and on the Docker
+    // exec path (each with its session token) vs raw exec in the exec path's container.
     let opened = admin.open("runs", "bench", None, None).await?;
     let session = admin.with_token(opened.token.as_deref().context("no token")?);
-    let container = engine_container(&instance, "runs");
+    let opened = exec_admin.open("runs", "bench", None, None).await?;
+    let exec_session = exec_admin.with_token(opened.token.as_deref().context("no token")?);
+    let container = engine_container(&format!("{instance}exec"), "runs");
     let mut run_raw = Stats {
         name: "run `true`: raw bollard exec",
         samples: vec![],
     };
+    let mut run_exec = Stats {
+        name: "run `true`: sandboxd POST /runs, exec path",
+        samples: vec![],
+    };
     let mut run_sbx = Stats {
-        name: "run `true`: sandboxd POST /runs",
+        name: "run `true`: sandboxd POST /runs, agent path",
         samples: vec![],
     };
     for _ in 0..5 {
         raw_exec(&engine, &container).await?;
         session.run("runs", "true", None, None, None).await?;
+        exec_session.run("runs", "true", None, None, None).await?;
     }
     for _ in 0..args.runs {
         let t = Instant::now();
         raw_exec(&engine, &container).await?;
         run_raw.samples.push(t.elapsed());
+        let t = Instant::now();
+        let out = exec_session.run("runs", "true", None, None, None).await?;
+        run_exec.samples.push(t.elapsed());
+        if out.exit_code != 0 {
+            bail!("run exited {}", out.exit_code);
+        }
         let t = Instant::now();
         let out = session.run("runs", "true", None, None, None).await?;
         run_sbx.samples.push(t.elapsed());
@@ -170,6 +201,61 @@ async fn main() -> Result<()> {
             bail!("run exited {}", out.exit_code);
         }
     }
+
+    // 1 MiB of output (a file in the workspace, `cat`), whole through POST /runs.
+    let mib = vec![b'x'; 1024 * 1024];
+    session.write("runs", "mib.txt", mib.clone()).await?;
+    exec_session.write("runs", "mib.txt", mib).await?;
+    let mut out_sbx = Stats {
+        name: "1 MiB output: POST /runs `cat`, agent path",
+        samples: vec![],
+    };
+    let mut out_exec = Stats {
+        name: "1 MiB output: POST /runs `cat`, exec path",
+        samples: vec![],
+    };
+    for _ in 0..args.files {
+        for (client, stats) in [(&session, &mut out_sbx), (&exec_session, &mut out_exec)] {
+            let t = Instant::now();
+            let out = client.run("runs", "cat mib.txt", None, None, None).await?;
+            stats.samples.push(t.elapsed());
+            if out.stdout.len() != 1024 * 1024 || out.truncated {
+                bail!("1 MiB run returned {} bytes", out.stdout.len());
+            }
+        }
+    }
+    // The same 1 MiB streamed (`?stream=true`): first output byte to the outcome.
+    let mut stream_sbx = Stats {
+        name: "1 MiB output streamed: first byte to exit, agent path",
+        samples: vec![],
+    };
+    let mut stream_exec = Stats {
+        name: "1 MiB output streamed: first byte to exit, exec path",
+        samples: vec![],
+    };
+    for _ in 0..args.files {
+        for (client, stats) in [
+            (&session, &mut stream_sbx),
+            (&exec_session, &mut stream_exec),
+        ] {
+            let mut first = None;
+            let mut bytes = 0usize;
+            client
+                .run_streaming("runs", "cat mib.txt", None, |e| {
+                    first.get_or_insert_with(Instant::now);
+                    if let sandboxd::runner::RunEvent::Stdout { data } = e {
+                        bytes += data.len();
+                    }
+                })
+                .await?;
+            let first = first.context("no output streamed")?;
+            stats.samples.push(first.elapsed());
+            if bytes != 1024 * 1024 {
+                bail!("streamed {bytes} bytes");
+            }
+        }
+    }
+    exec_admin.destroy("runs").await?;
 
     // 8 MiB files through the API.
     let payload = vec![0x5au8; 8 * 1024 * 1024];
@@ -200,7 +286,19 @@ async fn main() -> Result<()> {
 
     println!("| measurement | n | p50 ms | p95 ms |");
     println!("|---|---|---|---|");
-    for s in [&open_raw, &open_sbx, &run_raw, &run_sbx, &write, &read] {
+    for s in [
+        &open_raw,
+        &open_sbx,
+        &run_raw,
+        &run_exec,
+        &run_sbx,
+        &out_exec,
+        &out_sbx,
+        &stream_exec,
+        &stream_sbx,
+        &write,
+        &read,
+    ] {
         println!(
             "| {} | {} | {:.2} | {:.2} |",
             s.name,
@@ -212,8 +310,25 @@ async fn main() -> Result<()> {
     let ratio = |a: &Stats, b: &Stats| Stats::ms(a.pct(0.5)) / Stats::ms(b.pct(0.5));
     println!();
     println!(
-        "run `true` p50 ratio sandboxd / raw exec: {:.3} (target <= 1.2)",
-        ratio(&run_sbx, &run_raw)
+        "run `true` p50 ratio sandboxd exec path / raw exec: {:.3} (target <= 1.2)",
+        ratio(&run_exec, &run_raw)
+    );
+    println!(
+        "run `true` p50 agent path: {:.2} ms, {:.1}x faster than raw exec, {:.1}x than the exec path (target <= 5 ms, >= 10x)",
+        Stats::ms(run_sbx.pct(0.5)),
+        ratio(&run_raw, &run_sbx),
+        ratio(&run_exec, &run_sbx)
+    );
+    let mib_s = |s: &Stats| 1024.0 * 1024.0 / s.pct(0.5).as_secs_f64() / 1e6;
+    println!(
+        "1 MiB output, whole run p50: agent path {:.0} MB/s, exec path {:.0} MB/s",
+        mib_s(&out_sbx),
+        mib_s(&out_exec)
+    );
+    println!(
+        "1 MiB output streamed p50: agent path {:.0} MB/s, exec path {:.0} MB/s (target >= 200 MB/s)",
+        mib_s(&stream_sbx),
+        mib_s(&stream_exec)
     );
     println!(
         "cold open p50: sandboxd - raw = {:+.1} ms (target <= +100 ms)",

@@ -32,7 +32,46 @@ pub struct Daemon {
     pub extra_env: Vec<(String, String)>,
 }
 
+/// How runs reach the sandboxes (`SANDBOXD_RUN_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The resident agent, PID 1 of every sandbox (the default).
+    Agent,
+    /// Docker exec, with Docker's init as PID 1.
+    Exec,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Exec => "exec",
+        }
+    }
+}
+
+/// Makes each named `async fn name(backend: Backend)` a test twice: `agent::name` and
+/// `exec::name`, with the attributes given (`#[tokio::test]` and its flavor).
+#[macro_export]
+macro_rules! on_both_backends {
+    ($( $(#[$attr:meta])* $name:ident ),* $(,)?) => {
+        mod agent {
+            $( $(#[$attr])* async fn $name() { super::$name(super::common::Backend::Agent).await } )*
+        }
+        mod exec {
+            $( $(#[$attr])* async fn $name() { super::$name(super::common::Backend::Exec).await } )*
+        }
+    };
+}
+
 impl Daemon {
+    /// Starts a sandboxd on `backend` with the defaults and `env` on top.
+    pub fn start_on(backend: Backend, env: &[(&str, &str)]) -> Self {
+        let mut all = vec![("SANDBOXD_RUN_BACKEND", backend.as_str())];
+        all.extend_from_slice(env);
+        Self::start(&all)
+    }
+
     /// Starts a sandboxd with the defaults and `env` on top.
     pub fn start(env: &[(&str, &str)]) -> Self {
         need("DOCKER_HOST");

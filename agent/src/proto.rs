@@ -1,0 +1,363 @@
+//! The protocol between sandboxd and the agent, over the Unix socket in the session's run
+//! folder. One connection carries one request.
+//!
+//! A frame is a 4-byte big-endian length (of what follows), one kind byte and the payload:
+//! kind 0 is a JSON [`Msg`], kind 1 bytes of a run's stdout, kind 2 bytes of its stderr. A frame
+//! longer than [`MAX_FRAME`] is a protocol error; neither side trusts the other's lengths.
+//!
+//! A conversation: sandboxd sends [`Msg::Hello`] naming the protocols it speaks and the session it
+//! expects; the agent answers [`Msg::Welcome`] with the protocol they share and its own session
+//! (sandboxd refuses an agent of another session), or [`Msg::Error`]. Then one request:
+//!
+//! - [`Msg::Run`]: the agent answers [`Msg::Started`], then output frames as they come, then
+//!   [`Msg::Exit`]. While it runs, sandboxd may send [`Msg::Stop`] on the same connection. A
+//!   connection that breaks does not end the run: it goes on, and its output (up to the cap) and
+//!   exit are kept for [`Msg::Attach`] and [`Msg::Status`].
+//! - [`Msg::Attach`]: like a run's stream from the start, for a run already started.
+//! - [`Msg::Stop`] with a run id: stops that run, answers [`Msg::Stopped`].
+//! - [`Msg::Status`]: answers [`Msg::RunState`].
+//! - [`Msg::Stats`]: answers [`Msg::StatsReply`].
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// The newest protocol this build speaks.
+pub const PROTOCOL: u32 = 1;
+/// The oldest protocol this build still speaks.
+pub const MIN_PROTOCOL: u32 = 1;
+/// The largest frame either side accepts.
+pub const MAX_FRAME: usize = 4 << 20;
+/// Name of the socket in the session's run folder.
+pub const SOCKET_NAME: &str = "agent.sock";
+/// Where the session's run folder (holding the socket) is mounted in the sandbox.
+pub const RUN_DIR: &str = "/run/sandboxd";
+/// Where the folder holding the agent binary is mounted (read-only) in the sandbox.
+pub const BIN_DIR: &str = "/opt/sandboxd";
+/// File name of the agent binary in [`BIN_DIR`].
+pub const BINARY_NAME: &str = "sandbox-agent";
+/// Environment variable naming the agent's session (not passed on to runs).
+pub const SESSION_ENV: &str = "SANDBOX_AGENT_SESSION";
+/// Prefix of the agent's own environment variables; none reaches a run.
+pub const ENV_PREFIX: &str = "SANDBOX_AGENT_";
+/// The agent's version (the workspace's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+const KIND_MSG: u8 = 0;
+const KIND_STDOUT: u8 = 1;
+const KIND_STDERR: u8 = 2;
+
+/// What a run executes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// The run id (unique among the agent's runs in flight).
+    pub run_id: String,
+    /// The program and its arguments (`["/bin/sh", "-c", command]` for a shell command).
+    pub argv: Vec<String>,
+    /// Extra environment, on top of the container's.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory; the container's (`/workspace`) when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// The run's process group is killed after this many milliseconds.
+    pub timeout_ms: u64,
+    /// Bytes kept per stream; the rest is drained and dropped, and the run marked truncated.
+    pub max_output_bytes: u64,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunExit {
+    /// Exit status: the program's; 128 + n after signal n; 124 after the timeout; 137 after a stop.
+    pub exit_code: i64,
+    /// The signal that ended the program, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// The timeout killed it.
+    pub timed_out: bool,
+    /// A stop killed it.
+    pub stopped: bool,
+    /// Output was cut at the cap.
+    pub truncated: bool,
+    /// CPU time (user + system) of the program and the children it waited for, nanoseconds.
+    pub cpu_ns: u64,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// The state of a run the agent knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The run id.
+    pub run_id: String,
+    /// Whether it still runs.
+    pub running: bool,
+    /// How it ended, once it did.
+    #[serde(default)]
+    pub exit: Option<RunExit>,
+    /// Its stdout so far (capped, lossy UTF-8).
+    #[serde(default)]
+    pub stdout: String,
+    /// Its stderr so far (capped, lossy UTF-8).
+    #[serde(default)]
+    pub stderr: String,
+}
+
+/// A JSON message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Msg {
+    /// sandboxd: the protocols it speaks and the session it expects.
+    Hello {
+        /// Protocol versions.
+        protocols: Vec<u32>,
+        /// The session id.
+        session: String,
+    },
+    /// Agent: the protocol both speak, its version and its session.
+    Welcome {
+        /// The chosen protocol.
+        protocol: u32,
+        /// The agent's version.
+        version: String,
+        /// The agent's session.
+        session: String,
+    },
+    /// sandboxd: start a run.
+    Run(RunRequest),
+    /// sandboxd: stream a run already started, from its first byte.
+    Attach {
+        /// The run id.
+        run_id: String,
+    },
+    /// sandboxd: stop a run (on a run's own connection, `run_id` may be absent).
+    Stop {
+        /// The run id.
+        #[serde(default)]
+        run_id: Option<String>,
+    },
+    /// sandboxd: the state of a run.
+    Status {
+        /// The run id.
+        run_id: String,
+    },
+    /// sandboxd: CPU time of the sandbox and the runs in flight.
+    Stats,
+    /// Agent: the run started.
+    Started {
+        /// The run id.
+        run_id: String,
+        /// Its pid (and process group) in the sandbox.
+        pid: i32,
+    },
+    /// Agent: the run ended.
+    Exit(RunExit),
+    /// Agent: answer to [`Msg::Stop`] with a run id.
+    Stopped {
+        /// Whether such a run was in flight.
+        found: bool,
+    },
+    /// Agent: answer to [`Msg::Status`]; `None` when no such run is known.
+    RunState {
+        /// The state.
+        state: Option<RunState>,
+    },
+    /// Agent: answer to [`Msg::Stats`].
+    StatsReply {
+        /// CPU time every process of the sandbox has used, nanoseconds (its cgroup, else the
+        /// agent and everything it reaped).
+        cpu_ns: u64,
+        /// Ids of the runs in flight.
+        running: Vec<String>,
+    },
+    /// Agent: the request failed.
+    Error {
+        /// A stable code (`wrong_session`, `no_protocol`, `run_exists`, `spawn_failed`, `bad_request`).
+        code: String,
+        /// In words.
+        message: String,
+    },
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A JSON message.
+    Msg(Msg),
+    /// Bytes on a run's stdout.
+    Stdout(Vec<u8>),
+    /// Bytes on a run's stderr.
+    Stderr(Vec<u8>),
+}
+
+/// A frame that could not be read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The connection failed or closed mid-frame.
+    Io(io::Error),
+    /// The peer sent something that is not a frame.
+    Protocol(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Protocol(m) => write!(f, "protocol error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl From<io::Error> for FrameError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+/// Encodes a message frame.
+pub fn encode_msg(msg: &Msg) -> Vec<u8> {
+    // Serializing these plain types cannot fail.
+    let body = serde_json::to_vec(msg).unwrap_or_default();
+    encode(KIND_MSG, &body)
+}
+
+/// Encodes an output frame (`stderr` false: stdout).
+pub fn encode_output(stderr: bool, bytes: &[u8]) -> Vec<u8> {
+    encode(if stderr { KIND_STDERR } else { KIND_STDOUT }, bytes)
+}
+
+/// Encodes a frame.
+pub fn encode_frame(frame: &Frame) -> Vec<u8> {
+    match frame {
+        Frame::Msg(m) => encode_msg(m),
+        Frame::Stdout(b) => encode_output(false, b),
+        Frame::Stderr(b) => encode_output(true, b),
+    }
+}
+
+fn encode(kind: u8, body: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(body.len() + 1).unwrap_or(u32::MAX);
+    let mut out = Vec::with_capacity(body.len() + 5);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(body);
+    out
+}
+
+/// The length of a frame's kind and payload, from its 4-byte header; refuses what is too long
+/// or empty.
+pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len == 0 || len > MAX_FRAME + 1 {
+        return Err(FrameError::Protocol(format!(
+            "frame of {len} bytes (at most {} allowed)",
+            MAX_FRAME + 1
+        )));
+    }
+    Ok(len)
+}
+
+/// Decodes a frame's kind byte and payload (what follows the header).
+pub fn decode(body: Vec<u8>) -> Result<Frame, FrameError> {
+    let Some((&kind, payload)) = body.split_first() else {
+        return Err(FrameError::Protocol("empty frame".into()));
+    };
+    match kind {
+        KIND_MSG => serde_json::from_slice(payload)
+            .map(Frame::Msg)
+            .map_err(|e| FrameError::Protocol(format!("bad message: {e}"))),
+        KIND_STDOUT => Ok(Frame::Stdout(payload.to_vec())),
+        KIND_STDERR => Ok(Frame::Stderr(payload.to_vec())),
+        k => Err(FrameError::Protocol(format!("unknown frame kind {k}"))),
+    }
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of the stream.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = frame_len(header)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(body).map(Some)
+}
+
+/// Writes one message frame.
+pub fn write_msg(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
+    w.write_all(&encode_msg(msg))
+}
+
+/// The protocol two sides share: the newest both speak.
+pub fn negotiate(theirs: &[u32]) -> Option<u32> {
+    theirs
+        .iter()
+        .copied()
+        .filter(|p| (MIN_PROTOCOL..=PROTOCOL).contains(p))
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let frames = [
+            Frame::Msg(Msg::Hello {
+                protocols: vec![1],
+                session: "s".into(),
+            }),
+            Frame::Stdout(b"out\0bytes".to_vec()),
+            Frame::Stderr(vec![]),
+            Frame::Msg(Msg::Exit(RunExit {
+                exit_code: 3,
+                signal: None,
+                timed_out: false,
+                stopped: false,
+                truncated: true,
+                cpu_ns: 7,
+                duration_ms: 1,
+            })),
+        ];
+        let mut wire = Vec::new();
+        for f in &frames {
+            wire.extend(encode_frame(f));
+        }
+        let mut r = &wire[..];
+        for f in &frames {
+            assert_eq!(read_frame(&mut r).expect("a frame").as_ref(), Some(f));
+        }
+        assert!(read_frame(&mut r).expect("clean end").is_none());
+    }
+
+    #[test]
+    fn hostile_frames_are_refused() {
+        assert!(frame_len(u32::MAX.to_be_bytes()).is_err());
+        assert!(frame_len(0u32.to_be_bytes()).is_err());
+        assert!(decode(vec![9, 1, 2]).is_err());
+        assert!(decode(vec![0, b'{']).is_err());
+        // A header promising more than arrives is an error, not a hang or a panic.
+        let mut r = &[0u8, 0, 0, 10, 0, b'{'][..];
+        assert!(read_frame(&mut r).is_err());
+    }
+
+    #[test]
+    fn negotiation_picks_the_newest_shared_protocol() {
+        assert_eq!(negotiate(&[1]), Some(1));
+        assert_eq!(negotiate(&[1, 2, 99]), Some(PROTOCOL.max(1)));
+        assert_eq!(negotiate(&[0, 99]), None);
+        assert_eq!(negotiate(&[]), None);
+    }
+}

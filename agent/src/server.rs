@@ -1,0 +1,712 @@
+//! The agent itself: PID 1 of a sandbox. It reaps every zombie, forwards signals, and serves
+//! runs on its Unix socket. Plain threads and blocking I/O: a run is a process group, one
+//! thread reading its two pipes, one supervising its timeout and exit; a connection is one
+//! thread writing and one reading.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::signal::{SigSet, Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::proto::{self, Frame, Msg, RunExit, RunRequest, RunState};
+
+/// How long output may keep coming after a run's program exited (background jobs that hold
+/// its stdout); the run is reported then, and its group keeps running.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+/// How long a stop or timeout waits for the killed group to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(3);
+/// Finished runs kept for [`Msg::Status`] and [`Msg::Attach`].
+const KEEP_FINISHED: usize = 64;
+/// The largest output frame.
+const CHUNK: usize = 64 * 1024;
+
+/// How the agent is started.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The socket to serve on.
+    pub socket: PathBuf,
+    /// The session this agent belongs to.
+    pub session: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Timeout,
+    Stopped,
+}
+
+struct Out {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+    eof: bool,
+    /// The program's wait status and CPU time, once reaped.
+    leader: Option<(WaitStatus, u64, Instant)>,
+    ended_by: Option<Ended>,
+    group_killed: bool,
+    exit: Option<RunExit>,
+}
+
+/// One run.
+struct Run {
+    id: String,
+    pgid: Pid,
+    started: Instant,
+    cap: usize,
+    state: Mutex<Out>,
+    changed: Condvar,
+}
+
+impl Run {
+    fn lock(&self) -> MutexGuard<'_, Out> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn push(&self, stderr: bool, bytes: &[u8]) {
+        let mut s = self.lock();
+        let cap = self.cap;
+        let buf = if stderr { &mut s.stderr } else { &mut s.stdout };
+        let take = bytes.len().min(cap.saturating_sub(buf.len()));
+        buf.extend_from_slice(&bytes[..take]);
+        if take < bytes.len() {
+            s.truncated = true;
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// Ends the run: kills its whole process group and waits until it is gone.
+    fn end(&self, how: Ended) -> bool {
+        {
+            let mut s = self.lock();
+            if s.exit.is_some() {
+                return false;
+            }
+            s.ended_by.get_or_insert(how);
+            s.group_killed = true;
+        }
+        self.changed.notify_all();
+        kill_group(self.pgid);
+        self.changed.notify_all();
+        true
+    }
+
+    fn state(&self) -> RunState {
+        let s = self.lock();
+        RunState {
+            run_id: self.id.clone(),
+            running: s.exit.is_none(),
+            exit: s.exit.clone(),
+            stdout: String::from_utf8_lossy(&s.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&s.stderr).into_owned(),
+        }
+    }
+}
+
+/// Kills every process of a group with SIGKILL and waits (bounded) until none is left alive:
+/// members forked while the signal went out are caught by the next round.
+pub fn kill_group(pgid: Pid) {
+    let deadline = Instant::now() + KILL_WAIT;
+    loop {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        if !group_alive(pgid) || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Whether any process of the group is alive (not a zombie), read from /proc.
+fn group_alive(pgid: Pid) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killpg(pgid, None).is_ok();
+    };
+    let want = pgid.as_raw();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(want) && state != Some("Z") && state != Some("X") {
+            return true;
+        }
+    }
+    false
+}
+
+/// Everything the agent holds.
+struct Agent {
+    session: String,
+    runs: Mutex<HashMap<String, Arc<Run>>>,
+    finished: Mutex<Vec<String>>,
+    /// Held while spawning and while reaping, so a program cannot be reaped before its run is
+    /// registered as the owner of its pid.
+    leaders: Mutex<HashMap<i32, Arc<Run>>>,
+    pid1: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn cpu_ns(u: &nix::sys::resource::Usage) -> u64 {
+    let t = |tv: nix::sys::time::TimeVal| {
+        u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(tv.tv_usec()).unwrap_or(0) * 1_000
+    };
+    t(u.user_time()) + t(u.system_time())
+}
+
+fn children_cpu() -> u64 {
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| cpu_ns(&u))
+        .unwrap_or(0)
+}
+
+/// CPU time of the whole sandbox: its cgroup (v2 or v1), else the agent and all it reaped.
+fn sandbox_cpu_ns() -> u64 {
+    if let Ok(stat) = std::fs::read_to_string("/sys/fs/cgroup/cpu.stat")
+        && let Some(usec) = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        return usec * 1000;
+    }
+    for p in [
+        "/sys/fs/cgroup/cpuacct/cpuacct.usage",
+        "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage",
+        "/sys/fs/cgroup/cpuacct,cpu/cpuacct.usage",
+    ] {
+        if let Ok(v) = std::fs::read_to_string(p)
+            && let Ok(ns) = v.trim().parse::<u64>()
+        {
+            return ns;
+        }
+    }
+    let own = getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| cpu_ns(&u))
+        .unwrap_or(0);
+    own + children_cpu()
+}
+
+impl Agent {
+    /// Reaps every child that has exited; a run's program hands its status to the run.
+    fn reap(&self) {
+        let mut leaders = lock(&self.leaders);
+        loop {
+            let before = children_cpu();
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Err(Errno::EINTR) => {}
+                Err(_) => return,
+                Ok(status) => {
+                    let cpu = children_cpu().saturating_sub(before);
+                    if let Some(pid) = status.pid()
+                        && let Some(run) = leaders.remove(&pid.as_raw())
+                    {
+                        run.lock().leader = Some((status, cpu, Instant::now()));
+                        run.changed.notify_all();
+                    }
+                }
+            }
+        }
+    }
+
+    fn start(self: &Arc<Self>, req: RunRequest) -> Result<Arc<Run>, Msg> {
+        let Some((program, args)) = req.argv.split_first() else {
+            return Err(error("bad_request", "argv is empty"));
+        };
+        let mut runs = lock(&self.runs);
+        if runs
+            .get(&req.run_id)
+            .is_some_and(|r| r.lock().exit.is_none())
+        {
+            return Err(error(
+                "run_exists",
+                format!("run '{}' is already running", req.run_id),
+            ));
+        }
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(
+                std::env::vars_os()
+                    .filter(|(k, _)| !k.to_str().is_some_and(|k| k.starts_with(proto::ENV_PREFIX))),
+            )
+            .envs(req.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if let Some(cwd) = &req.cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut leaders = lock(&self.leaders);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| error("spawn_failed", format!("cannot start {program}: {e}")))?;
+        let pid = i32::try_from(child.id()).unwrap_or(0);
+        let run = Arc::new(Run {
+            id: req.run_id.clone(),
+            pgid: Pid::from_raw(pid),
+            started: Instant::now(),
+            cap: usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX),
+            state: Mutex::new(Out {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                truncated: false,
+                eof: false,
+                leader: None,
+                ended_by: None,
+                group_killed: false,
+                exit: None,
+            }),
+            changed: Condvar::new(),
+        });
+        leaders.insert(pid, run.clone());
+        drop(leaders);
+        runs.insert(req.run_id.clone(), run.clone());
+        drop(runs);
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            run.end(Ended::Stopped);
+            return Err(error("spawn_failed", "the run's pipes are missing"));
+        };
+        // The program is reaped by the agent's reaper, never through `child`.
+        drop(child);
+        let r = run.clone();
+        std::thread::spawn(move || pump(&r, out, err));
+        let r = run.clone();
+        let agent = self.clone();
+        let timeout = Duration::from_millis(req.timeout_ms);
+        std::thread::spawn(move || agent.supervise(&r, timeout));
+        Ok(run)
+    }
+
+    /// Waits for a run to end (its program exited and its output closed, or the timeout), and
+    /// records how.
+    fn supervise(&self, run: &Run, timeout: Duration) {
+        let deadline = run.started + timeout;
+        let mut s = run.lock();
+        loop {
+            let now = Instant::now();
+            if s.ended_by.is_none() && now >= deadline {
+                drop(s);
+                run.end(Ended::Timeout);
+                s = run.lock();
+                continue;
+            }
+            if let Some((status, cpu, at)) = s.leader {
+                // A program killed by a signal (OOM, the pids limit) takes its group with it.
+                if matches!(status, WaitStatus::Signaled(..)) && !s.group_killed {
+                    s.group_killed = true;
+                    drop(s);
+                    kill_group(run.pgid);
+                    s = run.lock();
+                    continue;
+                }
+                if s.eof || now >= at + EXIT_GRACE {
+                    let (code, signal) = match status {
+                        WaitStatus::Exited(_, c) => (i64::from(c), None),
+                        WaitStatus::Signaled(_, sig, _) => (128 + sig as i64, Some(sig as i32)),
+                        _ => (-1, None),
+                    };
+                    let exit_code = match s.ended_by {
+                        Some(Ended::Timeout) => 124,
+                        Some(Ended::Stopped) => 137,
+                        None => code,
+                    };
+                    s.exit = Some(RunExit {
+                        exit_code,
+                        signal,
+                        timed_out: s.ended_by == Some(Ended::Timeout),
+                        stopped: s.ended_by == Some(Ended::Stopped),
+                        truncated: s.truncated,
+                        cpu_ns: cpu,
+                        duration_ms: u64::try_from(run.started.elapsed().as_millis())
+                            .unwrap_or(u64::MAX),
+                    });
+                    drop(s);
+                    run.changed.notify_all();
+                    self.retire(&run.id);
+                    return;
+                }
+                let wait = (at + EXIT_GRACE).saturating_duration_since(now);
+                s = run
+                    .changed
+                    .wait_timeout(s, wait.max(Duration::from_millis(1)))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+                continue;
+            }
+            let wait = if s.ended_by.is_none() {
+                deadline.saturating_duration_since(now)
+            } else {
+                Duration::from_millis(50)
+            };
+            s = run
+                .changed
+                .wait_timeout(s, wait.max(Duration::from_millis(1)))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Keeps a bounded number of finished runs.
+    fn retire(&self, id: &str) {
+        let mut finished = lock(&self.finished);
+        finished.push(id.to_owned());
+        if finished.len() > KEEP_FINISHED {
+            let old = finished.remove(0);
+            let mut runs = lock(&self.runs);
+            if runs.get(&old).is_some_and(|r| r.lock().exit.is_some()) {
+                runs.remove(&old);
+            }
+        }
+    }
+
+    fn run(&self, id: &str) -> Option<Arc<Run>> {
+        lock(&self.runs).get(id).cloned()
+    }
+
+    fn running(&self) -> Vec<Arc<Run>> {
+        lock(&self.runs)
+            .values()
+            .filter(|r| r.lock().exit.is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// Serves one connection.
+    fn serve(self: &Arc<Self>, mut conn: UnixStream) -> Result<(), proto::FrameError> {
+        let Some(Frame::Msg(Msg::Hello { protocols, session })) = proto::read_frame(&mut conn)?
+        else {
+            proto::write_msg(&mut conn, &error("bad_request", "expected hello"))?;
+            return Ok(());
+        };
+        let Some(protocol) = proto::negotiate(&protocols) else {
+            proto::write_msg(
+                &mut conn,
+                &error(
+                    "no_protocol",
+                    format!(
+                        "this agent speaks protocols {}..={}, not {protocols:?}",
+                        proto::MIN_PROTOCOL,
+                        proto::PROTOCOL
+                    ),
+                ),
+            )?;
+            return Ok(());
+        };
+        proto::write_msg(
+            &mut conn,
+            &Msg::Welcome {
+                protocol,
+                version: proto::VERSION.to_owned(),
+                session: self.session.clone(),
+            },
+        )?;
+        if session != self.session {
+            proto::write_msg(
+                &mut conn,
+                &error(
+                    "wrong_session",
+                    format!("this agent serves session '{}'", self.session),
+                ),
+            )?;
+            return Ok(());
+        }
+        let Some(Frame::Msg(request)) = proto::read_frame(&mut conn)? else {
+            return Ok(());
+        };
+        match request {
+            Msg::Run(req) => match self.start(req) {
+                Ok(run) => {
+                    proto::write_msg(
+                        &mut conn,
+                        &Msg::Started {
+                            run_id: run.id.clone(),
+                            pid: run.pgid.as_raw(),
+                        },
+                    )?;
+                    stream(&run, conn)?;
+                }
+                Err(msg) => proto::write_msg(&mut conn, &msg)?,
+            },
+            Msg::Attach { run_id } => match self.run(&run_id) {
+                Some(run) => stream(&run, conn)?,
+                None => proto::write_msg(
+                    &mut conn,
+                    &error("no_such_run", format!("no run '{run_id}'")),
+                )?,
+            },
+            Msg::Stop { run_id } => {
+                let found = run_id
+                    .and_then(|id| self.run(&id))
+                    .is_some_and(|r| r.end(Ended::Stopped));
+                proto::write_msg(&mut conn, &Msg::Stopped { found })?;
+            }
+            Msg::Status { run_id } => {
+                let state = self.run(&run_id).map(|r| r.state());
+                proto::write_msg(&mut conn, &Msg::RunState { state })?;
+            }
+            Msg::Stats => {
+                let running = self.running().iter().map(|r| r.id.clone()).collect();
+                proto::write_msg(
+                    &mut conn,
+                    &Msg::StatsReply {
+                        cpu_ns: sandbox_cpu_ns(),
+                        running,
+                    },
+                )?;
+            }
+            other => proto::write_msg(
+                &mut conn,
+                &error("bad_request", format!("unexpected {other:?}")),
+            )?,
+        }
+        Ok(())
+    }
+
+    /// Forwards a signal: to everything in the sandbox when the agent is PID 1, else to the
+    /// process groups of its runs.
+    fn forward(&self, sig: Signal) {
+        if self.pid1 {
+            let _ = kill(Pid::from_raw(-1), sig);
+        } else {
+            for run in self.running() {
+                let _ = killpg(run.pgid, sig);
+            }
+        }
+    }
+}
+
+fn error(code: &str, message: impl Into<String>) -> Msg {
+    Msg::Error {
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Reads a run's stdout and stderr into the run until both close, or until the run is over
+/// and no more comes (a background job holding the pipe open does not keep a thread forever).
+fn pump(run: &Run, mut out: ChildStdout, mut err: ChildStderr) {
+    let mut buf = vec![0u8; CHUNK];
+    let (mut out_open, mut err_open) = (true, true);
+    while out_open || err_open {
+        let mut kinds = Vec::with_capacity(2);
+        let mut polled = Vec::with_capacity(2);
+        if out_open {
+            kinds.push(false);
+            polled.push(PollFd::new(out.as_fd(), PollFlags::POLLIN));
+        }
+        if err_open {
+            kinds.push(true);
+            polled.push(PollFd::new(err.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut polled, PollTimeout::from(100u16)) {
+            Ok(0) => {
+                if run.lock().exit.is_some() {
+                    break;
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        let ready: Vec<bool> = kinds
+            .iter()
+            .zip(&polled)
+            .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(stderr, _)| *stderr)
+            .collect();
+        drop(polled);
+        for stderr in ready {
+            let got = if stderr {
+                err.read(&mut buf)
+            } else {
+                out.read(&mut buf)
+            };
+            match got {
+                Ok(0) | Err(_) => {
+                    if stderr {
+                        err_open = false;
+                    } else {
+                        out_open = false;
+                    }
+                }
+                Ok(n) => run.push(stderr, &buf[..n]),
+            }
+        }
+    }
+    run.lock().eof = true;
+    run.changed.notify_all();
+}
+
+/// Streams a run to a connection from its first byte, then its exit. A stop frame on the
+/// connection stops the run; a connection that breaks leaves the run running.
+fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
+    let mut reader = conn.try_clone()?;
+    let stopper = run.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let done_r = done.clone();
+    std::thread::spawn(move || {
+        while let Ok(Some(frame)) = proto::read_frame(&mut reader) {
+            if let Frame::Msg(Msg::Stop { .. }) = frame {
+                stopper.end(Ended::Stopped);
+            }
+            if done_r.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+    });
+    let mut w = io::BufWriter::with_capacity(CHUNK + 16, &conn);
+    let (mut sent_out, mut sent_err) = (0usize, 0usize);
+    let result = loop {
+        let (out, err, exit) = {
+            let mut s = run.lock();
+            while s.stdout.len() == sent_out && s.stderr.len() == sent_err && s.exit.is_none() {
+                s = run
+                    .changed
+                    .wait(s)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            let out = s.stdout[sent_out..].to_vec();
+            let err = s.stderr[sent_err..].to_vec();
+            (out, err, s.exit.clone())
+        };
+        sent_out += out.len();
+        sent_err += err.len();
+        let mut wrote = Ok(());
+        for chunk in out.chunks(CHUNK) {
+            wrote = wrote.and_then(|()| w.write_all(&proto::encode_output(false, chunk)));
+        }
+        for chunk in err.chunks(CHUNK) {
+            wrote = wrote.and_then(|()| w.write_all(&proto::encode_output(true, chunk)));
+        }
+        if let Some(exit) = exit {
+            wrote = wrote.and_then(|()| w.write_all(&proto::encode_msg(&Msg::Exit(exit))));
+            break wrote.and_then(|()| w.flush());
+        }
+        if let Err(e) = wrote.and_then(|()| w.flush()) {
+            break Err(e);
+        }
+    };
+    done.store(true, Ordering::Relaxed);
+    drop(w);
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+    result.map_err(Into::into)
+}
+
+/// Binds the socket: a stale one from an earlier life of the container is replaced; only the
+/// sandbox uid (and root) may connect.
+fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Runs the agent until SIGTERM, SIGINT or SIGQUIT: then every process gets the signal, and
+/// the agent exits when they are gone (or after a grace period). Returns the exit status.
+pub fn main(opts: Options) -> io::Result<i32> {
+    // Every thread inherits the blocked set; the signal thread takes them with sigwait. Runs
+    // start with an empty mask (the standard library resets it in the child).
+    let mut signals = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGWINCH,
+    ] {
+        signals.add(s);
+    }
+    signals.thread_block().map_err(io::Error::from)?;
+    // Processes of the sandbox share the agent's uid: keep them out of its memory (ptrace,
+    // /proc/1/mem, /proc/1/environ).
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let agent = Arc::new(Agent {
+        session: opts.session.clone(),
+        runs: Mutex::default(),
+        finished: Mutex::default(),
+        leaders: Mutex::default(),
+        pid1: std::process::id() == 1,
+    });
+    let listener = bind(&opts.socket)?;
+    let a = agent.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let _ = a.serve(conn);
+            });
+        }
+    });
+    loop {
+        let sig = signals.wait().map_err(io::Error::from)?;
+        match sig {
+            Signal::SIGCHLD => agent.reap(),
+            Signal::SIGTERM | Signal::SIGINT | Signal::SIGQUIT => {
+                agent.forward(sig);
+                let _ = std::fs::remove_file(&opts.socket);
+                shutdown(&agent);
+                return Ok(0);
+            }
+            other => agent.forward(other),
+        }
+    }
+}
+
+/// Reaps until no child is left or the grace period ends.
+fn shutdown(agent: &Agent) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        agent.reap();
+        if matches!(
+            waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)),
+            Err(Errno::ECHILD)
+        ) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
