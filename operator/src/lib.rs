@@ -1,7 +1,26 @@
 //! The sandboxd operator: controllers for `SandboxHost`, `Runtime`, `SandboxSession` and
 //! `Tombstone`. It talks to the API server and to sandboxd's client, never to Docker.
 //!
-//! So far it holds the start-up check every controller relies on: the CRDs are installed.
-//! The operator never installs them itself.
+//! Every loop is a kube-runtime `Controller` whose reconcile returns the next deadline that
+//! matters (`Action::requeue`); nothing polls in a thread or sleeps in a reconcile. Only the
+//! replica holding the Lease runs the controllers.
 
+pub mod backoff;
+pub mod conditions;
+pub mod config;
+pub mod context;
+pub mod host;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod placement;
 pub mod preflight;
+pub mod run;
+pub mod runtime;
+pub mod session;
+pub mod tombstone;
+
+pub use context::{Context, Error};
+
+/// The version of this operator, which is the sandboxd version it expects on every host.
+pub const VERSION_EXPECTED: &str = env!("CARGO_PKG_VERSION");

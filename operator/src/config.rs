@@ -1,0 +1,153 @@
+//! The operator's configuration: clap flags with `SANDBOX_OPERATOR_*` variables.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Everything the operator is configured with.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "sandbox-operator",
+    version,
+    about = "The sandboxd operator: SandboxHost, Runtime, SandboxSession and Tombstone controllers"
+)]
+pub struct Config {
+    /// This replica's name in the Lease (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub identity: String,
+
+    /// Namespace of the leader-election Lease.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_LEASE_NAMESPACE",
+        default_value = "sandboxd-system"
+    )]
+    pub lease_namespace: String,
+
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_LEASE_NAME",
+        default_value = "sandbox-operator"
+    )]
+    pub lease_name: String,
+
+    /// How long a leader's Lease lasts without renewal; another replica takes over after it.
+    #[arg(long, env = "SANDBOX_OPERATOR_LEASE_SECONDS", default_value_t = 15)]
+    pub lease_seconds: u64,
+
+    /// Address of /healthz, /readyz and /metrics (port 0 picks one and prints it).
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_HTTP_ADDR",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub http_addr: SocketAddr,
+
+    /// Handle only objects with these labels (`k=v,k2=v2`), to run several operators side by side.
+    #[arg(long, env = "SANDBOX_OPERATOR_SELECTOR", default_value = "")]
+    pub selector: String,
+
+    /// Seconds without activity before a session's container is stopped (files stay).
+    #[arg(long, env = "SANDBOX_OPERATOR_IDLE_TIMEOUT", default_value_t = 1800)]
+    pub idle_timeout_seconds: u64,
+
+    /// CPU share of one core under which a session counts as idle, in percent.
+    #[arg(long, env = "SANDBOX_OPERATOR_IDLE_CPU_PERCENT", default_value_t = 5.0)]
+    pub idle_cpu_percent: f64,
+
+    /// Seconds over which CPU use is sampled before a session is put to sleep.
+    #[arg(long, env = "SANDBOX_OPERATOR_CPU_WINDOW", default_value_t = 10)]
+    pub cpu_window_seconds: u64,
+
+    /// Seconds a stopped container is kept before it is reclaimed (the workspace stays).
+    #[arg(long, env = "SANDBOX_OPERATOR_CONTAINER_TTL", default_value_t = 86400)]
+    pub container_ttl_seconds: u64,
+
+    /// Seconds after the last activity at which a workspace is removed; unset keeps it forever.
+    #[arg(long, env = "SANDBOX_OPERATOR_WORKSPACE_TTL")]
+    pub workspace_ttl_seconds: Option<u64>,
+
+    /// How often a sleeping or reclaimed session is looked at, to follow a wake by a workspace operation.
+    #[arg(long, env = "SANDBOX_OPERATOR_FOLLOW_SECONDS", default_value_t = 60)]
+    pub follow_seconds: u64,
+
+    /// How often hosts are probed.
+    #[arg(long, env = "SANDBOX_OPERATOR_PROBE_SECONDS", default_value_t = 30)]
+    pub probe_seconds: u64,
+
+    /// Longest wait for a runtime being built before the session fails.
+    #[arg(long, env = "SANDBOX_OPERATOR_PREPARE_SECONDS", default_value_t = 600)]
+    pub prepare_seconds: u64,
+
+    /// First delay of a failed tombstone destroy; it doubles up to the cap.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_TOMBSTONE_BACKOFF",
+        default_value_t = 120
+    )]
+    pub tombstone_backoff_seconds: u64,
+
+    /// Longest delay between tombstone destroys.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_TOMBSTONE_BACKOFF_CAP",
+        default_value_t = 21600
+    )]
+    pub tombstone_backoff_cap_seconds: u64,
+
+    /// The sandboxd image named in version-mismatch messages.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_SANDBOXD_IMAGE",
+        default_value = "sandboxd"
+    )]
+    pub sandboxd_image: String,
+
+    /// Log as JSON.
+    #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
+    pub json_logs: bool,
+}
+
+impl Config {
+    /// The identity, defaulting to the host name and process id.
+    pub fn identity(&self) -> String {
+        if self.identity.is_empty() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        } else {
+            self.identity.clone()
+        }
+    }
+
+    /// The idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.idle_timeout_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_is_well_formed_and_defaults_are_the_seeds() {
+        Config::command().debug_assert();
+        let c = Config::parse_from(["sandbox-operator"]);
+        assert_eq!(
+            (
+                c.idle_timeout_seconds,
+                c.container_ttl_seconds,
+                c.workspace_ttl_seconds
+            ),
+            (1800, 86400, None)
+        );
+        assert_eq!(
+            (c.tombstone_backoff_seconds, c.tombstone_backoff_cap_seconds),
+            (120, 21600)
+        );
+        assert_eq!(c.prepare_seconds, 600);
+    }
+}

@@ -1,0 +1,269 @@
+//! What every reconcile shares: the client, the event recorder, metrics, sandboxd clients,
+//! per-object failure counts (kube-runtime has no per-object backoff), and the configuration.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, Resource, ResourceExt};
+use sandboxd::client::{Client as HostClient, ClientError};
+use sandboxd_crds::v1alpha1::SandboxHost;
+use tracing::warn;
+
+use crate::config::Config;
+use crate::metrics::{ControllerLabel, FailureLabel, Metrics};
+
+/// A reconcile failure, with a stable label for metrics and event reasons.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or could not be reached.
+    #[error("the Kubernetes API failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// A host's sandboxd answered with an error or could not be reached.
+    #[error("sandboxd on host {host}: {source}")]
+    Host {
+        /// The SandboxHost.
+        host: String,
+        /// What the client saw.
+        #[source]
+        source: ClientError,
+    },
+    /// A host's admin token could not be read.
+    #[error("the admin token of host {host} could not be read: {why}")]
+    Token {
+        /// The SandboxHost.
+        host: String,
+        /// Why.
+        why: String,
+    },
+    /// A host still owes destroys.
+    #[error(
+        "host {host} still has {count} tombstones; annotate it with sandboxd.dev/forget-tombstones=true to delete it anyway"
+    )]
+    TombstonesLeft {
+        /// The SandboxHost.
+        host: String,
+        /// How many.
+        count: usize,
+    },
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    /// A stable PascalCase label: metric label and Warning event reason.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubeError",
+            Error::Host { .. } => "HostError",
+            Error::Token { .. } => "TokenUnreadable",
+            Error::TombstonesLeft { .. } => "TombstonesLeft",
+            Error::Finalizer(_) => "FinalizerError",
+        }
+    }
+}
+
+/// What the reconcilers share.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The configuration.
+    pub config: Config,
+    /// Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Label selector of the objects this operator handles.
+    pub labels: BTreeMap<String, String>,
+    failures: Mutex<HashMap<String, u32>>,
+    cpu: Mutex<HashMap<String, (u64, Instant)>>,
+}
+
+/// Parses `k=v,k2=v2`.
+pub fn parse_selector(s: &str) -> BTreeMap<String, String> {
+    s.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+impl Context {
+    /// A context for `client` and `config`.
+    pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: "sandbox-operator".into(),
+            instance: Some(config.identity()),
+        };
+        let labels = parse_selector(&config.selector);
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            metrics,
+            labels,
+            failures: Mutex::default(),
+            cpu: Mutex::default(),
+        }
+    }
+
+    /// The watcher configuration of every controller (the label selector, if any).
+    pub fn watcher_config(&self) -> kube::runtime::watcher::Config {
+        let mut c = kube::runtime::watcher::Config::default();
+        if !self.config.selector.is_empty() {
+            c = c.labels(&self.config.selector);
+        }
+        c
+    }
+
+    /// List parameters with the selector.
+    pub fn list_params(&self) -> kube::api::ListParams {
+        let mut p = kube::api::ListParams::default();
+        if !self.config.selector.is_empty() {
+            p = p.labels(&self.config.selector);
+        }
+        p
+    }
+
+    /// A sandboxd client for `host`, with its admin token.
+    pub async fn host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
+        let r = &host.spec.admin_token_secret;
+        let name = host.name_any();
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &r.namespace)
+            .get_opt(&r.name)
+            .await?
+            .ok_or_else(|| Error::Token {
+                host: name.clone(),
+                why: format!("Secret {}/{} does not exist", r.namespace, r.name),
+            })?;
+        let token = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&r.key))
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            .ok_or_else(|| Error::Token {
+                host: name.clone(),
+                why: format!("Secret {}/{} has no key {}", r.namespace, r.name, r.key),
+            })?;
+        Ok(HostClient::new(&host.spec.endpoint, token.trim()))
+    }
+
+    /// Counts a reconcile and its duration.
+    pub fn observe(&self, controller: &str, started: Instant) {
+        let label = ControllerLabel {
+            controller: controller.to_owned(),
+        };
+        self.metrics.reconciles.get_or_create(&label).inc();
+        self.metrics
+            .duration
+            .get_or_create(&label)
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Records a failure of `key` and returns the delay before its retry.
+    pub fn failed(&self, controller: &str, key: &str, error: &Error) -> Duration {
+        self.metrics
+            .failures
+            .get_or_create(&FailureLabel {
+                controller: controller.to_owned(),
+                error: error.label().to_owned(),
+            })
+            .inc();
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        crate::backoff::failure_delay(*n)
+    }
+
+    /// Forgets the failures of `key` after a success.
+    pub fn succeeded(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// Failures of `key` in a row.
+    pub fn failures_of(&self, key: &str) -> u32 {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// CPU use of a session since its previous sample, in percent of one core; None on the
+    /// first sample or a sample too close to the previous one.
+    pub fn cpu_percent(&self, key: &str, cpu_ns: u64) -> Option<f64> {
+        let now = Instant::now();
+        let mut map = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = map.insert(key.to_owned(), (cpu_ns, now));
+        let (ns, at) = previous?;
+        let wall = now.duration_since(at).as_nanos() as f64;
+        (wall >= 1e9).then(|| cpu_ns.saturating_sub(ns) as f64 / wall * 100.0)
+    }
+
+    /// Forgets the CPU sample of a session.
+    pub fn forget_cpu(&self, key: &str) {
+        self.cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// Publishes an event on `obj`; a failure to publish is logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let reference = obj.object_ref(&());
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+/// A key for per-object bookkeeping.
+pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    ObjectRef::from_obj(obj).to_string()
+}
+
+/// Cuts a note to `max` bytes on a character boundary.
+pub fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// The error and its sources, for an event note.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,339 @@
+//! The SandboxHost controller: probes each sandboxd's index, capacity and runtimes on a timer;
+//! conditions Reachable, Ready and VersionMismatch. A host with tombstones left cannot be
+//! deleted unless the deletion is confirmed by annotation.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Api, ResourceExt};
+use sandboxd::runtimes::BuildState;
+use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
+use sandboxd_crds::v1alpha1::host::HostCapacity;
+use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostStatus, Tombstone};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use crate::conditions;
+use crate::context::{Context, Error, chain, key};
+
+/// Field manager of this controller's status writes.
+pub const MANAGER: &str = "sandbox-operator/sandboxhost";
+/// Finalizer that keeps a host while it owes destroys.
+pub const FINALIZER: &str = "sandboxd.dev/host-tombstones";
+/// Annotation that confirms deleting a host with tombstones left (they are forgotten).
+pub const FORGET_ANNOTATION: &str = "sandboxd.dev/forget-tombstones";
+
+/// The routes this operator needs from a host's sandboxd.
+pub const REQUIRED_ROUTES: &[&str] = &[
+    "POST /v1/sessions",
+    "GET /v1/sessions",
+    "GET /v1/sessions/{id}",
+    "DELETE /v1/sessions/{id}",
+    "POST /v1/sessions/{id}/stop",
+    "POST /v1/sessions/{id}/reclaim",
+    "POST /v1/sessions/{id}/token",
+    "GET /v1/runtimes",
+    "PUT /v1/runtimes",
+    "GET /v1/policy",
+];
+
+/// The message of a host whose sandboxd lacks routes.
+pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
+    format!(
+        "The sandbox service does not serve {} - its version does not match this platform (expected {}). Run {image}:{} and redeploy it",
+        missing.join(", "),
+        crate::VERSION_EXPECTED,
+        crate::VERSION_EXPECTED,
+    )
+}
+
+/// Runs the controller until the stream ends.
+pub async fn run(ctx: Arc<Context>) {
+    let api = Api::<SandboxHost>::all(ctx.client.clone());
+    Controller::new(api, ctx.watcher_config())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn error_policy(host: Arc<SandboxHost>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(host = %host.name_any(), error = %error, "host reconcile failed");
+    Action::requeue(ctx.failed("sandboxhost", &key(host.as_ref()), error))
+}
+
+#[instrument(skip_all, fields(host = %host.name_any()))]
+async fn reconcile(host: Arc<SandboxHost>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let api = Api::<SandboxHost>::all(ctx.client.clone());
+    let result = finalizer(&api, FINALIZER, host, |event| async {
+        match event {
+            Finalizer::Apply(h) => probe(&h, &ctx).await,
+            Finalizer::Cleanup(h) => cleanup(&h, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    ctx.observe("sandboxhost", started);
+    result
+}
+
+async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
+    let name = host.name_any();
+    let generation = host.metadata.generation;
+    let old = host.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.last_probe_at = Some(Time(Timestamp::now()));
+    status.observed_generation = generation;
+    let every = Duration::from_secs(ctx.config.probe_seconds);
+    let client = match ctx.host_client(host).await {
+        Ok(c) => c,
+        Err(e) => {
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                false,
+                "TokenUnreadable",
+                &e.to_string(),
+                generation,
+            );
+            write(host, &status, ctx).await?;
+            return Ok(Action::requeue(every));
+        }
+    };
+    match client.index().await {
+        Err(e) => {
+            conditions::set(
+                &mut status.conditions,
+                REACHABLE,
+                false,
+                "Unreachable",
+                &e.to_string(),
+                generation,
+            );
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                false,
+                "Unreachable",
+                &format!("sandboxd at {} does not answer", host.spec.endpoint),
+                generation,
+            );
+            if conditions::is_true(&old.conditions, REACHABLE) {
+                ctx.event(
+                    host,
+                    EventType::Warning,
+                    "Unreachable",
+                    "Probe",
+                    e.to_string(),
+                )
+                .await;
+            }
+        }
+        Ok(index) => {
+            conditions::set(
+                &mut status.conditions,
+                REACHABLE,
+                true,
+                "Answered",
+                &format!("sandboxd {} answered", index.version),
+                generation,
+            );
+            status.version = Some(index.version.clone());
+            status.routes = index.routes.clone();
+            let missing: Vec<String> = REQUIRED_ROUTES
+                .iter()
+                .filter(|r| !index.routes.iter().any(|x| x == *r))
+                .map(|r| (*r).to_owned())
+                .collect();
+            if missing.is_empty() {
+                conditions::set(
+                    &mut status.conditions,
+                    VERSION_MISMATCH,
+                    false,
+                    "RoutesPresent",
+                    "every route the operator needs is served",
+                    generation,
+                );
+                match observe(&client, &mut status).await {
+                    Ok(()) if host.spec.disabled => conditions::set(
+                        &mut status.conditions,
+                        READY,
+                        true,
+                        "Disabled",
+                        "ready, but disabled: it takes no new sessions",
+                        generation,
+                    ),
+                    Ok(()) => conditions::set(
+                        &mut status.conditions,
+                        READY,
+                        true,
+                        "Ready",
+                        "takes sessions",
+                        generation,
+                    ),
+                    Err(e) => conditions::set(
+                        &mut status.conditions,
+                        READY,
+                        false,
+                        "ProbeFailed",
+                        &chain(&e),
+                        generation,
+                    ),
+                }
+            } else {
+                let message = version_mismatch_message(&missing, &ctx.config.sandboxd_image);
+                if !conditions::is_true(&old.conditions, VERSION_MISMATCH) {
+                    ctx.event(
+                        host,
+                        EventType::Warning,
+                        "VersionMismatch",
+                        "Probe",
+                        message.clone(),
+                    )
+                    .await;
+                }
+                conditions::set(
+                    &mut status.conditions,
+                    VERSION_MISMATCH,
+                    true,
+                    "RoutesMissing",
+                    &message,
+                    generation,
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    READY,
+                    false,
+                    "VersionMismatch",
+                    &message,
+                    generation,
+                );
+            }
+        }
+    }
+    if !conditions::is_true(&old.conditions, READY)
+        && conditions::is_true(&status.conditions, READY)
+    {
+        info!(host = %name, "host ready");
+    }
+    write(host, &status, ctx).await?;
+    ctx.succeeded(&key(host));
+    Ok(Action::requeue(every))
+}
+
+/// Reads capacity, load and ready runtimes.
+async fn observe(
+    client: &sandboxd::client::Client,
+    status: &mut SandboxHostStatus,
+) -> Result<(), sandboxd::client::ClientError> {
+    let policy = client.policy().await?;
+    status.capacity = Some(HostCapacity {
+        max_sessions: i32::try_from(policy.policy.max_sessions).unwrap_or(i32::MAX),
+        max_sessions_per_tenant: i32::try_from(policy.policy.max_sessions_per_tenant)
+            .unwrap_or(i32::MAX),
+    });
+    let sessions = client.list().await?;
+    let held = sessions
+        .iter()
+        .filter(|s| {
+            matches!(
+                s.state,
+                sandboxd::store::State::Opening
+                    | sandboxd::store::State::Running
+                    | sandboxd::store::State::Stopped
+            )
+        })
+        .count();
+    status.sessions = Some(i32::try_from(held).unwrap_or(i32::MAX));
+    let runtimes = client.runtimes().await?;
+    status.runtimes_ready = runtimes
+        .runtimes
+        .into_iter()
+        .filter(|r| r.state == BuildState::Ready)
+        .map(|r| r.alias)
+        .collect();
+    Ok(())
+}
+
+async fn write(host: &SandboxHost, status: &SandboxHostStatus, ctx: &Context) -> Result<(), Error> {
+    let api = Api::<SandboxHost>::all(ctx.client.clone());
+    let patch =
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost", "status": status});
+    api.patch_status(
+        &host.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
+    let name = host.name_any();
+    let tombstones = Api::<Tombstone>::all(ctx.client.clone());
+    let owed: Vec<Tombstone> = tombstones
+        .list(&ctx.list_params())
+        .await?
+        .items
+        .into_iter()
+        .filter(|t| t.spec.host == name)
+        .collect();
+    if owed.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let confirmed = host
+        .annotations()
+        .get(FORGET_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if !confirmed {
+        let e = Error::TombstonesLeft {
+            host: name,
+            count: owed.len(),
+        };
+        ctx.event(
+            host,
+            EventType::Warning,
+            "TombstonesLeft",
+            "Delete",
+            e.to_string(),
+        )
+        .await;
+        return Err(e);
+    }
+    for t in &owed {
+        let _ = tombstones
+            .delete(&t.name_any(), &DeleteParams::default())
+            .await;
+    }
+    let note = format!(
+        "Host {name} was deleted with {} tombstones left, confirmed by {FORGET_ANNOTATION}: their sandboxes were forgotten ({})",
+        owed.len(),
+        owed.iter()
+            .map(|t| t.spec.session_id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    warn!(host = %name, count = owed.len(), "tombstones forgotten");
+    ctx.event(
+        host,
+        EventType::Warning,
+        "TombstonesForgotten",
+        "Delete",
+        note,
+    )
+    .await;
+    Ok(Action::await_change())
+}

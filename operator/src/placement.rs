@@ -1,0 +1,178 @@
+//! Where a new session goes: a ready, enabled host with room and the runtime, the least loaded
+//! first; a pin is honoured or refused, never silently replaced.
+
+/// What placement knows about one host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The SandboxHost name.
+    pub name: String,
+    /// Ready condition is True (reachable, versions match).
+    pub ready: bool,
+    /// `spec.disabled`.
+    pub disabled: bool,
+    /// Sessions it holds.
+    pub sessions: u32,
+    /// Its cap.
+    pub max_sessions: u32,
+    /// Whether the runtime is ready there (None: not known, e.g. an image runtime).
+    pub runtime_ready: Option<bool>,
+}
+
+/// Why no host was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// The pinned host does not exist.
+    #[error("the pinned host '{0}' does not exist")]
+    PinnedMissing(String),
+    /// The pinned host cannot take the session now.
+    #[error("the pinned host '{host}' cannot take sessions now: {why}")]
+    PinnedUnavailable {
+        /// The host.
+        host: String,
+        /// Why.
+        why: String,
+    },
+    /// No host can take it.
+    #[error("no host can take the session: {0}")]
+    NoHost(String),
+}
+
+fn why_not(c: &Candidate) -> Option<String> {
+    if c.disabled {
+        Some("it is disabled".into())
+    } else if !c.ready {
+        Some("it is not ready".into())
+    } else if c.max_sessions > 0 && c.sessions >= c.max_sessions {
+        Some(format!(
+            "it holds {} of {} sessions",
+            c.sessions, c.max_sessions
+        ))
+    } else if c.runtime_ready == Some(false) {
+        Some("the runtime is not built there".into())
+    } else {
+        None
+    }
+}
+
+/// Picks a host for a session, honouring `pin`.
+pub fn place(candidates: &[Candidate], pin: Option<&str>) -> Result<String, PlacementError> {
+    if let Some(pin) = pin.filter(|p| !p.is_empty()) {
+        let c = candidates
+            .iter()
+            .find(|c| c.name == pin)
+            .ok_or_else(|| PlacementError::PinnedMissing(pin.to_owned()))?;
+        return match why_not(c) {
+            None => Ok(c.name.clone()),
+            Some(why) => Err(PlacementError::PinnedUnavailable {
+                host: c.name.clone(),
+                why,
+            }),
+        };
+    }
+    let load = |c: &Candidate| {
+        if c.max_sessions == 0 {
+            0.0
+        } else {
+            f64::from(c.sessions) / f64::from(c.max_sessions)
+        }
+    };
+    candidates
+        .iter()
+        .filter(|c| why_not(c).is_none())
+        .min_by(|a, b| {
+            load(a)
+                .total_cmp(&load(b))
+                .then_with(|| a.sessions.cmp(&b.sessions))
+                .then_with(|| a.name.cmp(&b.name))
+        })
+        .map(|c| c.name.clone())
+        .ok_or_else(|| {
+            if candidates.is_empty() {
+                PlacementError::NoHost("no SandboxHost is registered".into())
+            } else {
+                PlacementError::NoHost(
+                    candidates
+                        .iter()
+                        .filter_map(|c| why_not(c).map(|w| format!("{}: {w}", c.name)))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(name: &str, sessions: u32, max: u32) -> Candidate {
+        Candidate {
+            name: name.into(),
+            ready: true,
+            disabled: false,
+            sessions,
+            max_sessions: max,
+            runtime_ready: None,
+        }
+    }
+
+    #[test]
+    fn least_loaded_ready_enabled_host_with_room_wins() {
+        let hosts = [
+            host("a", 5, 20),
+            host("b", 2, 20),
+            Candidate {
+                disabled: true,
+                ..host("c", 0, 20)
+            },
+            Candidate {
+                ready: false,
+                ..host("d", 0, 20)
+            },
+        ];
+        assert_eq!(place(&hosts, None), Ok("b".into()));
+        let full = [
+            host("a", 20, 20),
+            Candidate {
+                runtime_ready: Some(false),
+                ..host("b", 0, 20)
+            },
+        ];
+        assert_eq!(
+            place(&full, None),
+            Err(PlacementError::NoHost(
+                "a: it holds 20 of 20 sessions; b: the runtime is not built there".into()
+            ))
+        );
+        assert_eq!(
+            place(&[], None),
+            Err(PlacementError::NoHost(
+                "no SandboxHost is registered".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_pin_is_honoured_or_refused() {
+        let hosts = [
+            host("a", 5, 20),
+            host("b", 2, 20),
+            Candidate {
+                disabled: true,
+                ..host("c", 0, 20)
+            },
+        ];
+        assert_eq!(place(&hosts, Some("a")), Ok("a".into()));
+        assert_eq!(
+            place(&hosts, Some("c")),
+            Err(PlacementError::PinnedUnavailable {
+                host: "c".into(),
+                why: "it is disabled".into()
+            })
+        );
+        assert_eq!(
+            place(&hosts, Some("z")),
+            Err(PlacementError::PinnedMissing("z".into()))
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! Start-up: CRDs checked, health served, the Lease won, then the four controllers run until
+//! a signal (or the Lease is lost, which ends the process so it restarts as a follower).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::Client;
+use tracing::{error, info};
+
+use crate::config::Config;
+use crate::context::Context;
+use crate::http::{Health, serve};
+use crate::leader::Elector;
+use crate::metrics::Metrics;
+
+/// Runs the operator.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
+    crate::preflight::check_crds(&client).await?;
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let addr = serve(
+        config.http_addr,
+        Health {
+            metrics: metrics.clone(),
+            ready: ready.clone(),
+        },
+    )
+    .await
+    .with_context(|| format!("cannot listen on {}", config.http_addr))?;
+    println!("sandbox-operator serving health on http://{addr}");
+    ready.store(true, Ordering::Relaxed);
+
+    let identity = config.identity();
+    let elector = Elector::new(
+        client.clone(),
+        &config.lease_namespace,
+        &config.lease_name,
+        &identity,
+        Duration::from_secs(config.lease_seconds),
+    );
+    info!(%identity, lease = %format!("{}/{}", config.lease_namespace, config.lease_name), "waiting for the lease");
+    loop {
+        match elector.try_acquire().await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => error!(error = %e, "lease request failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(elector.renew_every()) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+    metrics.leader.set(1);
+    info!(%identity, "leading: starting controllers");
+    let ctx = Arc::new(Context::new(client, config.clone(), metrics));
+    let renew = tokio::spawn(async move {
+        let deadline_after = elector.renew_every() * 2;
+        let mut last_ok = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(elector.renew_every()).await;
+            match elector.try_acquire().await {
+                Ok(true) => last_ok = tokio::time::Instant::now(),
+                Ok(false) => {
+                    error!("another replica holds the lease; stopping so no two replicas act");
+                    std::process::exit(2);
+                }
+                Err(e) if last_ok.elapsed() > deadline_after => {
+                    error!(error = %e, "could not renew the lease in time; stopping so no two replicas act");
+                    std::process::exit(2);
+                }
+                Err(e) => error!(error = %e, "lease renewal failed; retrying"),
+            }
+        }
+    });
+    tokio::select! {
+        _ = crate::host::run(ctx.clone()) => {}
+        _ = crate::runtime::run(ctx.clone()) => {}
+        _ = crate::session::run(ctx.clone()) => {}
+        _ = crate::tombstone::run(ctx.clone()) => {}
+    }
+    renew.abort();
+    info!("controllers stopped");
+    Ok(())
+}

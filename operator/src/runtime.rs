@@ -1,0 +1,219 @@
+//! The Runtime controller: hands the allowlist (every Runtime, the default first) to every
+//! ready host and records per host the build state, image tag, attempts and last error. Ready
+//! when built on every ready host; two defaults are a condition on both, never a silent pick.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use sandboxd::runtimes::BuildState as HostBuildState;
+use sandboxd_catalog::CatalogEntry;
+use sandboxd_crds::v1alpha1::condition::{DEFAULT_CONFLICT, READY};
+use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus};
+use sandboxd_crds::v1alpha1::{Runtime, RuntimeStatus, SandboxHost};
+use serde_json::json;
+use tracing::{instrument, warn};
+
+use crate::conditions;
+use crate::context::{Context, Error, key};
+
+/// Field manager of this controller's status writes.
+pub const MANAGER: &str = "sandbox-operator/runtime";
+
+/// The catalog entry of a Runtime object.
+pub fn entry(rt: &Runtime) -> CatalogEntry {
+    CatalogEntry {
+        alias: rt.name_any(),
+        description: rt.spec.description.clone(),
+        image: rt.spec.image.clone(),
+        base_image: rt.spec.base_image.clone(),
+        setup_commands: rt.spec.setup_commands.clone(),
+        packages: rt.spec.packages.clone(),
+        env_vars: rt.spec.env_vars.clone(),
+        briefing: rt.spec.briefing.clone(),
+        mem_limit: rt.spec.mem_limit.clone(),
+        needs_network: rt.spec.needs_network,
+    }
+}
+
+/// Runs the controller until the stream ends.
+pub async fn run(ctx: Arc<Context>) {
+    let api = Api::<Runtime>::all(ctx.client.clone());
+    Controller::new(api, ctx.watcher_config())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn error_policy(rt: Arc<Runtime>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(runtime = %rt.name_any(), error = %error, "runtime reconcile failed");
+    Action::requeue(ctx.failed("runtime", &key(rt.as_ref()), error))
+}
+
+#[instrument(skip_all, fields(runtime = %rt.name_any()))]
+async fn reconcile(rt: Arc<Runtime>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = hand_out(&rt, &ctx).await;
+    ctx.observe("runtime", started);
+    result
+}
+
+async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
+    let name = rt.name_any();
+    let generation = rt.metadata.generation;
+    let mut all = Api::<Runtime>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items;
+    // The default first: a host's first entry is its default.
+    all.sort_by_key(|r| (!r.spec.default, r.name_any()));
+    let catalog: Vec<CatalogEntry> = all.iter().map(entry).collect();
+    let defaults: Vec<String> = all
+        .iter()
+        .filter(|r| r.spec.default)
+        .map(|r| r.name_any())
+        .collect();
+    let old = rt.status.clone().unwrap_or_default();
+    let mut status = RuntimeStatus {
+        observed_generation: generation,
+        conditions: old.conditions.clone(),
+        ..Default::default()
+    };
+    if defaults.len() > 1 && rt.spec.default {
+        let m = format!(
+            "more than one Runtime is marked default ({}); mark exactly one",
+            defaults.join(", ")
+        );
+        conditions::set(
+            &mut status.conditions,
+            DEFAULT_CONFLICT,
+            true,
+            "SeveralDefaults",
+            &m,
+            generation,
+        );
+    } else {
+        conditions::clear(&mut status.conditions, DEFAULT_CONFLICT);
+    }
+    let hosts = Api::<SandboxHost>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items;
+    let mut building = false;
+    for host in hosts.iter().filter(|h| {
+        h.status
+            .as_ref()
+            .is_some_and(|s| conditions::is_true(&s.conditions, READY))
+    }) {
+        let host_name = host.name_any();
+        let previous = old.hosts.iter().find(|h| h.host == host_name);
+        let client = ctx.host_client(host).await?;
+        // The host keeps an unchanged definition's image and state, so handing it the whole
+        // list each time is cheap and converges a host that restarted with another list.
+        let listed = client.put_runtimes(&catalog).await;
+        let entry_status = match listed {
+            Err(e) => RuntimeHostStatus {
+                host: host_name.clone(),
+                state: BuildState::Failed,
+                image_tag: None,
+                attempts: previous.map_or(0, |p| p.attempts),
+                last_error: Some(e.to_string()),
+                last_transition_time: Some(Time(Timestamp::now())),
+            },
+            Ok(list) => match list.runtimes.into_iter().find(|r| r.alias == name) {
+                None => RuntimeHostStatus {
+                    host: host_name.clone(),
+                    state: BuildState::Pending,
+                    image_tag: None,
+                    attempts: 0,
+                    last_error: None,
+                    last_transition_time: previous.and_then(|p| p.last_transition_time.clone()),
+                },
+                Some(r) => {
+                    let state = match r.state {
+                        HostBuildState::Pending => BuildState::Pending,
+                        HostBuildState::Building => BuildState::Building,
+                        HostBuildState::Ready => BuildState::Ready,
+                        HostBuildState::Failed => BuildState::Failed,
+                    };
+                    let changed = previous.is_none_or(|p| p.state != state);
+                    RuntimeHostStatus {
+                        host: host_name.clone(),
+                        state,
+                        image_tag: Some(r.tag),
+                        attempts: i32::try_from(r.attempts).unwrap_or(i32::MAX),
+                        last_error: r.last_error.map(|e| match r.log_tail {
+                            Some(tail) => crate::context::truncate(format!("{e}\n{tail}"), 2000),
+                            None => e,
+                        }),
+                        last_transition_time: if changed {
+                            Some(Time(Timestamp::now()))
+                        } else {
+                            previous.and_then(|p| p.last_transition_time.clone())
+                        },
+                    }
+                }
+            },
+        };
+        building |= matches!(
+            entry_status.state,
+            BuildState::Pending | BuildState::Building
+        );
+        status.hosts.push(entry_status);
+    }
+    let ready_everywhere =
+        !status.hosts.is_empty() && status.hosts.iter().all(|h| h.state == BuildState::Ready);
+    let message = if status.hosts.is_empty() {
+        "no ready host to build on".to_owned()
+    } else {
+        let by_state: BTreeMap<String, Vec<&str>> =
+            status.hosts.iter().fold(BTreeMap::new(), |mut m, h| {
+                m.entry(format!("{:?}", h.state))
+                    .or_default()
+                    .push(h.host.as_str());
+                m
+            });
+        by_state
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        ready_everywhere,
+        if ready_everywhere {
+            "Built"
+        } else {
+            "NotBuilt"
+        },
+        &message,
+        generation,
+    );
+    if status != old {
+        let patch =
+            json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime", "status": status});
+        Api::<Runtime>::all(ctx.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+    }
+    ctx.succeeded(&key(rt));
+    Ok(Action::requeue(if building {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(ctx.config.probe_seconds)
+    }))
+}

@@ -1,0 +1,860 @@
+//! The SandboxSession controller: places a session on a host, opens it there (idempotently),
+//! keeps its token in a Secret it owns, and follows its life: Running until idle, Sleeping
+//! (container stopped, files kept), Reclaimed after the container TTL, Lost when its workspace
+//! vanished. Deleting a session writes a Tombstone before the finalizer is released.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use sandboxd::client::ClientError;
+use sandboxd::store::State;
+use sandboxd_crds::v1alpha1::condition::{ADMITTED, PLACED, READY, RUNTIME_READY};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::tombstone::TombstoneSource;
+use sandboxd_crds::v1alpha1::{
+    Runtime, SandboxHost, SandboxSession, SandboxSessionStatus, Tombstone, TombstoneSpec,
+};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use crate::conditions;
+use crate::context::{Context, Error, key};
+use crate::placement::{Candidate, place};
+
+/// Field manager of this controller's writes.
+pub const MANAGER: &str = "sandbox-operator/sandboxsession";
+/// Finalizer that guarantees the destroy.
+pub const FINALIZER: &str = "sandboxd.dev/session";
+/// Condition: the host does not answer (the session is not lost).
+pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+/// Condition: the workspace is gone.
+pub const LOST: &str = "Lost";
+
+/// Runs the controller until the stream ends.
+pub async fn run(ctx: Arc<Context>) {
+    let api = Api::<SandboxSession>::all(ctx.client.clone());
+    let secrets = Api::<Secret>::all(ctx.client.clone());
+    Controller::new(api, ctx.watcher_config())
+        .owns(secrets, ctx.watcher_config())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn error_policy(s: Arc<SandboxSession>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(session = %s.name_any(), error = %error, "session reconcile failed");
+    Action::requeue(ctx.failed("sandboxsession", &key(s.as_ref()), error))
+}
+
+#[instrument(skip_all, fields(session = %s.name_any(), namespace = s.namespace().unwrap_or_default()))]
+async fn reconcile(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = s.namespace().unwrap_or_default();
+    let api = Api::<SandboxSession>::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, s, |event| async {
+        match event {
+            Finalizer::Apply(s) => apply(&s, &ctx).await,
+            Finalizer::Cleanup(s) => cleanup(&s, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    ctx.observe("sandboxsession", started);
+    result
+}
+
+fn time(t: Timestamp) -> Time {
+    Time(t)
+}
+
+fn parse_time(s: &str) -> Option<Timestamp> {
+    s.parse().ok()
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(t)
+}
+
+/// How long until `t` (zero when past).
+fn until(t: Timestamp) -> Duration {
+    let d = t.duration_since(Timestamp::now());
+    Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
+/// The Secret name holding a session's token.
+pub fn secret_name(session: &str) -> String {
+    format!("{session}-token")
+}
+
+struct Step {
+    status: SandboxSessionStatus,
+    requeue: Duration,
+}
+
+async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
+    let old = s.status.clone().unwrap_or_default();
+    let step = advance(s, ctx, old.clone()).await?;
+    let mut status = step.status;
+    status.observed_generation = s.metadata.generation;
+    if status_changed(&old, &status) {
+        write(s, &status, ctx).await?;
+        if old.phase != status.phase
+            && let Some(phase) = status.phase
+        {
+            info!(session = %s.name_any(), ?phase, "session phase");
+            let kind = if matches!(phase, SessionPhase::Lost | SessionPhase::Failed) {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            ctx.event(
+                s,
+                kind,
+                &format!("{phase:?}"),
+                "Reconcile",
+                status.message.clone().unwrap_or_default(),
+            )
+            .await;
+        }
+    }
+    ctx.succeeded(&key(s));
+    Ok(Action::requeue(
+        step.requeue.max(Duration::from_millis(200)),
+    ))
+}
+
+fn status_changed(a: &SandboxSessionStatus, b: &SandboxSessionStatus) -> bool {
+    let strip = |s: &SandboxSessionStatus| {
+        let mut s = s.clone();
+        s.conditions.clear();
+        s
+    };
+    strip(a) != strip(b) || !conditions::same(&a.conditions, &b.conditions)
+}
+
+async fn write(
+    s: &SandboxSession,
+    status: &SandboxSessionStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let api =
+        Api::<SandboxSession>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
+    let patch =
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": status});
+    api.patch_status(
+        &s.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+fn set_phase(status: &mut SandboxSessionStatus, phase: SessionPhase, message: impl Into<String>) {
+    status.phase = Some(phase);
+    status.message = Some(message.into());
+}
+
+async fn hosts(ctx: &Context) -> Result<Vec<SandboxHost>, Error> {
+    Ok(Api::<SandboxHost>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items)
+}
+
+/// The runtime alias a session opens with: its own, or the default Runtime's.
+async fn resolve_runtime(s: &SandboxSession, ctx: &Context) -> Result<Option<Runtime>, Error> {
+    let runtimes = Api::<Runtime>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items;
+    Ok(if s.spec.runtime.is_empty() {
+        runtimes.into_iter().find(|r| r.spec.default)
+    } else {
+        runtimes
+            .into_iter()
+            .find(|r| r.name_any() == s.spec.runtime)
+    })
+}
+
+fn runtime_entry(rt: &Runtime) -> sandboxd_catalog::CatalogEntry {
+    crate::runtime::entry(rt)
+}
+
+async fn advance(
+    s: &SandboxSession,
+    ctx: &Context,
+    mut status: SandboxSessionStatus,
+) -> Result<Step, Error> {
+    let generation = s.metadata.generation;
+    let name = s.name_any();
+    let cfg = &ctx.config;
+    let backoff = || crate::backoff::failure_delay(ctx.failures_of(&key(s)).saturating_add(1));
+
+    // Lost is final: a vanished workspace is reported, never replaced with an empty one.
+    if status.phase == Some(SessionPhase::Lost) {
+        return Ok(Step {
+            status,
+            requeue: Duration::from_secs(3600),
+        });
+    }
+
+    // 1. Placement: once placed, a session never moves.
+    let runtime = resolve_runtime(s, ctx).await?;
+    let alias = runtime
+        .as_ref()
+        .map(|r| r.name_any())
+        .or_else(|| (!s.spec.runtime.is_empty()).then(|| s.spec.runtime.clone()));
+    let all_hosts = hosts(ctx).await?;
+    let host_name = match status.host.clone() {
+        Some(h) => h,
+        None => {
+            // The load of a host is what it reports or what was placed on it since, whichever
+            // is higher: placements in quick succession must not all see the same stale count.
+            let placed = Api::<SandboxSession>::all(ctx.client.clone())
+                .list(&ctx.list_params())
+                .await?
+                .items;
+            let placed_on = |host: &str| {
+                placed
+                    .iter()
+                    .filter(|p| p.status.as_ref().and_then(|st| st.host.as_deref()) == Some(host))
+                    .count()
+            };
+            let candidates: Vec<Candidate> = all_hosts
+                .iter()
+                .map(|h| {
+                    let st = h.status.clone().unwrap_or_default();
+                    let runtime_ready = match (
+                        &alias,
+                        runtime.as_ref().map(|r| r.spec.base_image.is_some()),
+                    ) {
+                        (Some(a), Some(true)) => Some(st.runtimes_ready.iter().any(|r| r == a)),
+                        _ => None,
+                    };
+                    Candidate {
+                        name: h.name_any(),
+                        ready: conditions::is_true(&st.conditions, READY),
+                        disabled: h.spec.disabled,
+                        sessions: st
+                            .sessions
+                            .map_or(0, |n| u32::try_from(n).unwrap_or(0))
+                            .max(u32::try_from(placed_on(&h.name_any())).unwrap_or(u32::MAX)),
+                        max_sessions: st
+                            .capacity
+                            .map_or(0, |c| u32::try_from(c.max_sessions).unwrap_or(0)),
+                        runtime_ready,
+                    }
+                })
+                .collect();
+            match place(&candidates, s.spec.host.as_deref()) {
+                Ok(h) => {
+                    conditions::set(
+                        &mut status.conditions,
+                        PLACED,
+                        true,
+                        "Placed",
+                        &format!("placed on host {h}"),
+                        generation,
+                    );
+                    status.host = Some(h.clone());
+                    // Persist the placement before anything happens on the host.
+                    write(s, &status, ctx).await?;
+                    h
+                }
+                Err(e) => {
+                    conditions::set(
+                        &mut status.conditions,
+                        PLACED,
+                        false,
+                        "NoHost",
+                        &e.to_string(),
+                        generation,
+                    );
+                    set_phase(&mut status, SessionPhase::Pending, e.to_string());
+                    return Ok(Step {
+                        status,
+                        requeue: backoff(),
+                    });
+                }
+            }
+        }
+    };
+    let Some(host) = all_hosts.iter().find(|h| h.name_any() == host_name) else {
+        conditions::set(
+            &mut status.conditions,
+            HOST_UNREACHABLE,
+            true,
+            "HostMissing",
+            &format!("SandboxHost {host_name} does not exist"),
+            generation,
+        );
+        return Ok(Step {
+            status,
+            requeue: backoff(),
+        });
+    };
+    let client = ctx.host_client(host).await?;
+    status.endpoint = Some(host.spec.endpoint.clone());
+    if let Some(rt) = &runtime {
+        status.briefing = Some(sandboxd_catalog::briefing(&runtime_entry(rt)));
+    }
+
+    // 2. Open (idempotent by name) until the session exists on the host with a token Secret.
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
+    let secret = secret_name(&name);
+    let have_secret = secrets.get_opt(&secret).await?.is_some();
+    if status.session_id.is_none() || !have_secret {
+        let limits = s.spec.resources.as_ref().map(|r| sandboxd::core::Limits {
+            cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
+            mem_limit: r.mem_limit.clone(),
+            pids_limit: r.pids_limit,
+        });
+        match client
+            .open(&name, &s.spec.tenant, alias.as_deref(), limits.as_ref())
+            .await
+        {
+            Ok(opened) => {
+                let token = match opened.token {
+                    Some(t) => t,
+                    // Found, not created (a crash after the open, or the Secret was deleted):
+                    // the host gives it a new token; the old one stops working.
+                    None => client
+                        .rotate_token(&name)
+                        .await
+                        .map_err(|e| host_err(&host_name, e))?,
+                };
+                store_token(
+                    s,
+                    &secrets,
+                    &secret,
+                    &token,
+                    &host.spec.endpoint,
+                    &opened.session.id,
+                )
+                .await?;
+                status.session_id = Some(opened.session.id.clone());
+                status.runtime = Some(opened.session.runtime.clone());
+                status.credentials_secret = Some(secret.clone());
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    true,
+                    "Opened",
+                    &format!("opened on host {host_name}"),
+                    generation,
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    true,
+                    "Ready",
+                    "the runtime is built on the host",
+                    generation,
+                );
+                conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+            }
+            Err(ClientError::Api { code, message, .. }) if code == "runtime_preparing" => {
+                let since = conditions::get(&status.conditions, RUNTIME_READY)
+                    .filter(|c| c.status == "False" && c.reason == "Preparing")
+                    .map(|c| c.last_transition_time.0)
+                    .unwrap_or_else(Timestamp::now);
+                if until(add(since, Duration::from_secs(cfg.prepare_seconds))).is_zero() {
+                    let m = format!(
+                        "the runtime was still not built after {} s: {message}",
+                        cfg.prepare_seconds
+                    );
+                    conditions::set(
+                        &mut status.conditions,
+                        RUNTIME_READY,
+                        false,
+                        "PrepareTimedOut",
+                        &m,
+                        generation,
+                    );
+                    set_phase(&mut status, SessionPhase::Failed, m);
+                    return Ok(Step {
+                        status,
+                        requeue: Duration::from_secs(60),
+                    });
+                }
+                let m = format!("preparing sandbox: {message}");
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    false,
+                    "Preparing",
+                    &m,
+                    generation,
+                );
+                set_phase(&mut status, SessionPhase::Preparing, m);
+                return Ok(Step {
+                    status,
+                    requeue: Duration::from_secs(5),
+                });
+            }
+            Err(ClientError::Api {
+                status: 429,
+                code,
+                message,
+            }) => {
+                let reason = if code == "tenant_cap" {
+                    "TenantCap"
+                } else {
+                    "HostCap"
+                };
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    reason,
+                    &message,
+                    generation,
+                );
+                set_phase(&mut status, SessionPhase::Pending, message);
+                return Ok(Step {
+                    status,
+                    requeue: backoff(),
+                });
+            }
+            Err(ClientError::Api { code, message, .. }) if code == "runtime_failed" => {
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    false,
+                    "BuildFailed",
+                    &message,
+                    generation,
+                );
+                set_phase(&mut status, SessionPhase::Failed, message);
+                return Ok(Step {
+                    status,
+                    requeue: Duration::from_secs(60),
+                });
+            }
+            Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
+                conditions::set(
+                    &mut status.conditions,
+                    HOST_UNREACHABLE,
+                    true,
+                    "Unreachable",
+                    &e.to_string(),
+                    generation,
+                );
+                if status.phase.is_none() {
+                    set_phase(&mut status, SessionPhase::Pending, e.to_string());
+                }
+                return Ok(Step {
+                    status,
+                    requeue: backoff(),
+                });
+            }
+            Err(e) => return Err(host_err(&host_name, e)),
+        }
+    }
+
+    // 3. Follow the session on the host.
+    let view = match client.get(&name).await {
+        Ok(v) => v,
+        Err(ClientError::NoSuchSession(_)) => {
+            let m = format!("host {host_name} no longer has this session; its workspace is gone");
+            conditions::set(
+                &mut status.conditions,
+                LOST,
+                true,
+                "SessionGone",
+                &m,
+                generation,
+            );
+            set_phase(&mut status, SessionPhase::Lost, m);
+            return Ok(Step {
+                status,
+                requeue: Duration::from_secs(3600),
+            });
+        }
+        Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
+            conditions::set(
+                &mut status.conditions,
+                HOST_UNREACHABLE,
+                true,
+                "Unreachable",
+                &e.to_string(),
+                generation,
+            );
+            return Ok(Step {
+                status,
+                requeue: backoff(),
+            });
+        }
+        Err(e) => return Err(host_err(&host_name, e)),
+    };
+    conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+    let last = parse_time(&view.last_activity_at).unwrap_or_else(Timestamp::now);
+    status.last_activity_at = Some(time(last));
+    let idle = s
+        .spec
+        .idle_timeout_seconds
+        .and_then(|v| u64::try_from(v).ok())
+        .map_or(cfg.idle_timeout(), Duration::from_secs);
+    let follow = Duration::from_secs(cfg.follow_seconds);
+
+    if !view.workspace_exists || view.state == State::Lost {
+        let m = format!(
+            "the workspace of this session vanished on host {host_name}; it is not replaced with an empty one"
+        );
+        conditions::set(
+            &mut status.conditions,
+            LOST,
+            true,
+            "WorkspaceVanished",
+            &m,
+            generation,
+        );
+        conditions::set(&mut status.conditions, READY, false, "Lost", &m, generation);
+        set_phase(&mut status, SessionPhase::Lost, m);
+        status.sleeps_at = None;
+        return Ok(Step {
+            status,
+            requeue: Duration::from_secs(3600),
+        });
+    }
+
+    match view.state {
+        State::Running => {
+            let sleeps_at = add(last, idle);
+            status.sleeps_at = Some(time(sleeps_at));
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                true,
+                "Running",
+                "the sandbox runs",
+                generation,
+            );
+            set_phase(
+                &mut status,
+                SessionPhase::Running,
+                format!("running on host {host_name}"),
+            );
+            if !until(sleeps_at).is_zero() || view.runs_in_flight > 0 {
+                ctx.forget_cpu(&key(s));
+                let wait = if view.runs_in_flight > 0 {
+                    idle.min(follow)
+                } else {
+                    until(sleeps_at)
+                };
+                return Ok(Step {
+                    status,
+                    requeue: wait,
+                });
+            }
+            // Idle by activity; idle by CPU too? Sample it over a window first.
+            let window = Duration::from_secs(cfg.cpu_window_seconds);
+            match view.cpu_ns.and_then(|ns| ctx.cpu_percent(&key(s), ns)) {
+                None => {
+                    return Ok(Step {
+                        status,
+                        requeue: window,
+                    });
+                }
+                Some(p) if p >= cfg.idle_cpu_percent => {
+                    // Busy without runs (a server it started): not idle; look again later.
+                    ctx.forget_cpu(&key(s));
+                    return Ok(Step {
+                        status,
+                        requeue: idle,
+                    });
+                }
+                Some(_) => {}
+            }
+            ctx.forget_cpu(&key(s));
+            client
+                .stop(&name)
+                .await
+                .map_err(|e| host_err(&host_name, e))?;
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                false,
+                "Sleeping",
+                "idle: the container is stopped, the files stay",
+                generation,
+            );
+            set_phase(
+                &mut status,
+                SessionPhase::Sleeping,
+                format!(
+                    "idle for {} s: container stopped, files kept; a workspace operation wakes it",
+                    idle.as_secs()
+                ),
+            );
+            status.sleeps_at = None;
+            Ok(Step {
+                status,
+                requeue: follow.min(Duration::from_secs(cfg.container_ttl_seconds)),
+            })
+        }
+        State::Stopped => {
+            status.sleeps_at = None;
+            let since = conditions::get(&status.conditions, READY)
+                .filter(|c| c.status == "False" && c.reason == "Sleeping")
+                .map(|c| c.last_transition_time.0)
+                .unwrap_or(last);
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                false,
+                "Sleeping",
+                "idle: the container is stopped, the files stay",
+                generation,
+            );
+            if status.phase != Some(SessionPhase::Sleeping) {
+                set_phase(
+                    &mut status,
+                    SessionPhase::Sleeping,
+                    "container stopped, files kept; a workspace operation wakes it".to_owned(),
+                );
+            }
+            let reclaim_at = add(since, Duration::from_secs(cfg.container_ttl_seconds));
+            if until(reclaim_at).is_zero() {
+                client
+                    .reclaim(&name)
+                    .await
+                    .map_err(|e| host_err(&host_name, e))?;
+                conditions::set(
+                    &mut status.conditions,
+                    READY,
+                    false,
+                    "Reclaimed",
+                    "the container was removed after its TTL; the workspace stays",
+                    generation,
+                );
+                set_phase(
+                    &mut status,
+                    SessionPhase::Reclaimed,
+                    format!(
+                        "stopped for {} s: container removed, workspace kept",
+                        cfg.container_ttl_seconds
+                    ),
+                );
+                return Ok(Step {
+                    status,
+                    requeue: follow,
+                });
+            }
+            Ok(Step {
+                status,
+                requeue: until(reclaim_at).min(follow),
+            })
+        }
+        State::Reclaimed => {
+            status.sleeps_at = None;
+            conditions::set(
+                &mut status.conditions,
+                READY,
+                false,
+                "Reclaimed",
+                "the container was removed; the workspace stays",
+                generation,
+            );
+            if status.phase != Some(SessionPhase::Reclaimed) {
+                set_phase(
+                    &mut status,
+                    SessionPhase::Reclaimed,
+                    "container removed, workspace kept; a workspace operation recreates it"
+                        .to_owned(),
+                );
+            }
+            if let Some(ttl) = cfg.workspace_ttl_seconds {
+                let expires = add(last, Duration::from_secs(ttl));
+                if until(expires).is_zero() {
+                    client
+                        .destroy(&name)
+                        .await
+                        .map_err(|e| host_err(&host_name, e))?;
+                    let m = format!(
+                        "no activity for {ttl} s: the workspace was removed (workspace TTL)"
+                    );
+                    conditions::set(
+                        &mut status.conditions,
+                        LOST,
+                        true,
+                        "WorkspaceExpired",
+                        &m,
+                        generation,
+                    );
+                    set_phase(&mut status, SessionPhase::Lost, m);
+                    return Ok(Step {
+                        status,
+                        requeue: Duration::from_secs(3600),
+                    });
+                }
+                return Ok(Step {
+                    status,
+                    requeue: until(expires).min(follow),
+                });
+            }
+            Ok(Step {
+                status,
+                requeue: follow,
+            })
+        }
+        State::Opening => Ok(Step {
+            status,
+            requeue: Duration::from_secs(1),
+        }),
+        State::Lost => unreachable_lost(status, &host_name, generation),
+        State::Destroying => Ok(Step {
+            status,
+            requeue: Duration::from_secs(2),
+        }),
+    }
+}
+
+fn unreachable_lost(
+    mut status: SandboxSessionStatus,
+    host: &str,
+    generation: Option<i64>,
+) -> Result<Step, Error> {
+    let m = format!("host {host} reports the session lost");
+    conditions::set(
+        &mut status.conditions,
+        LOST,
+        true,
+        "WorkspaceVanished",
+        &m,
+        generation,
+    );
+    set_phase(&mut status, SessionPhase::Lost, m);
+    Ok(Step {
+        status,
+        requeue: Duration::from_secs(3600),
+    })
+}
+
+fn host_err(host: &str, source: ClientError) -> Error {
+    Error::Host {
+        host: host.to_owned(),
+        source,
+    }
+}
+
+async fn store_token(
+    s: &SandboxSession,
+    secrets: &Api<Secret>,
+    name: &str,
+    token: &str,
+    endpoint: &str,
+    session_id: &str,
+) -> Result<(), Error> {
+    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
+    let data = BTreeMap::from([
+        ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
+        (
+            "endpoint".to_owned(),
+            ByteString(endpoint.as_bytes().to_vec()),
+        ),
+        (
+            "session".to_owned(),
+            ByteString(session_id.as_bytes().to_vec()),
+        ),
+    ]);
+    let mut labels = s.labels().clone();
+    labels.insert(
+        "app.kubernetes.io/managed-by".into(),
+        "sandbox-operator".into(),
+    );
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            owner_references: Some(owner),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        data: Some(data),
+        type_: Some("sandboxd.dev/session-token".into()),
+        ..Default::default()
+    };
+    secrets
+        .patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
+    let status = s.status.clone().unwrap_or_default();
+    ctx.forget_cpu(&key(s));
+    let Some(host) = status.host else {
+        // Never placed: nothing lives outside Kubernetes.
+        return Ok(Action::await_change());
+    };
+    let uid = s.uid().unwrap_or_default();
+    let tombstone = Tombstone {
+        metadata: ObjectMeta {
+            name: Some(format!("sbx-{uid}")),
+            labels: Some(ctx.labels.clone()),
+            ..Default::default()
+        },
+        spec: TombstoneSpec {
+            host: host.clone(),
+            session_id: status.session_id.unwrap_or_else(|| s.name_any()),
+            tenant: s.spec.tenant.clone(),
+            source: TombstoneSource {
+                namespace: s.namespace().unwrap_or_default(),
+                name: s.name_any(),
+                uid,
+            },
+        },
+        status: None,
+    };
+    let api = Api::<Tombstone>::all(ctx.client.clone());
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            &tombstone,
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.event(
+        s,
+        EventType::Normal,
+        "TombstoneWritten",
+        "Delete",
+        format!(
+            "the destroy on host {host} is owed by Tombstone {}",
+            tombstone.name_any()
+        ),
+    )
+    .await;
+    let _ = s.meta();
+    Ok(Action::await_change())
+}

@@ -1,0 +1,418 @@
+//! The harness of the operator's end-to-end tests: the real API server from `make up`, real
+//! sandboxd processes on the project's dockerd, and the real operator binary, each test in its
+//! own scope (a label every object it makes carries, and the operator's `--selector`), so tests
+//! run in parallel without seeing each other's objects.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::{Client, ResourceExt};
+use rand::Rng;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession};
+use serde_json::json;
+
+pub use sandboxd_tests::{TestNamespace, client, install_crds};
+
+pub const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
+
+/// Where cargo put the workspace's binaries (next to this test's `deps/` folder).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --workspace --bins` (make test does)",
+        path.display()
+    );
+    path
+}
+
+pub fn base_image() -> String {
+    std::env::var("SANDBOXD_BASE_IMAGE").expect("SANDBOXD_BASE_IMAGE is not set: run `make test` or `eval \"$(make -s env)\"` after `make up`")
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A sandboxd process on a fixed loopback port.
+pub struct Host {
+    pub name: String,
+    pub port: u16,
+    pub token: String,
+    pub instance: String,
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+    env: Vec<(String, String)>,
+}
+
+impl Host {
+    pub fn start(name: &str, env: &[(&str, &str)]) -> Self {
+        let suffix: u32 = rand::rng().random();
+        let mut h = Self {
+            name: name.to_owned(),
+            port: free_port(),
+            token: format!("admin-{suffix:08x}{:016x}", rand::rng().random::<u64>()),
+            instance: format!("op{suffix:08x}"),
+            dir: tempfile::Builder::new()
+                .prefix("sandboxd-op-test-")
+                .tempdir()
+                .expect("temp dir"),
+            child: None,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        h.spawn();
+        h
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.dir.path().join("ws").join(id).join("workspace")
+    }
+
+    pub fn spawn(&mut self) {
+        let mut cmd = Command::new(bin("sandboxd"));
+        cmd.env("SANDBOXD_TOKEN", &self.token)
+            .env("SANDBOXD_PORT", self.port.to_string())
+            .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
+            .env("SANDBOXD_INSTANCE", &self.instance)
+            .env("SANDBOXD_WORKSPACE_ROOT", self.dir.path().join("ws"))
+            .env("SANDBOXD_STATE_DIR", self.dir.path().join("state"))
+            .env("SANDBOXD_MEM_LIMIT", "256m")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("sandboxd starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("sandboxd says where it listens");
+        assert!(
+            line.contains(&format!(":{}", self.port)),
+            "unexpected: {line}"
+        );
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn client(&self) -> sandboxd::client::Client {
+        sandboxd::client::Client::new(&self.endpoint(), &self.token)
+    }
+
+    /// Containers of this host, as Docker reports them: (session label, running).
+    pub fn containers(&self) -> Vec<(String, bool)> {
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                &format!("label=sandboxd.dev/instance={}", self.instance),
+            ])
+            .args(["--format", "{{.Label \"sandboxd.dev/session\"}} {{.State}}"])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_once(' ')
+                    .map(|(s, st)| (s.to_owned(), st == "running"))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill9();
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=sandboxd.dev/instance={}", self.instance),
+            ])
+            .output();
+        if let Ok(out) = out {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
+    }
+}
+
+/// One test's world: a namespace, a scope label, and the operators it runs.
+pub struct Scope {
+    pub client: Client,
+    pub ns: String,
+    pub scope: String,
+    namespace: Option<TestNamespace>,
+    operators: Vec<Child>,
+}
+
+impl Scope {
+    pub async fn new(prefix: &str) -> Self {
+        let client = client().await;
+        install_crds(&client).await;
+        let namespace = TestNamespace::create(&client, prefix).await;
+        let scope = format!("{prefix}-{:08x}", rand::rng().random::<u32>());
+        Self {
+            client,
+            ns: namespace.name.clone(),
+            scope,
+            namespace: Some(namespace),
+            operators: vec![],
+        }
+    }
+
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(SCOPE_LABEL.to_owned(), self.scope.clone())])
+    }
+
+    /// Starts an operator for this scope; returns its index.
+    pub fn start_operator(&mut self, extra: &[&str]) -> usize {
+        let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-operator"));
+        cmd.env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "warn,sandboxd_operator=info")
+            .args(["--selector", &format!("{SCOPE_LABEL}={}", self.scope)])
+            .args([
+                "--lease-namespace",
+                &self.ns,
+                "--lease-name",
+                &format!("op-{}", self.scope),
+            ])
+            .args([
+                "--identity",
+                &format!("op-{}-{}", self.scope, self.operators.len()),
+            ])
+            .args([
+                "--http-addr",
+                "127.0.0.1:0",
+                "--lease-seconds",
+                "3",
+                "--probe-seconds",
+                "1",
+                "--follow-seconds",
+                "1",
+            ])
+            .args([
+                "--tombstone-backoff-seconds",
+                "1",
+                "--tombstone-backoff-cap-seconds",
+                "4",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        self.operators
+            .push(cmd.spawn().expect("the operator starts"));
+        self.operators.len() - 1
+    }
+
+    pub fn kill9_operator(&mut self, i: usize) {
+        let _ = self.operators[i].kill();
+        let _ = self.operators[i].wait();
+    }
+
+    /// Registers `host` as a SandboxHost with its admin-token Secret.
+    pub async fn register(&self, host: &Host) {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("{}-admin", host.name), "labels": self.labels()},
+            "stringData": {"token": host.token},
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret created");
+        self.register_endpoint(
+            &host.name,
+            &host.endpoint(),
+            &format!("{}-admin", host.name),
+        )
+        .await;
+    }
+
+    pub async fn register_endpoint(&self, name: &str, endpoint: &str, secret: &str) {
+        let sbh: SandboxHost = serde_json::from_value(json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+            "metadata": {"name": name, "labels": self.labels()},
+            "spec": {"endpoint": endpoint, "adminTokenSecret": {"namespace": self.ns, "name": secret, "key": "token"}},
+        }))
+        .expect("host");
+        Api::<SandboxHost>::all(self.client.clone())
+            .create(&PostParams::default(), &sbh)
+            .await
+            .expect("host created");
+    }
+
+    /// A default image Runtime named `base` (what the hosts run) for this scope.
+    pub async fn default_runtime(&self) {
+        let rt: Runtime = serde_json::from_value(json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": format!("base-{}", self.scope), "labels": self.labels()},
+            "spec": {"description": "the local base image", "image": base_image(), "default": true},
+        }))
+        .expect("runtime");
+        Api::<Runtime>::all(self.client.clone())
+            .create(&PostParams::default(), &rt)
+            .await
+            .expect("runtime created");
+    }
+
+    pub fn sessions(&self) -> Api<SandboxSession> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Applies a session with `kubectl apply`, as a platform would.
+    pub fn kubectl_apply_session(&self, name: &str, extra_spec: serde_json::Value) {
+        let mut spec = json!({"scope": "conversation", "tenant": "org-1", "subject": name});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            for (k, v) in e {
+                s.insert(k.clone(), v.clone());
+            }
+        }
+        let doc = json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "namespace": self.ns, "labels": self.labels()},
+            "spec": spec,
+        });
+        let mut child = Command::new(sandboxd_tests::kubectl())
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("kubectl runs");
+        std::io::Write::write_all(
+            child.stdin.as_mut().expect("stdin"),
+            doc.to_string().as_bytes(),
+        )
+        .expect("write");
+        drop(child.stdin.take());
+        assert!(
+            child.wait().expect("kubectl").success(),
+            "kubectl apply failed"
+        );
+    }
+
+    /// Waits (watching, with a deadline) until the session satisfies `cond`.
+    pub async fn wait_session(
+        &self,
+        name: &str,
+        what: &str,
+        secs: u64,
+        cond: impl Fn(&SandboxSession) -> bool,
+    ) -> SandboxSession {
+        let api = self.sessions();
+        let found = tokio::time::timeout(
+            Duration::from_secs(secs),
+            await_condition(api.clone(), name, move |s: Option<&SandboxSession>| {
+                s.is_some_and(&cond)
+            }),
+        )
+        .await;
+        match found {
+            Ok(Ok(Some(s))) => s,
+            _ => {
+                let now = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "session {name} did not become {what} within {secs} s; it is {:#?}",
+                    now.map(|s| s.status)
+                )
+            }
+        }
+    }
+
+    pub async fn delete(mut self) {
+        for op in &mut self.operators {
+            let _ = op.kill();
+            let _ = op.wait();
+        }
+        let client = self.client.clone();
+        let labels = format!("{SCOPE_LABEL}={}", self.scope);
+        let lp = kube::api::ListParams::default().labels(&labels);
+        let dp = kube::api::DeleteParams::default();
+        // Objects outlive their operator here; drop finalizers so the API server can remove them.
+        strip_and_delete(
+            Api::<SandboxSession>::namespaced(client.clone(), &self.ns),
+            &lp,
+            &dp,
+        )
+        .await;
+        strip_and_delete(Api::<SandboxHost>::all(client.clone()), &lp, &dp).await;
+        strip_and_delete(Api::<Runtime>::all(client.clone()), &lp, &dp).await;
+        strip_and_delete(
+            Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone()),
+            &lp,
+            &dp,
+        )
+        .await;
+        if let Some(ns) = self.namespace.take() {
+            ns.delete().await;
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        // A test that failed before `delete` must not leave its operators running.
+        for op in &mut self.operators {
+            let _ = op.kill();
+            let _ = op.wait();
+        }
+    }
+}
+
+async fn strip_and_delete<K>(api: Api<K>, lp: &kube::api::ListParams, dp: &kube::api::DeleteParams)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    if let Ok(list) = api.list(lp).await {
+        for o in list.items {
+            let name = o.name_any();
+            let patch = json!({"metadata": {"finalizers": null}});
+            let _ = api
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await;
+            let _ = api.delete(&name, dp).await;
+        }
+    }
+}
+
+pub fn phase(s: &SandboxSession) -> Option<sandboxd_crds::v1alpha1::session::SessionPhase> {
+    s.status.as_ref().and_then(|st| st.phase)
+}

@@ -1,0 +1,481 @@
+//! The operator end to end: the real API server and controller-manager from `make up`, real
+//! sandboxd processes on the local dockerd, the real operator binary. Lifetimes are shortened
+//! through configuration, never by faking time.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Host, Scope, phase};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::wait::await_condition;
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
+
+fn token_of(secret: &Secret) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token"))
+        .map(|b| b.0.clone())
+        .expect("a token in the Secret");
+    String::from_utf8(bytes).expect("utf-8 token")
+}
+
+async fn wait_gone<K>(api: Api<K>, name: &str, secs: u64)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let done = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
+    )
+    .await;
+    assert!(
+        matches!(done, Ok(Ok(_))),
+        "{name} was not removed within {secs} s: {:?}",
+        api.get_opt(name).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
+    let mut scope = Scope::new("life").await;
+    let host = Host::start(&format!("life-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[
+        "--idle-timeout-seconds",
+        "3",
+        "--cpu-window-seconds",
+        "1",
+        "--container-ttl-seconds",
+        "4",
+    ]);
+
+    scope.kubectl_apply_session("xc-life", serde_json::json!({}));
+    let running = scope
+        .wait_session("xc-life", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let status = running.status.expect("status");
+    assert_eq!(status.host.as_deref(), Some(host.name.as_str()));
+    assert_eq!(status.endpoint.as_deref(), Some(host.endpoint().as_str()));
+    assert!(
+        status
+            .briefing
+            .as_deref()
+            .is_some_and(|b| b.contains("/bin/sh")),
+        "{:?}",
+        status.briefing
+    );
+    let secret_name = status.credentials_secret.expect("credentials secret");
+    let secret = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .get(&secret_name)
+        .await
+        .expect("the token Secret");
+    assert_eq!(
+        secret
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].name.as_str()),
+        Some("xc-life")
+    );
+    let session = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret));
+    let run = session
+        .run(
+            "xc-life",
+            "echo hello > note.txt && cat note.txt && id -u",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("run with the Secret's token");
+    assert_eq!(run.stdout, "hello\n10001\n");
+
+    // Idle past the timeout: the container stops, files stay.
+    scope
+        .wait_session("xc-life", "Sleeping", 60, |s| {
+            phase(s) == Some(SessionPhase::Sleeping)
+        })
+        .await;
+    assert_eq!(host.containers(), vec![("xc-life".to_owned(), false)]);
+    assert!(host.workspace("xc-life").join("note.txt").exists());
+    // A workspace operation wakes it, and the operator follows.
+    let again = session
+        .run("xc-life", "cat note.txt", None, None, None)
+        .await
+        .expect("a run wakes it");
+    assert_eq!(again.stdout, "hello\n");
+    scope
+        .wait_session("xc-life", "Running again", 30, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    // Idle again, then stopped past the container TTL: reclaimed, files kept.
+    scope
+        .wait_session("xc-life", "Reclaimed", 90, |s| {
+            phase(s) == Some(SessionPhase::Reclaimed)
+        })
+        .await;
+    assert!(host.containers().is_empty(), "{:?}", host.containers());
+    assert!(host.workspace("xc-life").join("note.txt").exists());
+    // The workspace deleted on the host: Lost, never recreated.
+    std::fs::remove_dir_all(host.dir.path().join("ws").join("xc-life"))
+        .expect("delete on the host");
+    let lost = scope
+        .wait_session("xc-life", "Lost", 30, |s| {
+            phase(s) == Some(SessionPhase::Lost)
+        })
+        .await;
+    assert!(
+        lost.status
+            .and_then(|s| s.message)
+            .is_some_and(|m| m.contains("vanished"))
+    );
+    assert!(!host.workspace("xc-life").exists());
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_destroys_it_through_a_tombstone_even_across_a_host_outage() {
+    let mut scope = Scope::new("tomb").await;
+    let mut host = Host::start(&format!("tomb-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let sessions = scope.sessions();
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+
+    // A plain delete: tombstone, destroy, tombstone gone.
+    scope.kubectl_apply_session("xc-one", serde_json::json!({}));
+    let s = scope
+        .wait_session("xc-one", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let uid = s.metadata.uid.clone().expect("uid");
+    sessions
+        .delete("xc-one", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(sessions.clone(), "xc-one", 30).await;
+    wait_gone(tombstones.clone(), &format!("sbx-{uid}"), 30).await;
+    assert!(host.containers().is_empty());
+    assert!(!host.dir.path().join("ws").join("xc-one").exists());
+
+    // With the host down: the tombstone stays and backs off, and completes when it returns.
+    scope.kubectl_apply_session("xc-two", serde_json::json!({}));
+    let s = scope
+        .wait_session("xc-two", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let tomb = format!("sbx-{}", s.metadata.uid.clone().expect("uid"));
+    host.kill9();
+    sessions
+        .delete("xc-two", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(sessions.clone(), "xc-two", 30).await;
+    let backing_off = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(tombstones.clone(), &tomb, |t: Option<&Tombstone>| {
+            t.and_then(|t| t.status.as_ref()).is_some_and(|st| {
+                st.attempts >= 3 && st.last_error.is_some() && st.next_attempt_at.is_some()
+            })
+        }),
+    )
+    .await;
+    assert!(
+        matches!(backing_off, Ok(Ok(Some(_)))),
+        "the tombstone did not back off: {:?}",
+        tombstones.get_opt(&tomb).await
+    );
+    assert_eq!(
+        host.containers().len(),
+        1,
+        "the container waits for its destroy"
+    );
+    host.spawn();
+    wait_gone(tombstones.clone(), &tomb, 30).await;
+    assert!(host.containers().is_empty());
+    assert!(!host.dir.path().join("ws").join("xc-two").exists());
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_spread_pins_hold_and_mismatched_hosts_get_none() {
+    let mut scope = Scope::new("place").await;
+    let a = Host::start(
+        &format!("a-{}", scope.scope),
+        &[("SANDBOXD_MAX_SESSIONS_PER_TENANT", "3")],
+    );
+    let b = Host::start(
+        &format!("b-{}", scope.scope),
+        &[("SANDBOXD_MAX_SESSIONS_PER_TENANT", "3")],
+    );
+    scope.register(&a).await;
+    scope.register(&b).await;
+    // A stand-in of an older sandboxd: its index lacks the routes the operator needs.
+    let old = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let old_addr = old.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async { axum::Json(serde_json::json!({"service": "sandboxd", "version": "0.0.9", "routes": ["GET /", "POST /v1/sessions"]})) }),
+        );
+        let _ = axum::serve(old, app).await;
+    });
+    let old_name = format!("old-{}", scope.scope);
+    scope
+        .register_endpoint(
+            &old_name,
+            &format!("http://{old_addr}"),
+            &format!("{}-admin", a.name),
+        )
+        .await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    let mismatch = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(hosts.clone(), &old_name, |h: Option<&SandboxHost>| {
+            h.and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "VersionMismatch" && c.status == "True")
+            })
+        }),
+    )
+    .await;
+    let old_host = match mismatch {
+        Ok(Ok(Some(h))) => h,
+        _ => panic!(
+            "the old host was not marked VersionMismatch: {:?}",
+            hosts.get_opt(&old_name).await
+        ),
+    };
+    let message = old_host
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "VersionMismatch")
+        .expect("condition")
+        .message;
+    assert!(message.starts_with("The sandbox service does not serve GET /v1/sessions, GET /v1/sessions/{id}, DELETE /v1/sessions/{id}"), "{message}");
+    assert!(message.ends_with(&format!("- its version does not match this platform (expected {v}). Run sandboxd:{v} and redeploy it", v = env!("CARGO_PKG_VERSION"))), "{message}");
+
+    for i in 0..4 {
+        scope.kubectl_apply_session(
+            &format!("xc-spread-{i}"),
+            serde_json::json!({"tenant": format!("org-{i}")}),
+        );
+    }
+    let mut placed = Vec::new();
+    for i in 0..4 {
+        let s = scope
+            .wait_session(&format!("xc-spread-{i}"), "Running", 90, |s| {
+                phase(s) == Some(SessionPhase::Running)
+            })
+            .await;
+        placed.push(s.status.and_then(|st| st.host).expect("a host"));
+    }
+    assert!(placed.iter().all(|h| *h != old_name), "{placed:?}");
+    assert!(
+        placed.contains(&a.name) && placed.contains(&b.name),
+        "sessions did not spread: {placed:?}"
+    );
+    scope.kubectl_apply_session(
+        "xc-pinned",
+        serde_json::json!({"host": b.name, "tenant": "org-p"}),
+    );
+    let pinned = scope
+        .wait_session("xc-pinned", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(pinned.status.and_then(|s| s.host), Some(b.name.clone()));
+
+    // Tenant cap: the host's refusal becomes a condition carrying its words.
+    for i in 0..4 {
+        scope.kubectl_apply_session(
+            &format!("xc-cap-{i}"),
+            serde_json::json!({"host": a.name, "tenant": "org-cap"}),
+        );
+    }
+    let mut refused = None;
+    for i in 0..4 {
+        let name = format!("xc-cap-{i}");
+        let s = scope
+            .wait_session(&name, "Running or refused", 90, |s| {
+                phase(s) == Some(SessionPhase::Running)
+                    || s.status.as_ref().is_some_and(|st| {
+                        st.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Admitted" && c.status == "False")
+                    })
+            })
+            .await;
+        if phase(&s) != Some(SessionPhase::Running) {
+            refused = Some(s);
+        }
+    }
+    let refused = refused.expect("one of four sessions of a tenant capped at 3 is refused");
+    let cond = refused
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Admitted")
+        .expect("Admitted");
+    assert_eq!(cond.reason, "TenantCap");
+    assert_eq!(
+        cond.message,
+        "Tenant 'org-cap' already holds 3 of 3 sessions. Release an idle session before opening another."
+    );
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_acts_and_another_takes_over_when_it_dies() {
+    let mut scope = Scope::new("lead").await;
+    let host = Host::start(&format!("lead-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    let first = scope.start_operator(&[]);
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        scope.client.clone(),
+        &scope.ns,
+    );
+    let lease_name = format!("op-{}", scope.scope);
+    let held_by = |who: String| {
+        let leases = leases.clone();
+        let lease_name = lease_name.clone();
+        async move {
+            let wanted = who.clone();
+            let ok = tokio::time::timeout(
+                Duration::from_secs(30),
+                await_condition(
+                    leases,
+                    &lease_name,
+                    move |l: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+                        l.and_then(|l| l.spec.as_ref())
+                            .and_then(|s| s.holder_identity.as_deref())
+                            == Some(wanted.as_str())
+                    },
+                ),
+            )
+            .await;
+            assert!(
+                matches!(ok, Ok(Ok(Some(_)))),
+                "the lease was not taken by {who}"
+            );
+        }
+    };
+    held_by(format!("op-{}-0", scope.scope)).await;
+    let second = scope.start_operator(&[]);
+    scope.kubectl_apply_session("xc-lead-1", serde_json::json!({}));
+    let s = scope
+        .wait_session("xc-lead-1", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    // Only the leader wrote: every status field manager is the operator's, and the follower
+    // still waits for the lease.
+    assert!(
+        s.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.manager.as_deref() == Some("sandbox-operator/sandboxsession"))
+    );
+    let lease = leases.get(&lease_name).await.expect("lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        Some(format!("op-{}-0", scope.scope))
+    );
+    let _ = second;
+    scope.kill9_operator(first);
+    held_by(format!("op-{}-1", scope.scope)).await;
+    scope.kubectl_apply_session("xc-lead-2", serde_json::json!({}));
+    scope
+        .wait_session("xc-lead-2", "Running under the new leader", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let containers = host.containers();
+    assert_eq!(
+        containers.len(),
+        2,
+        "no duplicate container: {containers:?}"
+    );
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_namespace_destroys_every_container() {
+    let mut scope = Scope::new("nsdel").await;
+    let host = Host::start(&format!("ns-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    // Sessions live in a namespace of their own, deleted whole.
+    let victims = sandboxd_tests::TestNamespace::create(&scope.client, "victims").await;
+    let api = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(
+        scope.client.clone(),
+        &victims.name,
+    );
+    for i in 0..3 {
+        let s: sandboxd_crds::v1alpha1::SandboxSession = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": format!("xc-ns-{i}"), "labels": scope.labels()},
+            "spec": {"scope": "agent", "tenant": format!("org-{i}"), "subject": format!("a-{i}")},
+        }))
+        .expect("session");
+        api.create(&Default::default(), &s).await.expect("create");
+    }
+    for i in 0..3 {
+        let name = format!("xc-ns-{i}");
+        let ok = tokio::time::timeout(
+            Duration::from_secs(90),
+            await_condition(
+                api.clone(),
+                &name,
+                |s: Option<&sandboxd_crds::v1alpha1::SandboxSession>| {
+                    s.is_some_and(|s| phase(s) == Some(SessionPhase::Running))
+                },
+            ),
+        )
+        .await;
+        assert!(matches!(ok, Ok(Ok(Some(_)))), "{name} never ran");
+    }
+    assert_eq!(host.containers().len(), 3);
+    let ns_name = victims.name.clone();
+    victims.delete().await;
+    wait_gone(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(scope.client.clone()),
+        &ns_name,
+        120,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut interval = tokio::time::interval(Duration::from_millis(500));
+    while !host.containers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "containers left: {:?}",
+            host.containers()
+        );
+        interval.tick().await;
+    }
+    scope.delete().await;
+}
