@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo generate lint test unit e2e wire-venv
+.PHONY: up down env demo images generate lint test unit e2e wire-venv
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -15,8 +15,11 @@ down: ## stop what `make up` started
 env: ## print the export lines for KUBECONFIG, DOCKER_HOST, SANDBOXD_BASE_IMAGE
 	@hack/env.sh
 
-demo: ## the main job: up, CRDs and Runtimes installed, shown
+demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session opened with kubectl sandbox
 	hack/demo.sh
+
+images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)
+	hack/images.sh
 
 generate: ## regenerate every generated file (CRD YAML, Runtime manifests)
 	$(CARGO) run -q -p sandboxd-crds --bin crdgen -- .

@@ -17,6 +17,9 @@ pub const CATALOG: &str = "catalog/runtimes.json";
 pub const CRD_DIR: &str = "charts/sandboxd/crds";
 /// The Runtime manifests generated from the catalog, relative to the repository root.
 pub const RUNTIMES: &str = "charts/sandboxd/files/runtimes.yaml";
+/// The catalog as the chart ships it to sandboxd (its start-up allowlist, `SANDBOXD_RUNTIMES_FILE`):
+/// Helm reads only files inside the chart, so the generators copy it there.
+pub const CHART_CATALOG: &str = "charts/sandboxd/files/runtimes.json";
 
 /// A file the generators own: where it goes and what it must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +96,15 @@ pub fn runtime_file(catalog_text: &str) -> Result<GeneratedFile, GenerateError> 
     })
 }
 
+/// The catalog copied into the chart, validated first (JSON has no comments, so no header).
+pub fn chart_catalog_file(catalog_text: &str) -> Result<GeneratedFile, GenerateError> {
+    catalog::parse(catalog_text)?;
+    Ok(GeneratedFile {
+        path: PathBuf::from(CHART_CATALOG),
+        content: catalog_text.to_owned(),
+    })
+}
+
 /// Every generated file, for the repository at `root`.
 pub fn all(root: &Path) -> Result<Vec<GeneratedFile>, GenerateError> {
     let path = root.join(CATALOG);
@@ -100,6 +112,7 @@ pub fn all(root: &Path) -> Result<Vec<GeneratedFile>, GenerateError> {
         std::fs::read_to_string(&path).map_err(|source| GenerateError::Read { path, source })?;
     let mut files = crd_files()?;
     files.push(runtime_file(&text)?);
+    files.push(chart_catalog_file(&text)?);
     Ok(files)
 }
 

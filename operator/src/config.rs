@@ -105,6 +105,31 @@ pub struct Config {
     )]
     pub sandboxd_image: String,
 
+    /// Label selector of the sandboxd DaemonSet's pods; when set, the operator keeps one
+    /// SandboxHost per node running such a pod (endpoint from the pod IP).
+    #[arg(long, env = "SANDBOX_OPERATOR_HOST_POD_SELECTOR")]
+    pub host_pod_selector: Option<String>,
+
+    /// Namespace of the sandboxd DaemonSet's pods.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_HOST_POD_NAMESPACE",
+        default_value = "sandboxd-system"
+    )]
+    pub host_pod_namespace: String,
+
+    /// Port sandboxd listens on in its pods.
+    #[arg(long, env = "SANDBOX_OPERATOR_HOST_PORT", default_value_t = 8080)]
+    pub host_port: u16,
+
+    /// The Secret (`namespace/name`, key `token`) with the admin token of discovered hosts.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_HOST_TOKEN_SECRET",
+        default_value = "sandboxd-system/sandboxd-admin-token"
+    )]
+    pub host_token_secret: String,
+
     /// Log as JSON.
     #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
     pub json_logs: bool,

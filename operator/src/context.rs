@@ -81,6 +81,21 @@ pub struct Context {
     pub labels: BTreeMap<String, String>,
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
+    phases: Mutex<HashMap<String, String>>,
+    pending_tombstones: Mutex<std::collections::HashSet<String>>,
+    /// Caches of the watched kinds, filled by reflectors (reads cost no API request).
+    pub caches: std::sync::OnceLock<Caches>,
+}
+
+/// Reflector stores of the kinds reconciles read often.
+#[derive(Clone)]
+pub struct Caches {
+    /// SandboxHosts.
+    pub hosts: kube::runtime::reflector::Store<SandboxHost>,
+    /// Runtimes.
+    pub runtimes: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::Runtime>,
+    /// SandboxSessions.
+    pub sessions: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
 }
 
 /// Parses `k=v,k2=v2`.
@@ -107,6 +122,9 @@ impl Context {
             labels,
             failures: Mutex::default(),
             cpu: Mutex::default(),
+            phases: Mutex::default(),
+            pending_tombstones: Mutex::default(),
+            caches: std::sync::OnceLock::new(),
         }
     }
 
@@ -205,6 +223,38 @@ impl Context {
         let (ns, at) = previous?;
         let wall = now.duration_since(at).as_nanos() as f64;
         (wall >= 1e9).then(|| cpu_ns.saturating_sub(ns) as f64 / wall * 100.0)
+    }
+
+    /// Records the phase of a session (None when it is gone) and refreshes the gauge.
+    pub fn set_phase(&self, key: &str, phase: Option<String>) {
+        let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        match phase {
+            Some(p) => phases.insert(key.to_owned(), p),
+            None => phases.remove(key),
+        };
+        self.metrics.sessions.clear();
+        for p in phases.values() {
+            self.metrics
+                .sessions
+                .get_or_create(&crate::metrics::PhaseLabel { phase: p.clone() })
+                .inc();
+        }
+    }
+
+    /// Records whether a tombstone still waits for its destroy and refreshes the gauge.
+    pub fn set_tombstone_pending(&self, key: &str, pending: bool) {
+        let mut set = self
+            .pending_tombstones
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pending {
+            set.insert(key.to_owned());
+        } else {
+            set.remove(key);
+        }
+        self.metrics
+            .tombstones_pending
+            .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
     }
 
     /// Forgets the CPU sample of a session.

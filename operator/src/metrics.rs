@@ -102,3 +102,24 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_by_phase_are_exposed() {
+        let m = Metrics::default();
+        m.sessions.clear();
+        m.sessions
+            .get_or_create(&PhaseLabel {
+                phase: "Running".into(),
+            })
+            .inc();
+        let text = m.encode();
+        assert!(
+            text.contains("sandbox_operator_sessions{phase=\"Running\"} 1"),
+            "{text}"
+        );
+    }
+}

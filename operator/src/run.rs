@@ -57,7 +57,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
     info!(%identity, "leading: starting controllers");
-    let ctx = Arc::new(Context::new(client, config.clone(), metrics));
+    let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics));
+    let caches = crate::context::Caches {
+        hosts: cache::<sandboxd_crds::v1alpha1::SandboxHost>(&client, &ctx).await,
+        runtimes: cache::<sandboxd_crds::v1alpha1::Runtime>(&client, &ctx).await,
+        sessions: cache::<sandboxd_crds::v1alpha1::SandboxSession>(&client, &ctx).await,
+    };
+    let _ = ctx.caches.set(caches);
     let renew = tokio::spawn(async move {
         let deadline_after = elector.renew_every() * 2;
         let mut last_ok = tokio::time::Instant::now();
@@ -82,8 +88,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ = crate::runtime::run(ctx.clone()) => {}
         _ = crate::session::run(ctx.clone()) => {}
         _ = crate::tombstone::run(ctx.clone()) => {}
+        _ = crate::discovery::run(ctx.clone()) => {}
     }
     renew.abort();
     info!("controllers stopped");
     Ok(())
+}
+
+/// A reflector store of `K` (with the operator's selector), filled before it is returned.
+async fn cache<K>(client: &Client, ctx: &Context) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::reflector(
+        writer,
+        kube::runtime::watcher(kube::Api::<K>::all(client.clone()), ctx.watcher_config()),
+    )
+    .default_backoff()
+    .touched_objects();
+    tokio::spawn(stream.for_each(|_| futures::future::ready(())));
+    let _ = reader.wait_until_ready().await;
+    reader
 }

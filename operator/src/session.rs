@@ -114,6 +114,7 @@ async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let step = advance(s, ctx, old.clone()).await?;
     let mut status = step.status;
     status.observed_generation = s.metadata.generation;
+    ctx.set_phase(&key(s), status.phase.map(|p| format!("{p:?}")));
     if status_changed(&old, &status) {
         write(s, &status, ctx).await?;
         if old.phase != status.phase
@@ -174,6 +175,9 @@ fn set_phase(status: &mut SandboxSessionStatus, phase: SessionPhase, message: im
 }
 
 async fn hosts(ctx: &Context) -> Result<Vec<SandboxHost>, Error> {
+    if let Some(c) = ctx.caches.get() {
+        return Ok(c.hosts.state().iter().map(|h| (**h).clone()).collect());
+    }
     Ok(Api::<SandboxHost>::all(ctx.client.clone())
         .list(&ctx.list_params())
         .await?
@@ -182,10 +186,15 @@ async fn hosts(ctx: &Context) -> Result<Vec<SandboxHost>, Error> {
 
 /// The runtime alias a session opens with: its own, or the default Runtime's.
 async fn resolve_runtime(s: &SandboxSession, ctx: &Context) -> Result<Option<Runtime>, Error> {
-    let runtimes = Api::<Runtime>::all(ctx.client.clone())
-        .list(&ctx.list_params())
-        .await?
-        .items;
+    let runtimes: Vec<Runtime> = match ctx.caches.get() {
+        Some(c) => c.runtimes.state().iter().map(|r| (**r).clone()).collect(),
+        None => {
+            Api::<Runtime>::all(ctx.client.clone())
+                .list(&ctx.list_params())
+                .await?
+                .items
+        }
+    };
     Ok(if s.spec.runtime.is_empty() {
         runtimes.into_iter().find(|r| r.spec.default)
     } else {
@@ -229,10 +238,16 @@ async fn advance(
         None => {
             // The load of a host is what it reports or what was placed on it since, whichever
             // is higher: placements in quick succession must not all see the same stale count.
-            let placed = Api::<SandboxSession>::all(ctx.client.clone())
-                .list(&ctx.list_params())
-                .await?
-                .items;
+            let placed: Vec<Arc<SandboxSession>> = match ctx.caches.get() {
+                Some(c) => c.sessions.state(),
+                None => Api::<SandboxSession>::all(ctx.client.clone())
+                    .list(&ctx.list_params())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect(),
+            };
             let placed_on = |host: &str| {
                 placed
                     .iter()
@@ -507,7 +522,10 @@ async fn advance(
         Err(e) => return Err(host_err(&host_name, e)),
     };
     conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+    // Whole seconds, as a Time is stored: a finer value would differ from the stored one on
+    // every reconcile and write the status again for nothing.
     let last = parse_time(&view.last_activity_at).unwrap_or_else(Timestamp::now);
+    let last = Timestamp::from_second(last.as_second()).unwrap_or(last);
     status.last_activity_at = Some(time(last));
     let idle = s
         .spec
@@ -717,10 +735,17 @@ async fn advance(
                 requeue: follow,
             })
         }
-        State::Opening => Ok(Step {
-            status,
-            requeue: Duration::from_secs(1),
-        }),
+        State::Opening => {
+            set_phase(
+                &mut status,
+                SessionPhase::Pending,
+                format!("opening on host {host_name}"),
+            );
+            Ok(Step {
+                status,
+                requeue: Duration::from_secs(1),
+            })
+        }
         State::Lost => unreachable_lost(status, &host_name, generation),
         State::Destroying => Ok(Step {
             status,
@@ -806,6 +831,7 @@ async fn store_token(
 async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
+    ctx.set_phase(&key(s), None);
     let Some(host) = status.host else {
         // Never placed: nothing lives outside Kubernetes.
         return Ok(Action::await_change());

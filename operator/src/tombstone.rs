@@ -84,9 +84,11 @@ async fn destroy(t: &Tombstone, ctx: &Context) -> Result<Action, Error> {
                 Err(e) => return Err(e.into()),
             }
             ctx.succeeded(&key(t));
+            ctx.set_tombstone_pending(&key(t), false);
             Ok(Action::await_change())
         }
         Err(why) => {
+            ctx.set_tombstone_pending(&key(t), true);
             let attempts = status.attempts.saturating_add(1);
             let delay = tombstone_delay(
                 u32::try_from(attempts).unwrap_or(u32::MAX),

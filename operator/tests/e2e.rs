@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{Host, Scope, phase};
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::wait::await_condition;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
@@ -476,6 +477,206 @@ async fn deleting_a_namespace_destroys_every_container() {
             host.containers()
         );
         interval.tick().await;
+    }
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_nothing() {
+    let mut scope = Scope::new("crash").await;
+    let host = Host::start(&format!("crash-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    let first = scope.start_operator(&[]);
+    for i in 0..3 {
+        scope.kubectl_apply_session(
+            &format!("xc-crash-{i}"),
+            serde_json::json!({"tenant": format!("org-{i}")}),
+        );
+    }
+    // Kill it the moment the first container exists on the host: the other opens are in flight.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    while host.containers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no container was ever created"
+        );
+        tick.tick().await;
+    }
+    scope.kill9_operator(first);
+    scope.start_operator(&[]);
+    for i in 0..3 {
+        scope
+            .wait_session(
+                &format!("xc-crash-{i}"),
+                "Running after the restart",
+                90,
+                |s| phase(s) == Some(SessionPhase::Running),
+            )
+            .await;
+    }
+    let mut sessions: Vec<String> = host.containers().into_iter().map(|(s, _)| s).collect();
+    sessions.sort();
+    assert_eq!(
+        sessions,
+        ["xc-crash-0", "xc-crash-1", "xc-crash-2"],
+        "one container per session, none duplicated"
+    );
+    // Each Secret's token works (a token lost in the crash was replaced).
+    for i in 0..3 {
+        let name = format!("xc-crash-{i}");
+        let secret = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+            .get(&format!("{name}-token"))
+            .await
+            .expect("secret");
+        let run = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret))
+            .run(&name, "echo ok", None, None, None)
+            .await
+            .expect("run");
+        assert_eq!(run.stdout, "ok\n");
+    }
+
+    // Mid-delete: delete all three and kill the operator at once; the next one finishes.
+    let api = scope.sessions();
+    for i in 0..3 {
+        api.delete(&format!("xc-crash-{i}"), &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    scope.kill9_operator(1);
+    scope.start_operator(&[]);
+    for i in 0..3 {
+        wait_gone(api.clone(), &format!("xc-crash-{i}"), 60).await;
+    }
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = tombstones
+            .list(&kube::api::ListParams::default().labels(&format!(
+                "{}={}",
+                common::SCOPE_LABEL,
+                scope.scope
+            )))
+            .await
+            .expect("list");
+        if left.items.is_empty() && host.containers().is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left behind: {} tombstones, containers {:?}",
+            left.items.len(),
+            host.containers()
+        );
+        tick.tick().await;
+    }
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
+    let mut scope = Scope::new("disc").await;
+    let host = Host::start(&format!("disc-{}", scope.scope), &[]);
+    // The DaemonSet's admin token and one of its pods (no kubelet runs it: its status is set
+    // by hand, with the loopback address of the real sandboxd this test started).
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sandboxd-admin-token", "labels": scope.labels()},
+        "stringData": {"token": host.token},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&Default::default(), &secret)
+        .await
+        .expect("secret");
+    let app = format!("sandboxd-{}", scope.scope);
+    let node = format!("worker-{}", scope.scope);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sandboxd-x1", "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "sandboxd", "image": "sandboxd:test"}]},
+    }))
+    .expect("pod");
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(scope.client.clone(), &scope.ns);
+    pods.create(&Default::default(), &pod).await.expect("pod");
+    let status = serde_json::json!({"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "phase": "Running"}});
+    pods.patch_status(
+        "sandboxd-x1",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&status),
+    )
+    .await
+    .expect("pod status");
+    scope.default_runtime().await;
+    let ns = scope.ns.clone();
+    scope.start_operator(&[
+        "--host-pod-selector",
+        &format!("app={app}"),
+        "--host-pod-namespace",
+        &ns,
+        "--host-port",
+        &host.port.to_string(),
+        "--host-token-secret",
+        &format!("{ns}/sandboxd-admin-token"),
+    ]);
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    let host_name = format!("node-{node}");
+    let ready = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(hosts.clone(), &host_name, |h: Option<&SandboxHost>| {
+            h.and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        }),
+    )
+    .await;
+    let found = match ready {
+        Ok(Ok(Some(h))) => h,
+        _ => panic!(
+            "no ready host for the pod: {:?}",
+            hosts.get_opt(&host_name).await
+        ),
+    };
+    assert_eq!(found.spec.endpoint, host.endpoint());
+    assert_eq!(
+        found
+            .status
+            .as_ref()
+            .and_then(|s| s.version.clone())
+            .as_deref(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    // Labelled with the operator's scope, so its own cleanup finds it.
+    assert_eq!(found.labels().get(common::SCOPE_LABEL), Some(&scope.scope));
+
+    scope.kubectl_apply_session("xc-disc", serde_json::json!({}));
+    scope
+        .wait_session("xc-disc", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for want in [
+        "sandbox_operator_leader 1",
+        "sandbox_operator_sessions{phase=\"Running\"} 1",
+        "sandbox_operator_reconciles_total{controller=\"sandboxsession\"}",
+        "sandbox_operator_reconciles_total{controller=\"discovery\"}",
+        "sandbox_operator_reconcile_duration_seconds_count{controller=\"sandboxhost\"}",
+        "sandbox_operator_tombstones_pending 0",
+    ] {
+        assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
+    }
+    for path in ["healthz", "readyz"] {
+        let resp = reqwest::get(format!("{}/{path}", scope.health_url(0)))
+            .await
+            .expect("health");
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
     }
     scope.delete().await;
 }

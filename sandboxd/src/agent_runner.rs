@@ -80,6 +80,13 @@ pub struct AgentRunner {
     metrics: Arc<Metrics>,
 }
 
+/// Why a handshake failed.
+struct Refused {
+    message: String,
+    /// The request sent with the hello may have reached the agent (it went silent after it).
+    maybe_started: bool,
+}
+
 /// How a session's agent was reached.
 enum Reached {
     Agent(Conn),
@@ -135,33 +142,50 @@ impl AgentRunner {
 
     /// Connects and shakes hands. Only a socket (never a symlink the sandbox put there) is
     /// connected to, and only an agent that says it serves this session is used.
-    async fn handshake(&self, session: &str) -> Result<Conn, String> {
+    ///
+    /// `request`, when given, is written in the same write as the hello (no round trip of its
+    /// own): the agent reads it only after it has accepted the hello, so an agent of another
+    /// session, or one that speaks no shared protocol, never acts on it.
+    async fn handshake(&self, session: &str, request: Option<&Msg>) -> Result<Conn, Refused> {
         let path = self.socket(session);
+        let refused = |message: String| Refused {
+            message,
+            maybe_started: false,
+        };
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_socket() => {}
-            Ok(_) => return Err(format!("{} is not a socket", path.display())),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Ok(_) => return Err(refused(format!("{} is not a socket", path.display()))),
+            Err(e) => return Err(refused(format!("{}: {e}", path.display()))),
         }
         let stream = tokio::time::timeout(IO_TIMEOUT, UnixStream::connect(&path))
             .await
-            .map_err(|_| "connecting timed out".to_owned())?
-            .map_err(|e| format!("connect: {e}"))?;
+            .map_err(|_| refused("connecting timed out".to_owned()))?
+            .map_err(|e| refused(format!("connect: {e}")))?;
         let (r, w) = stream.into_split();
         let mut conn = Conn {
-            r: BufReader::with_capacity(128 * 1024, r),
+            r: BufReader::with_capacity(256 * 1024, r),
             w,
         };
+        let mut hello = proto::encode_msg(&Msg::Hello {
+            protocols: (proto::MIN_PROTOCOL..=proto::PROTOCOL).collect(),
+            session: session.to_owned(),
+        });
+        if let Some(m) = request {
+            hello.extend(proto::encode_msg(m));
+        }
         let welcome = tokio::time::timeout(IO_TIMEOUT, async {
-            conn.send(&Msg::Hello {
-                protocols: (proto::MIN_PROTOCOL..=proto::PROTOCOL).collect(),
-                session: session.to_owned(),
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-            conn.recv().await.map_err(|e| e.to_string())
+            conn.w
+                .write_all(&hello)
+                .await
+                .map_err(|e| refused(e.to_string()))?;
+            conn.recv().await.map_err(|e| refused(e.to_string()))
         })
         .await
-        .map_err(|_| "the agent did not answer the handshake".to_owned())??;
+        .map_err(|_| Refused {
+            message: "the agent did not answer the handshake".to_owned(),
+            // It was written a request it may act on yet.
+            maybe_started: request.is_some(),
+        })??;
         match welcome {
             Some(Frame::Msg(Msg::Welcome {
                 protocol,
@@ -169,32 +193,43 @@ impl AgentRunner {
                 version,
             })) => {
                 if theirs != session {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "the socket of session '{session}' is served by an agent of session '{theirs}'"
-                    ));
+                    )));
                 }
                 if proto::negotiate(&[protocol]).is_none() {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "the agent ({version}) chose protocol {protocol}, which this sandboxd does not speak"
-                    ));
+                    )));
                 }
                 Ok(conn)
             }
             Some(Frame::Msg(Msg::Error { code, message })) => {
-                Err(format!("the agent refused: {code}: {message}"))
+                Err(refused(format!("the agent refused: {code}: {message}")))
             }
-            other => Err(format!("unexpected answer to hello: {other:?}")),
+            other => Err(refused(format!("unexpected answer to hello: {other:?}"))),
         }
     }
 
-    /// Reaches the session's agent: waits for a starting agent, reports a dead one (its
-    /// container stopped with it: `NotRunning`, and the core starts it again), and falls back
-    /// to exec for a container that has none.
-    async fn reach(&self, spec: &RunSpec) -> Result<Reached, RunError> {
-        let first = match self.handshake(&spec.session).await {
+    /// Reaches the session's agent, handing it `request` with the hello: waits for a
+    /// starting agent, reports a dead one (its container stopped with it: `NotRunning`, and the
+    /// core starts it again), and falls back to exec for a container that has none.
+    async fn reach(&self, spec: &RunSpec, request: &Msg) -> Result<Reached, RunError> {
+        let first = match self.handshake(&spec.session, Some(request)).await {
             Ok(conn) => return Ok(Reached::Agent(conn)),
             Err(e) => e,
         };
+        // An agent that went silent after it was handed the run may still start it: never
+        // run it a second time through exec.
+        let silent = |e: &Refused| {
+            RunError::Start(format!(
+                "the sandbox's agent did not answer ({}); the run may have started",
+                e.message
+            ))
+        };
+        if first.maybe_started {
+            return Err(silent(&first));
+        }
         let inspected = self
             .engine
             .client()
@@ -228,14 +263,33 @@ impl AgentRunner {
         let mut last = first;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            match self.handshake(&spec.session).await {
+            match self.handshake(&spec.session, Some(request)).await {
                 Ok(conn) => return Ok(Reached::Agent(conn)),
+                Err(e) if e.maybe_started => return Err(silent(&e)),
                 Err(e) => last = e,
             }
         }
         Ok(Reached::Fallback(format!(
-            "its agent does not answer: {last}"
+            "its agent does not answer: {}",
+            last.message
         )))
+    }
+
+    /// What the agent is asked to run for `spec`.
+    fn request_of(spec: &RunSpec) -> Msg {
+        Msg::Run(proto::RunRequest {
+            run_id: spec.run_id.clone(),
+            argv: vec!["/bin/sh".into(), "-c".into(), spec.command.clone()],
+            env: spec
+                .env
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            cwd: Some(crate::docker::WORKSPACE_MOUNT.to_owned()),
+            timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+            max_output_bytes: spec.max_output_bytes as u64,
+        })
     }
 
     fn report_death(&self, session: &str, state: &bollard::models::ContainerState) {
@@ -252,27 +306,12 @@ impl AgentRunner {
     async fn run_agent(
         &self,
         mut conn: Conn,
+        started: Instant,
         spec: RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
-        let started = Instant::now();
-        let request = proto::RunRequest {
-            run_id: spec.run_id.clone(),
-            argv: vec!["/bin/sh".into(), "-c".into(), spec.command.clone()],
-            env: spec
-                .env
-                .iter()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            cwd: Some(crate::docker::WORKSPACE_MOUNT.to_owned()),
-            timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
-            max_output_bytes: spec.max_output_bytes as u64,
-        };
-        conn.send(&Msg::Run(request))
-            .await
-            .map_err(|e| RunError::Start(format!("the agent's socket: {e}")))?;
+        // The run request went with the hello (see `reach`).
         let mut out = Capture::new(spec.max_output_bytes);
         let mut err = Capture::new(spec.max_output_bytes);
         let backstop = tokio::time::sleep(spec.timeout + BACKSTOP);
@@ -309,6 +348,8 @@ impl AgentRunner {
                 }
             }
         };
+        out.flush(&events, |data| RunEvent::Stdout { data }).await;
+        err.flush(&events, |data| RunEvent::Stderr { data }).await;
         Ok(RunOutcome {
             run_id: spec.run_id,
             exit_code: exit.exit_code,
@@ -352,9 +393,11 @@ impl AgentRunner {
     }
 
     async fn request(&self, session: &str, msg: Msg) -> Result<Msg, String> {
-        let mut conn = self.handshake(session).await?;
+        let mut conn = self
+            .handshake(session, Some(&msg))
+            .await
+            .map_err(|e| e.message)?;
         tokio::time::timeout(IO_TIMEOUT, async {
-            conn.send(&msg).await.map_err(|e| e.to_string())?;
             match conn.recv().await {
                 Ok(Some(Frame::Msg(m))) => Ok(m),
                 Ok(other) => Err(format!("unexpected answer {other:?}")),
@@ -374,10 +417,11 @@ impl Runner for AgentRunner {
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<RunOutcome, RunError>> {
         Box::pin(async move {
-            match self.reach(&spec).await? {
+            let started = Instant::now();
+            match self.reach(&spec, &Self::request_of(&spec)).await? {
                 Reached::Agent(conn) => {
                     self.metrics.run_path("agent");
-                    self.run_agent(conn, spec, events, cancel).await
+                    self.run_agent(conn, started, spec, events, cancel).await
                 }
                 Reached::Fallback(why) => {
                     debug!(session = %spec.session, why, "running with docker exec");

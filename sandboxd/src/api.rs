@@ -256,7 +256,8 @@ async fn open(
     admin(&state, &headers).await?;
     let req: OpenRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid open request: {e}")))?;
-    let opened = state.core.open(req).await?;
+    let core = state.core.clone();
+    let opened = crate::core::detached(async move { core.open(req).await }).await?;
     let status = if opened.created {
         StatusCode::CREATED
     } else {
@@ -280,7 +281,9 @@ async fn destroy(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    Ok(Json(state.core.destroy(&id).await?).into_response())
+    let core = state.core.clone();
+    let destroyed = crate::core::detached(async move { core.destroy(&id).await }).await?;
+    Ok(Json(destroyed).into_response())
 }
 
 async fn stop(
@@ -289,7 +292,9 @@ async fn stop(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    Ok(Json(state.core.stop(&id).await?).into_response())
+    let core = state.core.clone();
+    let stopped = crate::core::detached(async move { core.stop(&id).await }).await?;
+    Ok(Json(stopped).into_response())
 }
 
 async fn start(
@@ -298,7 +303,9 @@ async fn start(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    state.core.wake(&id).await?;
+    let core = state.core.clone();
+    let woken = id.clone();
+    crate::core::detached(async move { core.wake(&woken).await }).await?;
     Ok(Json(state.core.get(&id).await?).into_response())
 }
 
@@ -308,7 +315,9 @@ async fn reclaim(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    Ok(Json(state.core.reclaim(&id).await?).into_response())
+    let core = state.core.clone();
+    let reclaimed = crate::core::detached(async move { core.reclaim(&id).await }).await?;
+    Ok(Json(reclaimed).into_response())
 }
 
 async fn rotate_token(
@@ -345,42 +354,71 @@ async fn run(
         record_run(&state.core, &id, &who, &command, &result, started);
         return Ok(Json(result?).into_response());
     }
-    // NDJSON: one event per line as output comes, then the outcome (or the error).
-    let (tx, rx) = mpsc::channel::<serde_json::Value>(64);
-    let (events_tx, mut events_rx) = mpsc::channel(64);
+    // NDJSON: one event per line as output comes, then the outcome (or the error). One task
+    // forwards the events in order and only then the outcome (the run's events channel closes
+    // when the run is over), and writes whatever events are ready as one chunk.
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let (events_tx, mut events_rx) = mpsc::channel::<crate::runner::RunEvent>(64);
     let core = state.core.clone();
-    let lines = tx.clone();
     tokio::spawn(async move {
+        let run = tokio::spawn(async move {
+            let result = core.run(&id, req, Some(events_tx)).await;
+            record_run(&core, &id, &who, &command, &result, started);
+            result
+        });
+        let mut client_gone = false;
         while let Some(event) = events_rx.recv().await {
-            if lines
-                .send(serde_json::to_value(&event).unwrap_or_default())
-                .await
-                .is_err()
-            {
+            let mut chunk = Vec::with_capacity(STREAM_CHUNK);
+            ndjson_line(&mut chunk, &event);
+            while chunk.len() < STREAM_CHUNK {
+                match events_rx.try_recv() {
+                    Ok(event) => ndjson_line(&mut chunk, &event),
+                    Err(_) => break,
+                }
+            }
+            if tx.send(Bytes::from(chunk)).await.is_err() {
+                // The client went away; the run goes on, its events are dropped.
+                client_gone = true;
                 break;
             }
         }
-    });
-    tokio::spawn(async move {
-        let result = core.run(&id, req, Some(events_tx)).await;
-        record_run(&core, &id, &who, &command, &result, started);
-        let last = match result {
-            Ok(outcome) => {
+        drop(events_rx);
+        let last = match run.await {
+            Ok(Ok(mut outcome)) => {
+                // The output went out as events; the outcome line does not repeat it.
+                outcome.stdout = String::new();
+                outcome.stderr = String::new();
                 let mut v = serde_json::to_value(&outcome).unwrap_or_default();
+                if let Some(map) = v.as_object_mut() {
+                    map.remove("stdout");
+                    map.remove("stderr");
+                }
                 v["type"] = json!("exit");
                 v
             }
-            Err(e) => json!({"type": "error", "code": e.code, "message": e.message}),
+            Ok(Err(e)) => json!({"type": "error", "code": e.code, "message": e.message}),
+            Err(e) => json!({"type": "error", "code": "internal", "message": e.to_string()}),
         };
-        let _ = tx.send(last).await;
+        if !client_gone {
+            let _ = tx.send(Bytes::from(format!("{last}\n"))).await;
+        }
     });
-    let stream =
-        ReceiverStream::new(rx).map(|v| Ok::<_, std::io::Error>(Bytes::from(format!("{v}\n"))));
+    let stream = ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// The most a streamed chunk gathers from events already waiting.
+const STREAM_CHUNK: usize = 512 * 1024;
+
+/// One NDJSON line of a run event.
+fn ndjson_line(out: &mut Vec<u8>, event: &crate::runner::RunEvent) {
+    // Serializing a plain enum of strings into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, event);
+    out.push(b'\n');
 }
 
 /// The audit row of a run: the command, never its output; a failed command with its exit status.
@@ -482,20 +520,90 @@ async fn read_file(
         .into_response())
 }
 
+/// A piece of a write's body, handed to the thread that writes the file.
+enum Piece {
+    Bytes(Bytes),
+    /// The whole body arrived: put the file in place.
+    End,
+}
+
+/// Writes the body as it arrives (no buffering of the whole of it): a blocking thread appends
+/// each piece to the temporary file while the next is received, and puts the file in place
+/// once the body is complete. A body that breaks off or passes [`MAX_WRITE_BYTES`] leaves the
+/// file as it was.
 async fn write_file(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
+    let too_large = || {
+        ApiError::new(
+            413,
+            "too_large",
+            format!("a file write takes at most {MAX_WRITE_BYTES} bytes"),
+        )
+    };
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_WRITE_BYTES as u64) {
+        return Err(too_large());
+    }
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    let written = tokio::task::spawn_blocking(move || ws.write(&p, &body))
+    let (tx, mut rx) = mpsc::channel::<Piece>(8);
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut pending = ws.begin_write(&p)?;
+        while let Some(piece) = rx.blocking_recv() {
+            match piece {
+                Piece::Bytes(b) => pending.write_all(&b)?,
+                Piece::End => return pending.commit().map(Some),
+            }
+        }
+        // The body did not arrive whole: the temporary file goes with `pending`.
+        Ok(None)
+    });
+    let mut body = body.into_data_stream();
+    let mut received = 0usize;
+    let mut broken = None;
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(b) => {
+                received += b.len();
+                if received > MAX_WRITE_BYTES {
+                    broken = Some(too_large());
+                    break;
+                }
+                if tx.send(Piece::Bytes(b)).await.is_err() {
+                    // The writer stopped (its error is below).
+                    break;
+                }
+            }
+            Err(e) => {
+                broken = Some(ApiError::bad_request(format!(
+                    "the body broke off after {received} bytes: {e}"
+                )));
+                break;
+            }
+        }
+    }
+    if broken.is_none() {
+        let _ = tx.send(Piece::End).await;
+    }
+    drop(tx);
+    let written = writer
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
+        .map_err(ApiError::from)
+        .and_then(|w| match (w, broken) {
+            (_, Some(e)) => Err(e),
+            (Some(w), None) => Ok(w),
+            (None, None) => Err(ApiError::internal("the file writer stopped early")),
+        });
     let o = outcome(&written, |w| i64::try_from(w.size).ok());
     state
         .core

@@ -21,6 +21,9 @@ use crate::runner::{RunEvent, RunOutcome};
 use crate::runtimes::RuntimeList;
 use sandboxd_catalog::CatalogEntry;
 
+/// The most a read allocates up front from the size the server announces.
+const MAX_PREALLOCATE: u64 = 256 * 1024 * 1024;
+
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -337,7 +340,8 @@ impl Client {
         .await
     }
 
-    /// Runs a command, handing each output event to `on_event` as it comes.
+    /// Runs a command, handing each output event to `on_event` as it comes; the outcome holds
+    /// the whole (capped) output as well.
     pub async fn run_streaming(
         &self,
         id: &str,
@@ -355,28 +359,66 @@ impl Client {
                 Some(body),
             )
             .await?;
+        /// One NDJSON line of the stream.
+        #[derive(serde::Deserialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum Line {
+            Stdout { data: String },
+            Stderr { data: String },
+            Exit(RunOutcome),
+            Error { code: String, message: String },
+        }
         let mut stream = resp.bytes_stream();
-        let mut buf = Vec::new();
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        let mut buf: Vec<u8> = Vec::new();
+        // Lines start at `start`; bytes before `scanned` hold no newline.
+        let (mut start, mut scanned) = (0usize, 0usize);
         while let Some(chunk) = stream.next().await {
-            buf.extend_from_slice(&chunk.map_err(|e| self.transport(e))?);
-            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=i).collect();
-                let v: serde_json::Value =
-                    serde_json::from_slice(&line).map_err(|e| self.transport(e))?;
-                match v["type"].as_str() {
-                    Some("exit") => {
-                        return serde_json::from_value(v).map_err(|e| self.transport(e));
+            let chunk = chunk.map_err(|e| self.transport(e))?;
+            if start == buf.len() {
+                buf.clear();
+                (start, scanned) = (0, 0);
+            } else if start > 0 && start >= buf.len() / 2 {
+                buf.drain(..start);
+                scanned -= start;
+                start = 0;
+            }
+            buf.extend_from_slice(&chunk);
+            while let Some(i) = buf[scanned..].iter().position(|b| *b == b'\n') {
+                let end = scanned + i;
+                let line: Line =
+                    serde_json::from_slice(&buf[start..end]).map_err(|e| self.transport(e))?;
+                start = end + 1;
+                scanned = start;
+                match line {
+                    Line::Stdout { data } => {
+                        stdout.push_str(&data);
+                        on_event(RunEvent::Stdout { data });
                     }
-                    Some("error") => {
+                    Line::Stderr { data } => {
+                        stderr.push_str(&data);
+                        on_event(RunEvent::Stderr { data });
+                    }
+                    Line::Exit(mut outcome) => {
+                        // The outcome line leaves out the output its events carried.
+                        if outcome.stdout.is_empty() {
+                            outcome.stdout = stdout;
+                        }
+                        if outcome.stderr.is_empty() {
+                            outcome.stderr = stderr;
+                        }
+                        return Ok(outcome);
+                    }
+                    Line::Error { code, message } => {
                         return Err(ClientError::Api {
                             status: 500,
-                            code: v["code"].as_str().unwrap_or("error").to_owned(),
-                            message: v["message"].as_str().unwrap_or_default().to_owned(),
+                            code,
+                            message,
                         });
                     }
-                    _ => on_event(serde_json::from_value(v).map_err(|e| self.transport(e))?),
                 }
             }
+            scanned = buf.len();
         }
         Err(self.transport("the run stream ended without an outcome"))
     }
@@ -435,7 +477,14 @@ impl Client {
                 None,
             )
             .await?;
-        Ok(resp.bytes().await.map_err(|e| self.transport(e))?.to_vec())
+        // Straight into one buffer of the announced size: no list of chunks, no second copy.
+        let announced = resp.content_length().unwrap_or(0).min(MAX_PREALLOCATE);
+        let mut out = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            out.extend_from_slice(&chunk.map_err(|e| self.transport(e))?);
+        }
+        Ok(out)
     }
 
     /// Writes a file atomically, creating parents.

@@ -187,6 +187,10 @@ struct RunEntry {
     cancel: CancellationToken,
 }
 
+/// How stale a session's activity time may be: a run within this many milliseconds of the
+/// last recorded activity does not write it again.
+const ACTIVITY_RESOLUTION_MS: i64 = 1000;
+
 /// The core.
 pub struct Core {
     settings: Settings,
@@ -197,6 +201,11 @@ pub struct Core {
     policy: RwLock<Policy>,
     audit: Audit,
     tenants: Mutex<HashMap<String, String>>,
+    /// Session tokens already looked up: token hash to session id. An entry is forgotten
+    /// whenever a session's tokens change or its row goes (rotate, destroy, a failed open),
+    /// so the cache never answers for a token the store would refuse.
+    /// The generation counts forgets: a lookup that raced one does not cache its answer.
+    token_cache: Mutex<(u64, HashMap<String, String>)>,
     opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
     runs: Mutex<HashMap<String, RunEntry>>,
     metrics: Arc<Metrics>,
@@ -223,6 +232,17 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Bytes read or written.
     pub bytes: Option<i64>,
+}
+
+/// Runs a state change on a task of its own, so a client that goes away mid-request cannot
+/// cancel it halfway (an open left `opening`, a destroy that removed the container but not
+/// the row): the change completes, and only the answer is lost.
+pub async fn detached<T: Send + 'static>(
+    change: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(change)
+        .await
+        .map_err(|e| ApiError::internal(format!("the operation's task failed: {e}")))?
 }
 
 /// Whether `id` may name a session: it is a folder name on the host and a container name part.
@@ -270,6 +290,7 @@ impl Core {
             policy: RwLock::new(policy),
             audit,
             tenants: Mutex::default(),
+            token_cache: Mutex::default(),
             opening: Mutex::default(),
             runs: Mutex::default(),
             metrics,
@@ -449,12 +470,37 @@ impl Core {
 
     /// The session a token belongs to, if any.
     pub async fn session_of_token(&self, token: &str) -> Result<Option<String>, ApiError> {
-        Ok(self
+        let hash = auth::hash(token);
+        let generation = {
+            let c = self
+                .token_cache
+                .lock()
+                .map_err(|_| ApiError::internal("token cache poisoned"))?;
+            if let Some(id) = c.1.get(&hash) {
+                return Ok(Some(id.clone()));
+            }
+            c.0
+        };
+        let id = self
             .store
-            .by_token_hash(&auth::hash(token))
+            .by_token_hash(&hash)
             .await
             .map_err(db)?
-            .map(|r| r.id))
+            .map(|r| r.id);
+        if let (Some(id), Ok(mut c)) = (&id, self.token_cache.lock())
+            && c.0 == generation
+        {
+            c.1.insert(hash, id.clone());
+        }
+        Ok(id)
+    }
+
+    /// Forgets the cached tokens of a session (before its tokens change or its row goes).
+    fn forget_tokens(&self, id: &str) {
+        if let Ok(mut c) = self.token_cache.lock() {
+            c.0 += 1;
+            c.1.retain(|_, session| session != id);
+        }
     }
 
     /// One session; no side effects (never wakes, never marks anything).
@@ -620,6 +666,7 @@ impl Core {
                     Err(e) => {
                         // A failed open uses no capacity.
                         let _ = self.store.delete(&req.name).await;
+                        self.forget_tokens(&req.name);
                         self.metrics
                             .opens
                             .get_or_create(&crate::metrics::Outcome::new("failed"))
@@ -1020,6 +1067,7 @@ impl Core {
             })?;
         }
         self.store.delete(id).await.map_err(db)?;
+        self.forget_tokens(id);
         if let Ok(mut t) = self.tenants.lock() {
             t.remove(id);
         }
@@ -1035,10 +1083,10 @@ impl Core {
     pub async fn rotate_token(&self, id: &str) -> Result<String, ApiError> {
         self.row(id).await?;
         let token = auth::new_session_token();
-        self.store
-            .set_token_hash(id, &auth::hash(&token))
-            .await
-            .map_err(db)?;
+        let set = self.store.set_token_hash(id, &auth::hash(&token)).await;
+        // After the change (a lookup racing it does not cache: the generation moved on).
+        self.forget_tokens(id);
+        set.map_err(db)?;
         Ok(token)
     }
 
@@ -1134,7 +1182,14 @@ impl Core {
                 },
             );
         }
-        let _ = self.store.touch(id).await;
+        // The activity time, as the run starts and as it ends. A row touched within the last
+        // second (a burst of runs) needs no write: the time it holds is at most that stale, and
+        // a run in flight keeps the session awake by itself.
+        let mut touched_at = row.last_activity_at;
+        if crate::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+            let _ = self.store.touch(id).await;
+            touched_at = crate::store::now_ms();
+        }
         let policy = self.policy();
         let max_timeout = Duration::from_secs(policy.execute_timeout);
         let timeout = req
@@ -1182,7 +1237,9 @@ impl Core {
         if let Ok(mut runs) = self.runs.lock() {
             runs.remove(&run_id);
         }
-        let _ = self.store.touch(id).await;
+        if crate::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+            let _ = self.store.touch(id).await;
+        }
         let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
         self.metrics.observe_run(&outcome);
         Ok(outcome)

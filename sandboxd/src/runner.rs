@@ -62,9 +62,12 @@ pub struct RunOutcome {
     pub run_id: String,
     /// Exit status; 124 after a timeout and 137 after a stop, like `timeout(1)` and SIGKILL.
     pub exit_code: i64,
-    /// What the command wrote on stdout (capped).
+    /// What the command wrote on stdout (capped). A streamed run's outcome leaves it out (its
+    /// events carried it).
+    #[serde(default)]
     pub stdout: String,
-    /// What the command wrote on stderr (capped).
+    /// What the command wrote on stderr (capped); left out like `stdout` when streamed.
+    #[serde(default)]
     pub stderr: String,
     /// Whether output was cut at the cap.
     pub truncated: bool,
@@ -356,6 +359,8 @@ impl ExecRunner {
             Some(Ended::Stopped) => 137,
             None => inspected.exit_code.unwrap_or(-1),
         };
+        out.flush(&events, |data| RunEvent::Stdout { data }).await;
+        err.flush(&events, |data| RunEvent::Stderr { data }).await;
         Ok(RunOutcome {
             run_id: spec.run_id,
             exit_code,
@@ -387,11 +392,37 @@ impl Runner for ExecRunner {
     }
 }
 
-/// One output stream, kept up to a cap.
+/// One output stream, kept up to a cap. Streamed events carry whole characters: a UTF-8
+/// sequence split between two chunks of output waits for its rest, so the events of a run put
+/// together are exactly its (lossy) output.
 pub(crate) struct Capture {
     kept: Vec<u8>,
     cap: usize,
+    /// Where in `kept` the next event starts.
+    sent: usize,
     pub(crate) truncated: bool,
+}
+
+/// The length of `bytes` without a UTF-8 sequence cut off at its end.
+fn whole_chars(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let b = bytes[bytes.len() - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for its lead
+        }
+        let need = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if need > back {
+            bytes.len() - back
+        } else {
+            bytes.len()
+        };
+    }
+    bytes.len()
 }
 
 impl Capture {
@@ -399,6 +430,7 @@ impl Capture {
         Self {
             kept: Vec::new(),
             cap,
+            sent: 0,
             truncated: false,
         }
     }
@@ -418,16 +450,40 @@ impl Capture {
             return;
         }
         self.kept.extend_from_slice(&bytes[..take]);
-        if let Some(tx) = events {
-            // A client that went away does not stop the run.
-            let _ = tx
-                .send(event(String::from_utf8_lossy(&bytes[..take]).into_owned()))
-                .await;
+        if events.is_some() {
+            let end = self.sent + whole_chars(&self.kept[self.sent..]);
+            self.send(end, events, event).await;
         }
     }
 
+    /// Streams what is kept and not yet sent, a cut-off character included (as U+FFFD).
+    pub(crate) async fn flush(
+        &mut self,
+        events: &Option<mpsc::Sender<RunEvent>>,
+        event: impl FnOnce(String) -> RunEvent,
+    ) {
+        self.send(self.kept.len(), events, event).await;
+    }
+
+    async fn send(
+        &mut self,
+        end: usize,
+        events: &Option<mpsc::Sender<RunEvent>>,
+        event: impl FnOnce(String) -> RunEvent,
+    ) {
+        let Some(tx) = events else { return };
+        if end <= self.sent {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.kept[self.sent..end]).into_owned();
+        self.sent = end;
+        // A client that went away does not stop the run.
+        let _ = tx.send(event(text)).await;
+    }
+
     pub(crate) fn text(self) -> String {
-        String::from_utf8_lossy(&self.kept).into_owned()
+        String::from_utf8(self.kept)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 }
 
@@ -457,5 +513,42 @@ mod tests {
             rx.recv().await,
             Some(RunEvent::Stderr { data: "hel".into() })
         );
+    }
+
+    #[tokio::test]
+    async fn streamed_events_carry_whole_characters() {
+        let text = "añ€😀 end".as_bytes();
+        // Every way of cutting the output in two: the events put together are the output.
+        for cut in 0..=text.len() {
+            let (tx, mut rx) = mpsc::channel(8);
+            let events = Some(tx);
+            let mut c = Capture::new(1024);
+            c.push(&text[..cut], &events, |data| RunEvent::Stdout { data })
+                .await;
+            c.push(&text[cut..], &events, |data| RunEvent::Stdout { data })
+                .await;
+            c.flush(&events, |data| RunEvent::Stdout { data }).await;
+            drop(events);
+            let mut got = String::new();
+            while let Some(RunEvent::Stdout { data }) = rx.recv().await {
+                got.push_str(&data);
+            }
+            assert_eq!(got, "añ€😀 end", "cut at {cut}");
+            assert_eq!(c.text(), "añ€😀 end");
+        }
+        // A character cut off at the cap is streamed as U+FFFD, as the outcome shows it.
+        let (tx, mut rx) = mpsc::channel(8);
+        let events = Some(tx);
+        let mut c = Capture::new(2);
+        c.push("a€".as_bytes(), &events, |data| RunEvent::Stdout { data })
+            .await;
+        c.flush(&events, |data| RunEvent::Stdout { data }).await;
+        drop(events);
+        let mut got = String::new();
+        while let Some(RunEvent::Stdout { data }) = rx.recv().await {
+            got.push_str(&data);
+        }
+        assert_eq!(got, c.text());
+        assert_eq!(got, "a\u{FFFD}");
     }
 }

@@ -676,7 +676,8 @@ async fn create_session(
     // `runtime_preparing` meanwhile, so the open waits for the build here, with a deadline.
     let deadline = Instant::now() + PREPARE_WAIT;
     let opened = loop {
-        match core.open(open.clone()).await {
+        let (c, o) = (core.clone(), open.clone());
+        match crate::core::detached(async move { c.open(o).await }).await {
             Err(e) if e.code == "runtime_preparing" && Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
@@ -774,18 +775,23 @@ async fn delete_session(
     let purge = query_bool(q.purge.as_deref(), "purge")?;
     let core = &state.core;
     if purge {
-        core.destroy(&id)
+        let (c, i) = (core.clone(), id.clone());
+        crate::core::detached(async move { c.destroy(&i).await })
             .await
             .map_err(|e| WireError::from_core(&id, e))?;
         return Ok(no_content());
     }
     // Closed without purge: the container goes, the files (and the session) stay for a later
     // attach. A host that keeps its containers stops it instead.
-    let closed = if core.settings().persist_containers {
-        core.stop(&id).await
-    } else {
-        core.reclaim(&id).await
-    };
+    let (c, i) = (core.clone(), id.clone());
+    let closed = crate::core::detached(async move {
+        if c.settings().persist_containers {
+            c.stop(&i).await
+        } else {
+            c.reclaim(&i).await
+        }
+    })
+    .await;
     match closed {
         Ok(_) => Ok(no_content()),
         Err(e) if e.status == 410 => Ok(no_content()),

@@ -491,3 +491,40 @@ on_both_backends! {
     #[tokio::test]
     oci_runtime_metrics_health_and_persisted_containers,
 }
+
+#[tokio::test]
+async fn an_open_whose_client_goes_away_still_completes() {
+    let d = Daemon::start(&[]);
+    // A caller that gives up after 5 ms, long before the container exists.
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(5))
+        .build()
+        .expect("client");
+    let gave_up = impatient
+        .post(format!("{}/v1/sessions", d.base))
+        .bearer_auth(&d.admin)
+        .json(&serde_json::json!({"name": "left", "tenant": "org-gone"}))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the request was meant to time out");
+    // The open completes on the server anyway: never stuck opening, exactly one container.
+    let admin = d.admin();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let view = loop {
+        match admin.get("left").await {
+            Ok(v) if v.state != State::Opening => break v,
+            _ => assert!(
+                std::time::Instant::now() < deadline,
+                "the open never completed"
+            ),
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(view.state, State::Running);
+    assert_eq!(d.containers().len(), 1);
+    let again = admin
+        .open("left", "org-gone", None, None)
+        .await
+        .expect("open by name");
+    assert!(!again.created);
+}

@@ -1,5 +1,5 @@
 //! Validates `catalog/runtimes.json` (every error listed, each naming the entry and field) and
-//! writes the chart's Runtime manifests from it. Usage: `runtimegen [REPO_ROOT]`.
+//! writes the chart's Runtime manifests and its copy of the catalog from it. Usage: `runtimegen [REPO_ROOT]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,9 +14,13 @@ fn main() -> ExitCode {
     let result = std::fs::read_to_string(&path)
         .map_err(|e| format!("could not read {}: {e}", path.display()))
         .and_then(|text| {
-            generate::runtime_file(&text).map_err(|e| format!("{}: {e}", path.display()))
+            Ok([
+                generate::runtime_file(&text).map_err(|e| format!("{}: {e}", path.display()))?,
+                generate::chart_catalog_file(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?,
+            ])
         })
-        .and_then(|file| generate::write(&root, &[file]).map_err(|e| e.to_string()));
+        .and_then(|files| generate::write(&root, &files).map_err(|e| e.to_string()));
     match result {
         Ok(changed) => {
             for path in changed {

@@ -177,6 +177,7 @@ pub struct Scope {
     pub scope: String,
     namespace: Option<TestNamespace>,
     operators: Vec<Child>,
+    health: Vec<String>,
 }
 
 impl Scope {
@@ -191,6 +192,7 @@ impl Scope {
             scope,
             namespace: Some(namespace),
             operators: vec![],
+            health: vec![],
         }
     }
 
@@ -232,11 +234,25 @@ impl Scope {
                 "4",
             ])
             .args(extra)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        self.operators
-            .push(cmd.spawn().expect("the operator starts"));
+        let mut child = cmd.spawn().expect("the operator starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the operator says where it serves health");
+        let addr = line
+            .trim()
+            .strip_prefix("sandbox-operator serving health on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        self.health.push(addr.to_owned());
+        self.operators.push(child);
         self.operators.len() - 1
+    }
+
+    /// The health/metrics base URL of operator `i`.
+    pub fn health_url(&self, i: usize) -> String {
+        self.health[i].clone()
     }
 
     pub fn kill9_operator(&mut self, i: usize) {

@@ -1,0 +1,105 @@
+{{/* The release's base name. */}}
+{{- define "sandboxd.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandboxd.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "sandboxd.operatorSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "sandboxd.sandboxdSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: sandboxd
+{{- end -}}
+
+{{/* image REPOSITORY: registry prefix, the tag defaulting to the appVersion. */}}
+{{- define "sandboxd.image" -}}
+{{- $root := index . 0 -}}{{- $img := index . 1 -}}
+{{- $repo := $img.repository -}}
+{{- if $root.Values.image.registry -}}{{- $repo = printf "%s/%s" (trimSuffix "/" $root.Values.image.registry) $img.repository -}}{{- end -}}
+{{- printf "%s:%s" $repo (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+
+{{- define "sandboxd.tokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "sandboxd.fullname" .)) .Values.adminToken.existingSecret -}}
+{{- end -}}
+
+{{/* The sandboxd container's environment, shared by the DaemonSet and the prepare hook. */}}
+{{- define "sandboxd.env" -}}
+- name: SANDBOXD_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ include "sandboxd.tokenSecret" . }}, key: token}
+- name: SANDBOXD_HOST
+  value: "0.0.0.0"
+- name: SANDBOXD_PORT
+  value: {{ .Values.sandboxd.port | quote }}
+- name: SANDBOXD_RUNTIMES_FILE
+  value: /etc/sandboxd/runtimes.json
+- name: SANDBOXD_WORKSPACE_ROOT
+  value: {{ .Values.sandboxd.workspaceRoot | quote }}
+- name: SANDBOXD_STATE_DIR
+  value: {{ .Values.sandboxd.stateDir | quote }}
+- name: DOCKER_HOST
+  value: unix:///var/run/docker.sock
+- name: SANDBOXD_MAX_SESSIONS
+  value: {{ .Values.sandboxd.maxSessions | quote }}
+- name: SANDBOXD_MAX_SESSIONS_PER_TENANT
+  value: {{ .Values.sandboxd.maxSessionsPerTenant | quote }}
+- name: SANDBOXD_EXECUTE_TIMEOUT
+  value: {{ .Values.sandboxd.executeTimeout | quote }}
+- name: SANDBOXD_MEM_LIMIT
+  value: {{ .Values.sandboxd.memLimit | quote }}
+- name: SANDBOXD_CPUS
+  value: {{ .Values.sandboxd.cpus | quote }}
+- name: SANDBOXD_PIDS_LIMIT
+  value: {{ .Values.sandboxd.pidsLimit | quote }}
+- name: OPERATION_RETENTION_DAYS
+  value: {{ .Values.sandboxd.auditRetentionDays | quote }}
+{{- with .Values.sandboxd.ociRuntime }}
+- name: SANDBOXD_OCI_RUNTIME
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.sandboxd.auditDatabaseSecret }}
+- name: SANDBOXD_AUDIT_DATABASE_URL
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: url}
+{{- end }}
+- name: SANDBOXD_INSTANCE
+  valueFrom:
+    fieldRef: {fieldPath: spec.nodeName}
+- name: RUST_LOG
+  value: {{ .Values.sandboxd.logLevel | quote }}
+{{- end -}}
+
+{{/* The sandboxd container's volumes: the Docker socket, the workspace root at its host path, the state. */}}
+{{- define "sandboxd.volumeMounts" -}}
+- {name: docker-socket, mountPath: /var/run/docker.sock}
+- {name: workspaces, mountPath: {{ .Values.sandboxd.workspaceRoot | quote }}}
+- {name: state, mountPath: {{ .Values.sandboxd.stateDir | quote }}}
+- {name: runtimes, mountPath: /etc/sandboxd, readOnly: true}
+{{- end -}}
+{{- define "sandboxd.volumes" -}}
+- name: docker-socket
+  hostPath: {path: {{ .Values.sandboxd.dockerSocket | quote }}, type: Socket}
+- name: workspaces
+  hostPath: {path: {{ .Values.sandboxd.workspaceRoot | quote }}, type: DirectoryOrCreate}
+- name: state
+  hostPath: {path: {{ .Values.sandboxd.stateDir | quote }}, type: DirectoryOrCreate}
+- name: runtimes
+  configMap: {name: {{ include "sandboxd.fullname" . }}-runtimes}
+{{- end -}}

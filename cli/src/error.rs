@@ -1,0 +1,180 @@
+//! What `kubectl sandbox` can fail with. Every message says what to do next.
+
+use sandboxd::client::ClientError;
+
+/// A failure of one command, printed as `kubectl sandbox: <message>` with exit status 1.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No Kubernetes configuration could be loaded.
+    #[error(
+        "no Kubernetes configuration: {0}. Point KUBECONFIG at your cluster (or run inside one)"
+    )]
+    Kubeconfig(String),
+    /// The CRDs are not installed.
+    #[error(
+        "the sandboxd CRDs are not installed in this cluster: install the chart (`helm install sandboxd charts/sandboxd`) or `kubectl apply --server-side -f charts/sandboxd/crds/`"
+    )]
+    NoCrds,
+    /// The API server refused or failed.
+    #[error("the Kubernetes API server refused {what}: {message}")]
+    Kube {
+        /// What was asked.
+        what: String,
+        /// Its answer, in words.
+        message: String,
+    },
+    /// The session does not exist.
+    #[error(
+        "no SandboxSession {name} in namespace {namespace}: open it with `kubectl sandbox open {name} --tenant <organization id> -n {namespace}`"
+    )]
+    NoSession {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+    },
+    /// The session exists for another tenant.
+    #[error(
+        "SandboxSession {name} belongs to tenant {actual}, not {asked}: a session never moves to another tenant; open another name"
+    )]
+    OtherTenant {
+        /// The session.
+        name: String,
+        /// Its tenant.
+        actual: String,
+        /// The tenant asked for.
+        asked: String,
+    },
+    /// The workspace is gone.
+    #[error(
+        "session {name} is Lost: its workspace was removed on host {host}; delete it to start fresh: `kubectl delete sbx {name} -n {namespace}`"
+    )]
+    Lost {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// Its host.
+        host: String,
+    },
+    /// Opening failed for good.
+    #[error(
+        "session {name} Failed: {message}. Fix the cause, then delete it (`kubectl delete sbx {name} -n {namespace}`) and open it again"
+    )]
+    Failed {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// The operator's words.
+        message: String,
+    },
+    /// The session is being deleted.
+    #[error(
+        "session {name} is being deleted: wait until `kubectl get sbx {name} -n {namespace}` finds nothing, then open it again"
+    )]
+    Terminating {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+    },
+    /// The session has no sandbox yet.
+    #[error(
+        "session {name} is not running yet ({phase}: {message}): wait for it with `kubectl sandbox open {name} --tenant {tenant} -n {namespace}`"
+    )]
+    NotReady {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// Its tenant.
+        tenant: String,
+        /// Its phase.
+        phase: String,
+        /// The operator's words.
+        message: String,
+    },
+    /// A wait ran out.
+    #[error(
+        "session {name} was not Running after {seconds} s (last: {last}); see `kubectl describe sbx {name} -n {namespace}` and `kubectl sandbox doctor`, or wait longer with --timeout"
+    )]
+    Timeout {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// The wait.
+        seconds: u64,
+        /// What was last seen.
+        last: String,
+    },
+    /// The session's token Secret cannot be read.
+    #[error(
+        "cannot read the token of session {name} from Secret {namespace}/{secret}: {message}. You need `get` on Secrets in {namespace}; the operator writes it when the session opens"
+    )]
+    Token {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// The Secret.
+        secret: String,
+        /// Why.
+        message: String,
+    },
+    /// sandboxd refused or could not be reached.
+    #[error("{}", sandbox_hint(.0))]
+    Sandbox(#[from] ClientError),
+    /// A local file could not be read or written.
+    #[error("{path}: {source}")]
+    Local {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The command line asks for something that cannot be done.
+    #[error("{0}")]
+    Usage(String),
+    /// `doctor` found unhealthy hosts.
+    #[error("{0} of {1} SandboxHosts are unhealthy (see above)")]
+    Unhealthy(usize, usize),
+}
+
+fn sandbox_hint(e: &ClientError) -> String {
+    match e {
+        ClientError::Transport { .. } => format!(
+            "{e}. Check the host with `kubectl sandbox doctor`; from outside the cluster, reach sandboxd through `kubectl port-forward` and pass --endpoint http://127.0.0.1:<port>"
+        ),
+        ClientError::VersionMismatch { expected, .. } => format!(
+            "{e}. Run sandboxd {expected} on that host (`kubectl sandbox doctor` names the image)"
+        ),
+        ClientError::Api { status: 401, .. } => format!(
+            "{e}. The session's token was refused: the operator rotates it when it reopens a session; run the command again, or `kubectl sandbox open` the session"
+        ),
+        _ => e.to_string(),
+    }
+}
+
+impl Error {
+    /// The API server's error, with what was asked; a missing CRD becomes [`Error::NoCrds`].
+    pub fn kube(what: impl Into<String>, source: kube::Error) -> Self {
+        if let kube::Error::Api(status) = &source
+            && status.code == 404
+            && status
+                .message
+                .contains("the server could not find the requested resource")
+        {
+            return Error::NoCrds;
+        }
+        let message = match source {
+            kube::Error::Api(status) => status.message,
+            other => other.to_string(),
+        };
+        Error::Kube {
+            what: what.into(),
+            message,
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! `kubectl sandbox`, a kubectl plugin for people: open a sandbox session and wait until it
+//! runs, run commands in it, copy files in and out, list and walk its workspace, read its audit
+//! log and briefing, list sessions, and check every SandboxHost.
+//!
+//! It talks to the API server for the `SandboxSession` and `SandboxHost` objects and the session
+//! token Secret, and to the session's sandboxd with that token (sandboxd's typed client).
+
+pub mod doctor;
+pub mod error;
+pub mod render;
+pub mod session;
+pub mod workspace;
+
+use clap::{Args, Parser, Subcommand};
+use kube::Client;
+use sandboxd_crds::v1alpha1::session::Scope;
+
+pub use error::Error;
+
+/// `kubectl sandbox`: sandbox sessions on Kubernetes, for people.
+#[derive(Parser, Debug)]
+#[command(name = "kubectl-sandbox", bin_name = "kubectl sandbox", version)]
+pub struct Cli {
+    /// Namespace of the sessions (default: the kubeconfig context's).
+    #[arg(short = 'n', long, global = true, env = "KUBECTL_SANDBOX_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Reach sandboxd at this URL instead of the session's endpoint (for example through
+    /// `kubectl port-forward` from outside the cluster).
+    #[arg(long, global = true, env = "KUBECTL_SANDBOX_ENDPOINT")]
+    pub endpoint: Option<String>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the SandboxSession NAME (or find it) and wait until it runs.
+    Open(OpenArgs),
+    /// Run a command in the session's sandbox under /bin/sh in /workspace; exits with its status.
+    Exec {
+        /// The session.
+        name: String,
+        /// Seconds the command may run (the host caps it).
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// The command: one argument is a shell line, several are quoted one by one.
+        #[arg(last = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+    /// Copy a file in or out: `cp ./local NAME:path` or `cp NAME:path ./local` (`-` is stdin/stdout).
+    Cp {
+        /// From.
+        src: String,
+        /// To.
+        dst: String,
+    },
+    /// List one folder of the workspace.
+    Ls {
+        /// The session.
+        name: String,
+        /// The folder, relative to /workspace.
+        #[arg(default_value = "")]
+        path: String,
+    },
+    /// The workspace as a tree (6 levels and 2,000 entries at most, said when reached).
+    Tree {
+        /// The session.
+        name: String,
+        /// The folder, relative to /workspace.
+        #[arg(default_value = "")]
+        path: String,
+    },
+    /// The session's audit log, newest first.
+    Ops(OpsArgs),
+    /// The paragraph for an agent's instructions: what the session's runtime holds.
+    Briefing {
+        /// The session.
+        name: String,
+    },
+    /// Sessions with phase, host, runtime and when they sleep.
+    List {
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Only sessions with these labels (`k=v,k2=v2`).
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+    },
+    /// Check every SandboxHost: reachable, version, missing routes; exits 1 when any is unhealthy.
+    Doctor {
+        /// Only hosts with these labels (`k=v,k2=v2`).
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        /// The sandboxd image named when a host must be upgraded.
+        #[arg(long, default_value = "sandboxd")]
+        image: String,
+        /// Seconds to wait for each host.
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
+}
+
+/// `open`'s arguments.
+#[derive(Args, Debug)]
+pub struct OpenArgs {
+    /// The session's name (its key).
+    pub name: String,
+    /// The organization id the session belongs to.
+    #[arg(long)]
+    pub tenant: String,
+    /// Who shares it: run, conversation, channel, user or agent.
+    #[arg(long, value_parser = parse_scope, default_value = "conversation")]
+    pub scope: Scope,
+    /// The Runtime alias; empty is the default Runtime.
+    #[arg(long, default_value = "")]
+    pub runtime: String,
+    /// What the scope is about (the conversation id, …); defaults to NAME.
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// Labels of a new session (`k=v`, repeatable).
+    #[arg(short = 'l', long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Seconds to wait until it runs (a runtime build may take minutes).
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+}
+
+/// `ops`' arguments.
+#[derive(Args, Debug)]
+pub struct OpsArgs {
+    /// The session.
+    pub name: String,
+    /// Only this kind: read, write, ls, mkdir, remove or execute.
+    #[arg(long)]
+    pub op: Option<String>,
+    /// Only failed operations.
+    #[arg(long)]
+    pub failed: bool,
+    /// Only this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only this run.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Only targets (paths, commands) containing this text.
+    #[arg(long)]
+    pub grep: Option<String>,
+    /// Rows at most.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// The page after this cursor (printed under a full page).
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+fn parse_scope(s: &str) -> Result<Scope, String> {
+    Scope::ALL
+        .into_iter()
+        .find(|x| x.as_str() == s)
+        .ok_or_else(|| {
+            format!("'{s}' is not a scope: use run, conversation, channel, user or agent")
+        })
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("'{s}' is not key=value"))
+}
+
+async fn kube_client() -> Result<Client, Error> {
+    Client::try_default()
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
+}
+
+/// Runs one command line; `Ok(status)` is the process's exit status.
+pub async fn run(cli: Cli) -> Result<u8, Error> {
+    let client = kube_client().await?;
+    let ns = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let target = session::Target {
+        client: client.clone(),
+        namespace: ns,
+        endpoint: cli.endpoint.clone(),
+    };
+    match cli.command {
+        Command::Open(args) => session::open(&target, &args).await.map(|()| 0),
+        Command::Exec {
+            name,
+            timeout,
+            command,
+        } => workspace::exec(&target, &name, &command, timeout).await,
+        Command::Cp { src, dst } => workspace::cp(&target, &src, &dst).await.map(|()| 0),
+        Command::Ls { name, path } => workspace::ls(&target, &name, &path).await.map(|()| 0),
+        Command::Tree { name, path } => workspace::tree(&target, &name, &path).await.map(|()| 0),
+        Command::Ops(args) => workspace::ops(&target, &args).await.map(|()| 0),
+        Command::Briefing { name } => session::briefing(&target, &name).await.map(|()| 0),
+        Command::List {
+            all_namespaces,
+            selector,
+        } => session::list(&target, all_namespaces, selector.as_deref())
+            .await
+            .map(|()| 0),
+        Command::Doctor {
+            selector,
+            image,
+            timeout,
+        } => doctor::doctor(&client, selector.as_deref(), &image, timeout)
+            .await
+            .map(|()| 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_everything_after_the_double_dash() {
+        let cli = Cli::parse_from(["kubectl-sandbox", "exec", "s1", "--", "ls", "-la", "/"]);
+        match cli.command {
+            Command::Exec { name, command, .. } => {
+                assert_eq!(name, "s1");
+                assert_eq!(command, ["ls", "-la", "/"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_wrong_scope_says_which_are_valid() {
+        let err = Cli::try_parse_from([
+            "kubectl-sandbox",
+            "open",
+            "s",
+            "--tenant",
+            "t",
+            "--scope",
+            "team",
+        ])
+        .expect_err("refused")
+        .to_string();
+        assert!(
+            err.contains("'team' is not a scope: use run, conversation, channel, user or agent"),
+            "{err}"
+        );
+    }
+}

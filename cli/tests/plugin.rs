@@ -1,0 +1,396 @@
+//! `kubectl sandbox` end to end: the real binary against the real API server from `make up`,
+//! a real sandboxd on the project's dockerd and the real operator (scoped by a label, so it
+//! touches only this test's objects). Asserts what a person sees: output and exit status.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use rand::Rng;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost};
+use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
+use serde_json::json;
+
+const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
+
+/// A workspace binary next to this test's `deps/` folder (`make test` builds them first).
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --workspace --bins` (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// Children killed when the test ends, however it ends; and the containers of the test's host.
+struct Processes {
+    children: Vec<Child>,
+    instance: String,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let filter = format!("label=sandboxd.dev/instance={}", self.instance);
+        if let Ok(out) = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &filter])
+            .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Runs the plugin in the test's namespace.
+fn plugin(ns: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kubectl-sandbox"))
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("kubectl-sandbox runs")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn ok(ns: &str, args: &[&str]) -> (String, String) {
+    let o = plugin(ns, args);
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success(),
+        "kubectl sandbox {args:?} failed ({:?}):\n{out}\n{err}",
+        o.status
+    );
+    (out, err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts() {
+    let client = client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "plugin").await;
+    let ns = namespace.name.clone();
+    let scope = format!("plugin-{:08x}", rand::rng().random::<u32>());
+    let labels = json!({ SCOPE_LABEL: scope });
+    let selector = format!("{SCOPE_LABEL}={scope}");
+    let host_name = format!("plugin-host-{scope}");
+
+    // One sandboxd, registered as a SandboxHost with its admin token, and the operator.
+    let dir = tempfile::Builder::new()
+        .prefix("sandboxd-plugin-test-")
+        .tempdir()
+        .expect("temp dir");
+    let port = free_port();
+    let token = format!("admin-{:032x}", rand::rng().random::<u128>());
+    let mut procs = Processes {
+        children: vec![],
+        instance: format!("pl{:08x}", rand::rng().random::<u32>()),
+    };
+    let mut sandboxd = Command::new(bin("sandboxd"))
+        .env("SANDBOXD_TOKEN", &token)
+        .env("SANDBOXD_PORT", port.to_string())
+        .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
+        .env("SANDBOXD_INSTANCE", &procs.instance)
+        .env("SANDBOXD_WORKSPACE_ROOT", dir.path().join("ws"))
+        .env("SANDBOXD_STATE_DIR", dir.path().join("state"))
+        .env("SANDBOXD_MEM_LIMIT", "256m")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sandboxd starts");
+    let mut line = String::new();
+    BufReader::new(sandboxd.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("sandboxd says where it listens");
+    procs.children.push(sandboxd);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "host-admin", "labels": labels},
+        "stringData": {"token": token},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret created");
+    let host = |name: &str, endpoint: &str| -> SandboxHost {
+        serde_json::from_value(json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"endpoint": endpoint, "adminTokenSecret": {"namespace": ns, "name": "host-admin"}},
+        }))
+        .expect("host")
+    };
+    let hosts = Api::<SandboxHost>::all(client.clone());
+    hosts
+        .create(&PostParams::default(), &host(&host_name, &endpoint))
+        .await
+        .expect("host created");
+    let runtime: Runtime = serde_json::from_value(json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": format!("base-{scope}"), "labels": labels},
+        "spec": {"description": "the local base image", "image": base_image(), "default": true},
+    }))
+    .expect("runtime");
+    let runtimes = Api::<Runtime>::all(client.clone());
+    runtimes
+        .create(&PostParams::default(), &runtime)
+        .await
+        .expect("runtime created");
+    let operator = Command::new(bin("sandbox-operator"))
+        .env("RUST_LOG", "warn")
+        .args(["--selector", &selector, "--lease-namespace", &ns])
+        .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
+        .args(["--probe-seconds", "1", "--follow-seconds", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the operator starts");
+    procs.children.push(operator);
+
+    // open: created, progress in words, then running with the next commands.
+    let label = format!("{SCOPE_LABEL}={scope}");
+    let (out, err) = ok(
+        &ns,
+        &[
+            "open",
+            "s1",
+            "--tenant",
+            "org-1",
+            "--label",
+            &label,
+            "--timeout",
+            "120",
+        ],
+    );
+    assert!(
+        err.contains(&format!(
+            "created SandboxSession s1 in namespace {ns} (tenant org-1, scope conversation)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "sandbox s1 is running on host {host_name} (runtime base-{scope})"
+        )),
+        "{err}"
+    );
+    assert!(
+        out.contains(&format!(
+            "next: kubectl sandbox exec s1 -n {ns} -- <command>"
+        )),
+        "{out}"
+    );
+    // Again: found, not created; another tenant is refused with the reason.
+    let (_, err) = ok(&ns, &["open", "s1", "--tenant", "org-1"]);
+    assert!(
+        err.contains(&format!(
+            "found SandboxSession s1 in namespace {ns} (Running)"
+        )),
+        "{err}"
+    );
+    let other = plugin(&ns, &["open", "s1", "--tenant", "org-2"]);
+    assert_eq!(other.status.code(), Some(1));
+    assert_eq!(
+        text(&other).1,
+        "kubectl sandbox: SandboxSession s1 belongs to tenant org-1, not org-2: a session never moves to another tenant; open another name\n"
+    );
+
+    // exec: output streamed to the right stream, the command's status is the exit status.
+    let run = plugin(
+        &ns,
+        &["exec", "s1", "--", "echo hello; echo oops >&2; exit 3"],
+    );
+    assert_eq!(run.status.code(), Some(3));
+    assert_eq!(text(&run), ("hello\n".to_owned(), "oops\n".to_owned()));
+    let (out, _) = ok(&ns, &["exec", "s1", "--", "id", "-u"]);
+    assert_eq!(out, "10001\n");
+    let (out, _) = ok(
+        &ns,
+        &["exec", "s1", "--", "printf", "%s|", "two words", "it's"],
+    );
+    assert_eq!(out, "two words|it's|");
+
+    // cp in and out, byte for byte.
+    let local = dir.path().join("report.txt");
+    let payload = "line one\nline two ✓\n";
+    std::fs::write(&local, payload).expect("write local");
+    let local_str = local.to_str().expect("utf-8 path");
+    let (_, err) = ok(&ns, &["cp", local_str, "s1:notes/report.txt"]);
+    assert_eq!(err, "copied 22 B to s1:notes/report.txt\n");
+    let back = dir.path().join("back.txt");
+    ok(
+        &ns,
+        &["cp", "s1:notes/report.txt", back.to_str().expect("utf-8")],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&back).expect("copied back"),
+        payload
+    );
+    let (out, _) = ok(&ns, &["cp", "s1:notes/report.txt", "-"]);
+    assert_eq!(out, payload);
+    let (out, _) = ok(&ns, &["exec", "s1", "--", "cat notes/report.txt"]);
+    assert_eq!(out, payload);
+
+    // ls and tree.
+    let (out, _) = ok(&ns, &["ls", "s1", "notes"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("MODE") && lines[0].ends_with("NAME"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("22 B") && lines[1].ends_with("report.txt"),
+        "{out}"
+    );
+    let (out, _) = ok(&ns, &["tree", "s1"]);
+    assert!(
+        out.starts_with("/workspace\n  notes/\n    report.txt\n"),
+        "{out}"
+    );
+    assert!(out.contains("1 folders, 1 files\n"), "{out}");
+
+    // ops: newest first, with filters.
+    let (out, _) = ok(&ns, &["ops", "s1", "--op", "execute"]);
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert!(rows[0].ends_with("cat notes/report.txt"), "{out}");
+    assert!(rows.iter().any(|r| r.contains("exit 3")), "{out}");
+    let (out, _) = ok(&ns, &["ops", "s1", "--failed"]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.contains("exit 3") && out.contains("echo hello; echo oops >&2; exit 3"),
+        "{out}"
+    );
+    let (out, _) = ok(&ns, &["ops", "s1", "--op", "write"]);
+    assert!(out.contains("notes/report.txt"), "{out}");
+
+    // briefing and list.
+    let (out, _) = ok(&ns, &["briefing", "s1"]);
+    assert!(out.contains("/bin/sh"), "{out}");
+    let (out, _) = ok(&ns, &["list"]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("s1 "))
+        .unwrap_or_else(|| panic!("no s1 in {out}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[..5],
+        [
+            "s1",
+            "Running",
+            "org-1",
+            &host_name,
+            &format!("base-{scope}")
+        ]
+    );
+    assert!(cells[5] == "in", "sleeps-at is relative: {row}");
+
+    // Errors say what to do next.
+    let missing = plugin(&ns, &["exec", "nope", "--", "true"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(
+        text(&missing).1,
+        format!(
+            "kubectl sandbox: no SandboxSession nope in namespace {ns}: open it with `kubectl sandbox open nope --tenant <organization id> -n {ns}`\n"
+        )
+    );
+
+    // doctor: healthy, then an unreachable host makes it fail, naming what to check.
+    let (out, _) = ok(&ns, &["doctor", "-l", &selector]);
+    assert!(
+        out.starts_with(&format!(
+            "ok   {host_name} {endpoint}: sandboxd {}, every route served",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+    assert!(out.ends_with("1 SandboxHosts healthy\n"), "{out}");
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    hosts
+        .create(
+            &PostParams::default(),
+            &host(&format!("plugin-dead-{scope}"), &dead),
+        )
+        .await
+        .expect("dead host created");
+    let sick = plugin(&ns, &["doctor", "-l", &selector]);
+    let (out, err) = text(&sick);
+    assert_eq!(sick.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "FAIL plugin-dead-{scope} {dead}: unreachable: sandboxd at {dead} could not be reached"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "next: check that its sandboxd runs and that this machine reaches {dead}"
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        err,
+        "kubectl sandbox: 1 of 2 SandboxHosts are unhealthy (see above)\n"
+    );
+
+    // Clean up: the operator is stopped with the processes, so drop finalizers first.
+    drop(procs);
+    for name in [host_name.clone(), format!("plugin-dead-{scope}")] {
+        strip_and_delete(&hosts, &name).await;
+    }
+    strip_and_delete(&runtimes, &format!("base-{scope}")).await;
+    strip_and_delete(
+        &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
+        "s1",
+    )
+    .await;
+    let tombstones = Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone());
+    if let Ok(list) = tombstones
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+    {
+        for t in list.items {
+            strip_and_delete(&tombstones, &kube::ResourceExt::name_any(&t)).await;
+        }
+    }
+    namespace.delete().await;
+}
+
+async fn strip_and_delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({"metadata": {"finalizers": null}});
+    let _ = api
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await;
+    let _ = api.delete(name, &kube::api::DeleteParams::default()).await;
+}

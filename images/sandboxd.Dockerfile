@@ -1,0 +1,16 @@
+# sandboxd, the node daemon. Built by `make images` (hack/images.sh) from the local base image and
+# the binary cargo built on the host; no compiler and no registry in the build.
+# Root inside: it holds the node's Docker socket and hands workspaces to the sandbox uid (the
+# chart drops every capability but CHOWN, DAC_OVERRIDE and FOWNER, never privileged).
+ARG BASE_IMAGE=sandboxd-base:bookworm-1
+FROM ${BASE_IMAGE}
+ARG VERSION
+LABEL org.opencontainers.image.title="sandboxd" \
+      org.opencontainers.image.description="The sandboxd node daemon: sandbox sessions in sibling containers with persistent workspaces" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY sandboxd /usr/local/bin/sandboxd
+ENV SANDBOXD_HOST=0.0.0.0 \
+    DOCKER_HOST=unix:///var/run/docker.sock
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/sandboxd"]
