@@ -301,11 +301,11 @@ impl Agent {
         // The program is reaped by the agent's reaper, never through `child`.
         drop(child);
         let r = run.clone();
-        std::thread::spawn(move || pump(&r, out, err));
+        spawn_thread(move || pump(&r, out, err));
         let r = run.clone();
         let agent = self.clone();
         let timeout = Duration::from_millis(req.timeout_ms);
-        std::thread::spawn(move || agent.supervise(&r, timeout));
+        spawn_thread(move || agent.supervise(&r, timeout));
         Ok(run)
     }
 
@@ -577,7 +577,7 @@ fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
     let stopper = run.clone();
     let done = Arc::new(AtomicBool::new(false));
     let done_r = done.clone();
-    std::thread::spawn(move || {
+    spawn_thread(move || {
         while let Ok(Some(frame)) = proto::read_frame(&mut reader) {
             if let Frame::Msg(Msg::Stop { .. }) = frame {
                 stopper.end(Ended::Stopped);
@@ -672,11 +672,11 @@ pub fn main(opts: Options) -> io::Result<i32> {
     });
     let listener = bind(&opts.socket)?;
     let a = agent.clone();
-    std::thread::spawn(move || {
+    spawn_thread(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             let a = a.clone();
-            std::thread::spawn(move || {
+            spawn_thread(move || {
                 let _ = a.serve(conn);
             });
         }
@@ -708,5 +708,31 @@ fn shutdown(agent: &Agent) {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts `f` on a thread of its own, retrying while the sandbox's process limit leaves no room
+/// for a thread (a fork bomb at the pids limit): `std::thread::spawn` would panic there and
+/// take the agent's accept loop or a run's supervisor with it. After about 10 s without a
+/// thread the work runs on the caller's thread rather than being lost.
+fn spawn_thread<F: FnOnce() + Send + 'static>(f: F) {
+    type Job = Box<dyn FnOnce() + Send>;
+    let job: Arc<Mutex<Option<Job>>> = Arc::new(Mutex::new(Some(Box::new(f))));
+    for attempt in 0..200u64 {
+        let j = job.clone();
+        let started = std::thread::Builder::new().spawn(move || {
+            let f = j.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(f) = f {
+                f();
+            }
+        });
+        if started.is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5 * (attempt.min(9) + 1)));
+    }
+    let f = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(f) = f {
+        f();
     }
 }

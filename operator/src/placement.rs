@@ -14,7 +14,9 @@ pub struct Candidate {
     pub sessions: u32,
     /// Its cap.
     pub max_sessions: u32,
-    /// Whether the runtime is ready there (None: not known, e.g. an image runtime).
+    /// Whether the runtime is built there (None: not known, e.g. an image runtime). A host
+    /// that has it is preferred; one still building it is chosen when no other can take the
+    /// session, and the session waits there in Preparing.
     pub runtime_ready: Option<bool>,
 }
 
@@ -47,8 +49,6 @@ fn why_not(c: &Candidate) -> Option<String> {
             "it holds {} of {} sessions",
             c.sessions, c.max_sessions
         ))
-    } else if c.runtime_ready == Some(false) {
-        Some("the runtime is not built there".into())
     } else {
         None
     }
@@ -80,8 +80,10 @@ pub fn place(candidates: &[Candidate], pin: Option<&str>) -> Result<String, Plac
         .iter()
         .filter(|c| why_not(c).is_none())
         .min_by(|a, b| {
-            load(a)
-                .total_cmp(&load(b))
+            let building = |c: &Candidate| c.runtime_ready == Some(false);
+            building(a)
+                .cmp(&building(b))
+                .then_with(|| load(a).total_cmp(&load(b)))
                 .then_with(|| a.sessions.cmp(&b.sessions))
                 .then_with(|| a.name.cmp(&b.name))
         })
@@ -134,16 +136,30 @@ mod tests {
         let full = [
             host("a", 20, 20),
             Candidate {
-                runtime_ready: Some(false),
+                disabled: true,
                 ..host("b", 0, 20)
             },
         ];
         assert_eq!(
             place(&full, None),
             Err(PlacementError::NoHost(
-                "a: it holds 20 of 20 sessions; b: the runtime is not built there".into()
+                "a: it holds 20 of 20 sessions; b: it is disabled".into()
             ))
         );
+        // A host with the runtime built wins over a less loaded one still building it; a
+        // building host is still chosen when it is the only one with room.
+        let building = [
+            Candidate {
+                runtime_ready: Some(false),
+                ..host("a", 0, 20)
+            },
+            Candidate {
+                runtime_ready: Some(true),
+                ..host("b", 9, 20)
+            },
+        ];
+        assert_eq!(place(&building, None), Ok("b".into()));
+        assert_eq!(place(&building[..1], None), Ok("a".into()));
         assert_eq!(
             place(&[], None),
             Err(PlacementError::NoHost(

@@ -680,3 +680,87 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
     }
     scope.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtimes_reach_every_host_and_two_defaults_are_a_condition_on_both() {
+    let mut scope = Scope::new("rt").await;
+    let host = Host::start(&format!("rt-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    let second: sandboxd_crds::v1alpha1::Runtime = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": format!("second-{}", scope.scope), "labels": scope.labels()},
+        "spec": {"description": "another", "image": common::base_image(), "default": true},
+    }))
+    .expect("runtime");
+    let runtimes = Api::<sandboxd_crds::v1alpha1::Runtime>::all(scope.client.clone());
+    runtimes
+        .create(&Default::default(), &second)
+        .await
+        .expect("second runtime");
+    scope.start_operator(&[]);
+    for name in [
+        format!("base-{}", scope.scope),
+        format!("second-{}", scope.scope),
+    ] {
+        let host_name = host.name.clone();
+        let settled = tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(
+                runtimes.clone(),
+                &name,
+                move |r: Option<&sandboxd_crds::v1alpha1::Runtime>| {
+                    r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "DefaultConflict" && c.status == "True")
+                            && s.conditions
+                                .iter()
+                                .any(|c| c.type_ == "Ready" && c.status == "True")
+                            && s.hosts
+                                .iter()
+                                .any(|h| h.host == host_name && h.image_tag.is_some())
+                    })
+                },
+            ),
+        )
+        .await;
+        let rt = match settled {
+            Ok(Ok(Some(rt))) => rt,
+            _ => panic!(
+                "{name} did not settle: {:?}",
+                runtimes
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.status)
+            ),
+        };
+        let conflict = rt
+            .status
+            .expect("status")
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "DefaultConflict")
+            .expect("condition");
+        assert_eq!(
+            conflict.message,
+            format!(
+                "more than one Runtime is marked default (base-{s}, second-{s}); mark exactly one",
+                s = scope.scope
+            )
+        );
+    }
+    // The host was handed the whole list, the default first.
+    let listed = host.client().runtimes().await.expect("the host's runtimes");
+    let aliases: Vec<String> = listed.runtimes.into_iter().map(|r| r.alias).collect();
+    assert_eq!(
+        aliases,
+        [
+            format!("base-{}", scope.scope),
+            format!("second-{}", scope.scope)
+        ]
+    );
+    scope.delete().await;
+}

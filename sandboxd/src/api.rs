@@ -368,7 +368,7 @@ async fn run(
         });
         let mut client_gone = false;
         while let Some(event) = events_rx.recv().await {
-            let mut chunk = Vec::with_capacity(STREAM_CHUNK);
+            let mut chunk = Vec::new();
             ndjson_line(&mut chunk, &event);
             while chunk.len() < STREAM_CHUNK {
                 match events_rx.try_recv() {
@@ -416,6 +416,10 @@ const STREAM_CHUNK: usize = 512 * 1024;
 
 /// One NDJSON line of a run event.
 fn ndjson_line(out: &mut Vec<u8>, event: &crate::runner::RunEvent) {
+    let (crate::runner::RunEvent::Stdout { data } | crate::runner::RunEvent::Stderr { data }) =
+        event;
+    // Room for the text and its framing (escapes may need more; the Vec grows then).
+    out.reserve(data.len() + 32);
     // Serializing a plain enum of strings into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, event);
     out.push(b'\n');
@@ -520,17 +524,13 @@ async fn read_file(
         .into_response())
 }
 
-/// A piece of a write's body, handed to the thread that writes the file.
-enum Piece {
-    Bytes(Bytes),
-    /// The whole body arrived: put the file in place.
-    End,
-}
+/// How much of a write's body is gathered before it goes to the disk.
+const WRITE_BATCH: usize = 1024 * 1024;
 
-/// Writes the body as it arrives (no buffering of the whole of it): a blocking thread appends
-/// each piece to the temporary file while the next is received, and puts the file in place
-/// once the body is complete. A body that breaks off or passes [`MAX_WRITE_BYTES`] leaves the
-/// file as it was.
+/// Writes the body as it arrives (no buffering of the whole of it): every MiB received goes to
+/// the temporary file on a blocking thread while the next is received (no thread waits on a
+/// slow client), and the file is put in place once the body is complete. A body that breaks
+/// off or passes [`MAX_WRITE_BYTES`] leaves the file as it was.
 async fn write_file(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -538,78 +538,89 @@ async fn write_file(
     body: Body,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
-    let too_large = || {
-        ApiError::new(
-            413,
-            "too_large",
-            format!("a file write takes at most {MAX_WRITE_BYTES} bytes"),
-        )
-    };
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if announced.is_some_and(|n| n > MAX_WRITE_BYTES as u64) {
-        return Err(too_large());
+        return Err(write_too_large());
     }
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    let (tx, mut rx) = mpsc::channel::<Piece>(8);
-    let writer = tokio::task::spawn_blocking(move || {
-        let mut pending = ws.begin_write(&p)?;
-        while let Some(piece) = rx.blocking_recv() {
-            match piece {
-                Piece::Bytes(b) => pending.write_all(&b)?,
-                Piece::End => return pending.commit().map(Some),
-            }
-        }
-        // The body did not arrive whole: the temporary file goes with `pending`.
-        Ok(None)
-    });
-    let mut body = body.into_data_stream();
-    let mut received = 0usize;
-    let mut broken = None;
-    while let Some(chunk) = body.next().await {
-        match chunk {
-            Ok(b) => {
-                received += b.len();
-                if received > MAX_WRITE_BYTES {
-                    broken = Some(too_large());
-                    break;
-                }
-                if tx.send(Piece::Bytes(b)).await.is_err() {
-                    // The writer stopped (its error is below).
-                    break;
-                }
-            }
-            Err(e) => {
-                broken = Some(ApiError::bad_request(format!(
-                    "the body broke off after {received} bytes: {e}"
-                )));
-                break;
-            }
-        }
-    }
-    if broken.is_none() {
-        let _ = tx.send(Piece::End).await;
-    }
-    drop(tx);
-    let written = writer
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from)
-        .and_then(|w| match (w, broken) {
-            (_, Some(e)) => Err(e),
-            (Some(w), None) => Ok(w),
-            (None, None) => Err(ApiError::internal("the file writer stopped early")),
-        });
+    let written = match tokio::task::spawn_blocking(move || ws.begin_write(&p)).await {
+        Ok(Ok(pending)) => stream_to(pending, body).await,
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    };
     let o = outcome(&written, |w| i64::try_from(w.size).ok());
     state
         .core
         .record(&id, &actor(&headers), Op::Write, &path, o, started);
     let written = written?;
     Ok(Json(json!({"path": path, "size": written.size})).into_response())
+}
+
+fn write_too_large() -> ApiError {
+    ApiError::new(
+        413,
+        "too_large",
+        format!("a file write takes at most {MAX_WRITE_BYTES} bytes"),
+    )
+}
+
+/// Appends `body` to a pending write, one batch on the disk while the next arrives, and puts
+/// the file in place. On any failure the pending write is dropped, and its temporary file
+/// with it.
+async fn stream_to(
+    pending: crate::files::PendingWrite,
+    body: Body,
+) -> Result<crate::files::WriteResult, ApiError> {
+    type Writing = tokio::task::JoinHandle<Result<crate::files::PendingWrite, ApiError>>;
+    fn write(mut pending: crate::files::PendingWrite, batch: Vec<Bytes>) -> Writing {
+        tokio::task::spawn_blocking(move || {
+            for b in &batch {
+                pending.write_all(b)?;
+            }
+            Ok(pending)
+        })
+    }
+    async fn finished(writing: Writing) -> Result<crate::files::PendingWrite, ApiError> {
+        writing
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+    }
+    let mut writing = write(pending, Vec::new());
+    let mut batch = Vec::new();
+    let (mut batched, mut received) = (0usize, 0usize);
+    let mut body = body.into_data_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(format!("the body broke off after {received} bytes: {e}"))
+        })?;
+        received += chunk.len();
+        if received > MAX_WRITE_BYTES {
+            return Err(write_too_large());
+        }
+        batched += chunk.len();
+        batch.push(chunk);
+        if batched >= WRITE_BATCH {
+            let pending = finished(writing).await?;
+            writing = write(pending, std::mem::take(&mut batch));
+            batched = 0;
+        }
+    }
+    let pending = finished(writing).await?;
+    tokio::task::spawn_blocking(move || {
+        let mut pending = pending;
+        for b in &batch {
+            pending.write_all(b)?;
+        }
+        pending.commit()
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(ApiError::from)
 }
 
 async fn remove_file(

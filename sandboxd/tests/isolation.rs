@@ -67,25 +67,19 @@ async fn sandbox_is_unprivileged_capped_and_offline(backend: Backend) {
 
 async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
     let d = Daemon::start_on(backend, &[]);
-    let opened = d
+    // The bomb runs in a session with the default memory, so what stops it is the pids limit
+    // (512), not the OOM killer; the hog gets a session of its own with 64 MiB.
+    let bomb_session = d
         .admin()
-        .open(
-            "iso-2",
-            "org-iso",
-            None,
-            Some(&sandboxd::core::Limits {
-                mem_limit: Some("64m".into()),
-                ..Default::default()
-            }),
-        )
+        .open("iso-bomb", "org-iso", None, None)
         .await
         .expect("open");
-    let s = d.client(opened.token.as_deref().expect("token"));
+    let s = d.client(bomb_session.token.as_deref().expect("token"));
     // The bomb fills the pids limit while the shell spins on builtins until the timeout, which
     // kills the whole process group.
     let bomb = s
         .run(
-            "iso-2",
+            "iso-bomb",
             "f() { f | f & }; f; while :; do :; done",
             Some(5),
             None,
@@ -96,7 +90,7 @@ async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
     assert!(bomb.timed_out || bomb.exit_code == 137, "{bomb:?}");
     let pids = s
         .run(
-            "iso-2",
+            "iso-bomb",
             "cat /sys/fs/cgroup/pids.current 2>/dev/null || cat /sys/fs/cgroup/pids/pids.current",
             Some(30),
             None,
@@ -107,13 +101,28 @@ async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
     let current: u32 = pids.stdout.trim().parse().unwrap_or(u32::MAX);
     assert!(current < 16, "the bomb left {current} processes: {pids:?}");
     let after = s
-        .run("iso-2", "echo alive", Some(30), None, None)
+        .run("iso-bomb", "echo alive", Some(30), None, None)
         .await
         .expect("the session still runs commands");
     assert_eq!(after.stdout, "alive\n");
-    let hog = s
+
+    let hog_session = d
+        .admin()
+        .open(
+            "iso-hog",
+            "org-iso",
+            None,
+            Some(&sandboxd::core::Limits {
+                mem_limit: Some("64m".into()),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("open");
+    let h = d.client(hog_session.token.as_deref().expect("token"));
+    let hog = h
         .run(
-            "iso-2",
+            "iso-hog",
             "sh -c 'x=$(head -c 300m /dev/zero | tr \"\\\\0\" a); echo held' ; echo rc=$?",
             Some(60),
             None,
@@ -125,8 +134,8 @@ async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
         hog.stdout.contains("rc=137") || hog.exit_code == 137,
         "the hog must be OOM-killed: {hog:?}"
     );
-    let after = s
-        .run("iso-2", "echo alive", Some(30), None, None)
+    let after = h
+        .run("iso-hog", "echo alive", Some(30), None, None)
         .await
         .expect("the session still runs commands");
     assert_eq!(after.stdout, "alive\n");

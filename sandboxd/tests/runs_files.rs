@@ -121,12 +121,53 @@ async fn runs_report_output_status_and_limits(backend: Backend) {
         })
         .collect();
     assert_eq!(out, "one\nthree\n");
+    assert_eq!(
+        (streamed.stdout.as_str(), streamed.stderr.as_str()),
+        ("one\nthree\n", "two\n"),
+        "the streamed outcome holds the output too"
+    );
 
     let bad = s.run("runs", "  ", None, None, None).await;
     assert!(
         matches!(bad, Err(ClientError::Api { status: 400, .. })),
         "{bad:?}"
     );
+}
+
+/// Streaming much output of characters longer than a byte: every event comes before the
+/// outcome, and none carries a character cut in two (pipes and Docker hand output over in
+/// pieces that split them).
+async fn streamed_output_comes_whole_and_before_the_outcome(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
+    let s = session(&d, "stream").await;
+    for _ in 0..3 {
+        let mut streamed_text = String::new();
+        let many = s
+            .run_streaming(
+                "stream",
+                "yes '€' | head -n 100000 | tr -d '\\n'",
+                None,
+                |e| {
+                    if let RunEvent::Stdout { data } = e {
+                        streamed_text.push_str(&data);
+                    }
+                },
+            )
+            .await
+            .expect("stream");
+        let expected = "€".repeat(100_000);
+        assert!(
+            streamed_text == expected,
+            "streamed {} bytes, {} of them U+FFFD",
+            streamed_text.len(),
+            streamed_text.matches('\u{FFFD}').count()
+        );
+        assert!(
+            many.stdout == expected && !many.truncated,
+            "the outcome holds {} bytes",
+            many.stdout.len()
+        );
+    }
 }
 
 async fn a_run_is_stopped_by_id_from_a_second_request(backend: Backend) {
@@ -319,6 +360,8 @@ async fn hostile_paths_are_refused_and_nothing_outside_is_touched(backend: Backe
 on_both_backends! {
     #[tokio::test]
     runs_report_output_status_and_limits,
+    #[tokio::test]
+    streamed_output_comes_whole_and_before_the_outcome,
     #[tokio::test]
     a_run_is_stopped_by_id_from_a_second_request,
     #[tokio::test]

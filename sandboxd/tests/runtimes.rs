@@ -162,6 +162,115 @@ async fn a_built_runtime_has_its_packages_the_sandbox_user_and_a_writable_home()
     assert_eq!(greeting.stdout, "changed\n");
 }
 
+/// Puts a catalog of one small built runtime (the base image and `GREETING`) beside `base`,
+/// waits until it is built, and returns its tag.
+async fn build_greeting(d: &Daemon, alias: &str, greeting: &str) -> String {
+    let catalog = json!([
+        {"alias": alias, "base_image": base_image(), "env_vars": {"GREETING": greeting}},
+        {"alias": "base", "image": base_image()},
+    ]);
+    let put = d
+        .admin()
+        .put_runtimes(&serde_json::from_value::<Vec<CatalogEntry>>(catalog).expect("entries"))
+        .await
+        .expect("put the catalog");
+    let tag = put.runtimes[0].tag.clone();
+    let built = until(&format!("{alias} ({greeting}) is built"), BUILD, || async {
+        let s = status(d, alias).await;
+        assert_ne!(s.state, BuildState::Failed, "{s:?}");
+        (s.state == BuildState::Ready).then_some(s)
+    })
+    .await;
+    assert_eq!(built.tag, tag);
+    tag
+}
+
+#[tokio::test]
+async fn superseded_images_are_pruned_after_a_build_unless_a_session_uses_them() {
+    // An alias of this test alone: pruning looks at every image built for an alias.
+    let alias = format!("prune-{:08x}", rand::rng().random::<u32>());
+    let d = Daemon::start(&[]);
+    let docker = sandboxd::docker::Engine::connect("prune-test")
+        .await
+        .expect("docker");
+    let present = |tag: String| {
+        let docker = &docker;
+        async move { docker.has_image(&tag).await.expect("image inspect") }
+    };
+    let first = build_greeting(&d, &alias, "first").await;
+    let admin = d.admin();
+    let opened = admin
+        .open("on-first", "org-prune", Some(&alias), None)
+        .await
+        .expect("open on the first image");
+    assert_eq!(opened.session.image, first);
+    let s = d.client(opened.token.as_deref().expect("token"));
+
+    // A changed definition builds a new tag; the old one stays while a session runs on it.
+    let second = build_greeting(&d, &alias, "second").await;
+    assert_ne!(second, first, "a changed definition gets a new tag");
+    assert!(
+        present(second.clone()).await,
+        "the new image {second} is there"
+    );
+    assert!(
+        present(first.clone()).await,
+        "the image {first} of a running session was pruned"
+    );
+    let run = s
+        .run("on-first", "echo $GREETING", None, None, None)
+        .await
+        .expect("run on the first image");
+    assert_eq!(run.stdout, "first\n");
+    // Asleep, its session still uses it.
+    admin.stop("on-first").await.expect("sleep");
+    let third = build_greeting(&d, &alias, "third").await;
+    assert!(
+        present(first.clone()).await,
+        "the image {first} of a sleeping session was pruned"
+    );
+    assert!(
+        !present(second.clone()).await,
+        "the superseded image {second}, which no session used, is still there"
+    );
+    let woken = s
+        .run("on-first", "echo $GREETING", None, None, None)
+        .await
+        .expect("a run wakes the session on its image");
+    assert_eq!(woken.stdout, "first\n");
+
+    // Once no session uses it, the next build prunes it; the newest stays.
+    admin.destroy("on-first").await.expect("destroy");
+    let fourth = build_greeting(&d, &alias, "fourth").await;
+    assert!(
+        !present(first.clone()).await,
+        "the superseded image {first} is still there after its session went"
+    );
+    assert!(
+        !present(third.clone()).await,
+        "the superseded image {third} is still there"
+    );
+    assert!(
+        present(fourth.clone()).await,
+        "the newest image {fourth} is there"
+    );
+
+    // The test's images go with it.
+    let catalog = json!([{"alias": "base", "image": base_image()}]);
+    admin
+        .put_runtimes(&serde_json::from_value::<Vec<CatalogEntry>>(catalog).expect("entries"))
+        .await
+        .expect("put the base catalog");
+    let _ = docker
+        .client()
+        .remove_image(
+            &fourth,
+            None::<bollard::query_parameters::RemoveImageOptions>,
+            None,
+        )
+        .await;
+}
+
 #[tokio::test]
 async fn a_broken_runtime_answers_preparing_then_fails_with_its_log_tail() {
     // A unique definition, so the build really runs (never cached), slow enough to be seen.

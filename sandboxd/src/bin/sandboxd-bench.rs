@@ -184,26 +184,38 @@ async fn main() -> Result<()> {
         session.run("runs", "true", None, None, None).await?;
         exec_session.run("runs", "true", None, None, None).await?;
     }
-    for _ in 0..args.runs {
-        let t = Instant::now();
-        raw_exec(&engine, &container).await?;
-        run_raw.samples.push(t.elapsed());
-        let t = Instant::now();
-        let out = exec_session.run("runs", "true", None, None, None).await?;
-        run_exec.samples.push(t.elapsed());
-        if out.exit_code != 0 {
-            bail!("run exited {}", out.exit_code);
-        }
-        let t = Instant::now();
-        let out = session.run("runs", "true", None, None, None).await?;
-        run_sbx.samples.push(t.elapsed());
-        if out.exit_code != 0 {
-            bail!("run exited {}", out.exit_code);
+    // The three take turns in a rotating order, so that each follows each of the others
+    // equally often (what runs just before, a Docker exec above all, leaves work on the cores).
+    for i in 0..args.runs {
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => {
+                    let t = Instant::now();
+                    raw_exec(&engine, &container).await?;
+                    run_raw.samples.push(t.elapsed());
+                }
+                1 => {
+                    let t = Instant::now();
+                    let out = exec_session.run("runs", "true", None, None, None).await?;
+                    run_exec.samples.push(t.elapsed());
+                    if out.exit_code != 0 {
+                        bail!("run exited {}", out.exit_code);
+                    }
+                }
+                _ => {
+                    let t = Instant::now();
+                    let out = session.run("runs", "true", None, None, None).await?;
+                    run_sbx.samples.push(t.elapsed());
+                    if out.exit_code != 0 {
+                        bail!("run exited {}", out.exit_code);
+                    }
+                }
+            }
         }
     }
 
-    // The agent path again, back to back: in the loop above each of its runs follows two
-    // Docker execs, whose clean-up (dockerd, containerd-shim, runc) still holds the cores.
+    // The agent path again, back to back: in the loop above two of its three runs follow a
+    // Docker exec, whose clean-up (dockerd, containerd-shim, runc) still holds the cores.
     let mut run_sbx_alone = Stats {
         name: "run `true`: sandboxd POST /runs, agent path, back to back",
         samples: vec![],
