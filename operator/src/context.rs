@@ -85,6 +85,10 @@ pub struct Context {
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     /// Caches of the watched kinds, filled by reflectors (reads cost no API request).
     pub caches: std::sync::OnceLock<Caches>,
+    /// The session controller's own store (sessions are not cached twice).
+    pub sessions: std::sync::OnceLock<
+        kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
+    >,
 }
 
 /// Reflector stores of the kinds reconciles read often.
@@ -94,8 +98,6 @@ pub struct Caches {
     pub hosts: kube::runtime::reflector::Store<SandboxHost>,
     /// Runtimes.
     pub runtimes: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::Runtime>,
-    /// SandboxSessions.
-    pub sessions: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
 }
 
 /// Parses `k=v,k2=v2`.
@@ -125,6 +127,7 @@ impl Context {
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             caches: std::sync::OnceLock::new(),
+            sessions: std::sync::OnceLock::new(),
         }
     }
 

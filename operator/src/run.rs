@@ -61,7 +61,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let caches = crate::context::Caches {
         hosts: cache::<sandboxd_crds::v1alpha1::SandboxHost>(&client, &ctx).await,
         runtimes: cache::<sandboxd_crds::v1alpha1::Runtime>(&client, &ctx).await,
-        sessions: cache::<sandboxd_crds::v1alpha1::SandboxSession>(&client, &ctx).await,
     };
     let _ = ctx.caches.set(caches);
     let renew = tokio::spawn(async move {

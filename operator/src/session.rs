@@ -46,13 +46,30 @@ pub const LOST: &str = "Lost";
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let secrets = Api::<Secret>::all(ctx.client.clone());
-    Controller::new(api, ctx.watcher_config())
-        .owns(secrets, ctx.watcher_config())
+    let controller = Controller::new(api, ctx.watcher_config())
+        // Only the token Secrets this operator made: never a cache of every Secret.
+        .owns(secrets, secret_watch(&ctx));
+    let _ = ctx.sessions.set(controller.store());
+    controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
 }
+
+/// The watch of the token Secrets: the operator's selector plus its managed-by label.
+fn secret_watch(ctx: &Context) -> kube::runtime::watcher::Config {
+    let mut labels = vec![format!("{MANAGED_BY}={OPERATOR}")];
+    if !ctx.config.selector.is_empty() {
+        labels.push(ctx.config.selector.clone());
+    }
+    kube::runtime::watcher::Config::default().labels(&labels.join(","))
+}
+
+/// The label on every token Secret this operator makes.
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+const OPERATOR: &str = "sandbox-operator";
 
 fn error_policy(s: Arc<SandboxSession>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(session = %s.name_any(), error = %error, "session reconcile failed");
@@ -238,8 +255,8 @@ async fn advance(
         None => {
             // The load of a host is what it reports or what was placed on it since, whichever
             // is higher: placements in quick succession must not all see the same stale count.
-            let placed: Vec<Arc<SandboxSession>> = match ctx.caches.get() {
-                Some(c) => c.sessions.state(),
+            let placed: Vec<Arc<SandboxSession>> = match ctx.sessions.get() {
+                Some(store) => store.state(),
                 None => Api::<SandboxSession>::all(ctx.client.clone())
                     .list(&ctx.list_params())
                     .await?
@@ -803,10 +820,7 @@ async fn store_token(
         ),
     ]);
     let mut labels = s.labels().clone();
-    labels.insert(
-        "app.kubernetes.io/managed-by".into(),
-        "sandbox-operator".into(),
-    );
+    labels.insert(MANAGED_BY.into(), OPERATOR.into());
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
