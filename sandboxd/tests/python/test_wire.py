@@ -14,6 +14,7 @@ import time
 import uuid
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 from pydantic_ai.workspaces import (
@@ -207,7 +208,15 @@ async def test_run_stopped_by_id_from_a_second_request(sandboxd, name) -> None:
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
         tg.start_soon(long_run)
-        await anyio.sleep(1.5)
+        # Stop it once it is in flight (the session reports it), with a deadline.
+        async with httpx.AsyncClient(base_url=sandboxd.url, timeout=10) as http:
+            deadline = time.monotonic() + 20
+            while True:
+                view = await http.get(f"/v1/sessions/{name}", headers={"Authorization": f"Bearer {sandboxd.admin}"})
+                if view.status_code == 200 and view.json().get("runs_in_flight", 0) > 0:
+                    break
+                assert time.monotonic() < deadline, f"the run never started: {view.status_code} {view.text}"
+                await anyio.lowlevel.checkpoint()
         async with httpx.AsyncClient(base_url=sandboxd.url, timeout=30) as http:
             stop = await http.post(f"/sessions/{name}/runs/{run_id}/stop", headers=sandboxd.headers())
         status("POST /sessions/{id}/runs/{run_id}/stop", stop, 204)
