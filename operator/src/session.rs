@@ -41,6 +41,8 @@ pub const FINALIZER: &str = "sandboxd.dev/session";
 pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 /// Condition: the workspace is gone.
 pub const LOST: &str = "Lost";
+/// How often a Lost session is looked at again.
+const LOST_RECHECK: Duration = Duration::from_secs(3600);
 
 /// Runs the controller until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
@@ -239,7 +241,7 @@ async fn advance(
     if status.phase == Some(SessionPhase::Lost) {
         return Ok(Step {
             status,
-            requeue: Duration::from_secs(3600),
+            requeue: LOST_RECHECK,
         });
     }
 
@@ -508,19 +510,7 @@ async fn advance(
         Ok(v) => v,
         Err(ClientError::NoSuchSession(_)) => {
             let m = format!("host {host_name} no longer has this session; its workspace is gone");
-            conditions::set(
-                &mut status.conditions,
-                LOST,
-                true,
-                "SessionGone",
-                &m,
-                generation,
-            );
-            set_phase(&mut status, SessionPhase::Lost, m);
-            return Ok(Step {
-                status,
-                requeue: Duration::from_secs(3600),
-            });
+            return Ok(lost(status, "SessionGone", m, generation));
         }
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
             conditions::set(
@@ -555,21 +545,9 @@ async fn advance(
         let m = format!(
             "the workspace of this session vanished on host {host_name}; it is not replaced with an empty one"
         );
-        conditions::set(
-            &mut status.conditions,
-            LOST,
-            true,
-            "WorkspaceVanished",
-            &m,
-            generation,
-        );
         conditions::set(&mut status.conditions, READY, false, "Lost", &m, generation);
-        set_phase(&mut status, SessionPhase::Lost, m);
         status.sleeps_at = None;
-        return Ok(Step {
-            status,
-            requeue: Duration::from_secs(3600),
-        });
+        return Ok(lost(status, "WorkspaceVanished", m, generation));
     }
 
     match view.state {
@@ -728,19 +706,7 @@ async fn advance(
                     let m = format!(
                         "no activity for {ttl} s: the workspace was removed (workspace TTL)"
                     );
-                    conditions::set(
-                        &mut status.conditions,
-                        LOST,
-                        true,
-                        "WorkspaceExpired",
-                        &m,
-                        generation,
-                    );
-                    set_phase(&mut status, SessionPhase::Lost, m);
-                    return Ok(Step {
-                        status,
-                        requeue: Duration::from_secs(3600),
-                    });
+                    return Ok(lost(status, "WorkspaceExpired", m, generation));
                 }
                 return Ok(Step {
                     status,
@@ -763,7 +729,13 @@ async fn advance(
                 requeue: Duration::from_secs(1),
             })
         }
-        State::Lost => unreachable_lost(status, &host_name, generation),
+        // Handled above, with the workspace check.
+        State::Lost => Ok(lost(
+            status,
+            "WorkspaceVanished",
+            format!("host {host_name} reports the session lost"),
+            generation,
+        )),
         State::Destroying => Ok(Step {
             status,
             requeue: Duration::from_secs(2),
@@ -771,25 +743,27 @@ async fn advance(
     }
 }
 
-fn unreachable_lost(
+/// The session's workspace is gone: phase Lost with a condition saying why; final, so it is
+/// looked at again only rarely.
+fn lost(
     mut status: SandboxSessionStatus,
-    host: &str,
+    reason: &str,
+    message: String,
     generation: Option<i64>,
-) -> Result<Step, Error> {
-    let m = format!("host {host} reports the session lost");
+) -> Step {
     conditions::set(
         &mut status.conditions,
         LOST,
         true,
-        "WorkspaceVanished",
-        &m,
+        reason,
+        &message,
         generation,
     );
-    set_phase(&mut status, SessionPhase::Lost, m);
-    Ok(Step {
+    set_phase(&mut status, SessionPhase::Lost, message);
+    Step {
         status,
-        requeue: Duration::from_secs(3600),
-    })
+        requeue: LOST_RECHECK,
+    }
 }
 
 fn host_err(host: &str, source: ClientError) -> Error {

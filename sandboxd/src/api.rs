@@ -425,8 +425,9 @@ fn ndjson_line(out: &mut Vec<u8>, event: &crate::runner::RunEvent) {
     out.push(b'\n');
 }
 
-/// The audit row of a run: the command, never its output; a failed command with its exit status.
-fn record_run(
+/// The audit row of a run (both surfaces): the command, never its output; a failed command
+/// with its exit status.
+pub(crate) fn record_run(
     core: &Core,
     id: &str,
     who: &Actor,

@@ -926,10 +926,7 @@ impl Core {
                 self.row(id).await
             }
             State::Lost => Err(ApiError::lost(id)),
-            State::Destroying => Err(ApiError::conflict(
-                "session_destroying",
-                format!("Session '{id}' is being destroyed"),
-            )),
+            State::Destroying => Err(ApiError::destroying(id)),
         }
     }
 
@@ -952,17 +949,11 @@ impl Core {
                 info!(session = id, "session asleep");
             }
             State::Opening => {
-                return Err(ApiError::conflict(
-                    "session_opening",
-                    format!("Session '{id}' is still opening"),
-                ));
+                return Err(ApiError::opening(id));
             }
             State::Lost => return Err(ApiError::lost(id)),
             State::Destroying => {
-                return Err(ApiError::conflict(
-                    "session_destroying",
-                    format!("Session '{id}' is being destroyed"),
-                ));
+                return Err(ApiError::destroying(id));
             }
         }
         self.get(id).await
@@ -1002,17 +993,11 @@ impl Core {
                 info!(session = id, "container reclaimed; workspace kept");
             }
             State::Opening => {
-                return Err(ApiError::conflict(
-                    "session_opening",
-                    format!("Session '{id}' is still opening"),
-                ));
+                return Err(ApiError::opening(id));
             }
             State::Lost => return Err(ApiError::lost(id)),
             State::Destroying => {
-                return Err(ApiError::conflict(
-                    "session_destroying",
-                    format!("Session '{id}' is being destroyed"),
-                ));
+                return Err(ApiError::destroying(id));
             }
         }
         self.get(id).await
@@ -1324,10 +1309,7 @@ impl Core {
     pub async fn files(&self, id: &str) -> Result<Workspace, ApiError> {
         let row = self.row(id).await?;
         if row.state == State::Destroying {
-            return Err(ApiError::conflict(
-                "session_destroying",
-                format!("Session '{id}' is being destroyed"),
-            ));
+            return Err(ApiError::destroying(id));
         }
         self.check_workspace(&row).await?;
         let _ = self.store.touch(id).await;

@@ -61,6 +61,20 @@ impl ApiError {
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(409, code, message)
     }
+    /// 409 `session_opening`: an open of the session is still in flight.
+    pub fn opening(id: &str) -> Self {
+        Self::conflict(
+            "session_opening",
+            format!("Session '{id}' is still opening"),
+        )
+    }
+    /// 409 `session_destroying`: the session is being destroyed.
+    pub fn destroying(id: &str) -> Self {
+        Self::conflict(
+            "session_destroying",
+            format!("Session '{id}' is being destroyed"),
+        )
+    }
     /// 410 `session_lost`: the workspace vanished.
     pub fn lost(id: &str) -> Self {
         Self::new(

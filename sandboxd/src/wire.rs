@@ -889,33 +889,12 @@ async fn run(
             None,
         )
         .await;
-    let outcome = match &result {
-        Ok(o) => Outcome {
-            ok: o.exit_code == 0 && !o.timed_out && !o.stopped,
-            exit_code: Some(o.exit_code),
-            error: if o.timed_out {
-                Some("timed_out".into())
-            } else if o.stopped {
-                Some("stopped".into())
-            } else if o.exit_code != 0 {
-                Some(format!("exit {}", o.exit_code))
-            } else {
-                None
-            },
-            bytes: None,
-        },
-        Err(e) => Outcome {
-            ok: false,
-            error: Some(e.code.to_owned()),
-            ..Outcome::default()
-        },
-    };
-    state.core.record(
+    crate::api::record_run(
+        &state.core,
         &id,
         &actor(&headers),
-        Op::Execute,
         &target,
-        outcome,
+        &result,
         started,
     );
     let o = result.map_err(|e| WireError::from_core(&id, e))?;
