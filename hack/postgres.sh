@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
 # Starts a PostgreSQL cluster of the project's own for the audit-store tests: Debian's
-# `postgresql` package (installed when missing), data dir and socket in .dev/postgres (the
-# cache folder lives under root's home, which the `postgres` account cannot enter), listening
-# on loopback only. Idempotent: an answering cluster is left alone.
+# `postgresql` package (installed when missing), listening on loopback only. Idempotent: an
+# answering cluster is left alone.
+#
+# Run as root, the cluster belongs to the `postgres` account and lives in that account's home,
+# one per checkout: PostgreSQL insists that its data directory is owned by it with mode 0700,
+# which a checkout on a mount that ignores chown/chmod cannot give, and root's own home (where
+# the caches live) is closed to that account. Run as anyone else, it lives in .dev/postgres.
 #   hack/postgres.sh start|stop|url
 source "$(dirname "$0")/lib.sh"
 
 PG_PORT="${SANDBOXD_POSTGRES_PORT:-55432}"
-PG_DATA="$DEV_DIR/postgres/data"
-PG_SOCK_DIR="$DEV_DIR/postgres/run"
-PG_LOG="$DEV_DIR/postgres.log"
+
+# Sets PG_DIR, PG_DATA, PG_SOCK_DIR and PG_LOG. The `postgres` account exists only once the
+# package is installed, so this runs after install_postgres.
+settle_paths() {
+  local home=""
+  [[ $(id -u) == 0 ]] && home=$(getent passwd postgres | cut -d: -f6)
+  if [[ -n $home ]]; then
+    PG_DIR="$home/sandboxd-$(printf '%s' "$DEV_DIR" | sha256sum | cut -c1-12)"
+  else
+    PG_DIR="$DEV_DIR/postgres"
+  fi
+  PG_DATA="$PG_DIR/data"
+  PG_SOCK_DIR="$PG_DIR/run"
+  PG_LOG="$PG_DIR/postgres.log"
+}
 PG_DB=sandboxd_test
 
 pg_bin() {
@@ -34,17 +50,23 @@ install_postgres() {
 start() {
   install_postgres
   local bin; bin=$(pg_bin)
-  mkdir -p "$PG_SOCK_DIR" "$PG_DATA"
   if answering; then return 0; fi
-  if [[ $(id -u) == 0 ]]; then chown postgres: "$PG_SOCK_DIR" "$PG_DATA"; chmod 700 "$PG_DATA"; fi
+  settle_paths
+  mkdir -p "$PG_SOCK_DIR" "$PG_DATA"
+  if [[ $(id -u) == 0 ]]; then chown postgres: "$PG_DIR" "$PG_SOCK_DIR" "$PG_DATA"; fi
+  chmod 700 "$PG_DATA"
   if [[ ! -f $PG_DATA/PG_VERSION ]]; then
     log "creating a PostgreSQL cluster in $PG_DATA"
     as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
   fi
   touch "$PG_LOG"; [[ $(id -u) == 0 ]] && chown postgres: "$PG_LOG"
   log "starting PostgreSQL on 127.0.0.1:$PG_PORT (data $PG_DATA)"
-  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
-    -o "-p $PG_PORT -k $PG_SOCK_DIR -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null
+  if ! as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
+    -o "-p $PG_PORT -k $PG_SOCK_DIR -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null; then
+    log "PostgreSQL did not start; the end of $PG_LOG:"
+    tail -n 20 "$PG_LOG" >&2 || true
+    die "PostgreSQL did not start on 127.0.0.1:$PG_PORT"
+  fi
   wait_for "PostgreSQL (log: $PG_LOG)" 60 answering
   if ! "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1; then
     "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres "$PG_DB"
@@ -53,6 +75,8 @@ start() {
 }
 
 stop() {
+  [[ -n $(pg_bin) ]] || return 0
+  settle_paths
   [[ -f $PG_DATA/postmaster.pid ]] || return 0
   log "stopping PostgreSQL"
   as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null || true
