@@ -83,13 +83,42 @@ pub struct Context {
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
+    host_clients: Mutex<HashMap<String, CachedClient>>,
     /// Caches of the watched kinds, filled by reflectors (reads cost no API request).
     pub caches: std::sync::OnceLock<Caches>,
     /// The session controller's own store (sessions are not cached twice).
     pub sessions: std::sync::OnceLock<
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
+    /// The metadata of the token Secrets the session controller made (never their data).
+    pub token_secrets: std::sync::OnceLock<
+        kube::runtime::reflector::Store<kube::core::PartialObjectMeta<Secret>>,
+    >,
 }
+
+/// A sandboxd client kept between reconciles: its connections are reused, and the admin
+/// token is read again only after [`TOKEN_REFRESH`] or when the host's spec changes.
+struct CachedClient {
+    endpoint: String,
+    secret: (String, String, String),
+    token: String,
+    client: HostClient,
+    fetched: Instant,
+}
+
+impl CachedClient {
+    /// Whether it was made for the host's current endpoint and token Secret.
+    fn serves(&self, host: &SandboxHost) -> bool {
+        let r = &host.spec.admin_token_secret;
+        self.endpoint == host.spec.endpoint
+            && self.secret.0 == r.namespace
+            && self.secret.1 == r.name
+            && self.secret.2 == r.key
+    }
+}
+
+/// How long an admin token read from its Secret is used before it is read again.
+const TOKEN_REFRESH: Duration = Duration::from_secs(60);
 
 /// Reflector stores of the kinds reconciles read often.
 #[derive(Clone)]
@@ -126,8 +155,10 @@ impl Context {
             cpu: Mutex::default(),
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
+            host_clients: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
+            token_secrets: std::sync::OnceLock::new(),
         }
     }
 
@@ -149,8 +180,27 @@ impl Context {
         p
     }
 
-    /// A sandboxd client for `host`, with its admin token.
+    /// A sandboxd client for `host`, with its admin token. Clients are kept per host, so a
+    /// reconcile costs no Secret read and no new connection; the token is read again after
+    /// [`TOKEN_REFRESH`], when the host's spec changes, and on every probe.
     pub async fn host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
+        let name = host.name_any();
+        let cached = self
+            .host_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&name)
+            .filter(|c| c.serves(host) && c.fetched.elapsed() < TOKEN_REFRESH)
+            .map(|c| c.client.clone());
+        match cached {
+            Some(c) => Ok(c),
+            None => self.refresh_host_client(host).await,
+        }
+    }
+
+    /// Reads the admin token of `host` now; the kept client (and its connections) stays when
+    /// the token did not change.
+    pub async fn refresh_host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
         let r = &host.spec.admin_token_secret;
         let name = host.name_any();
         let secret = Api::<Secret>::namespaced(self.client.clone(), &r.namespace)
@@ -169,7 +219,31 @@ impl Context {
                 host: name.clone(),
                 why: format!("Secret {}/{} has no key {}", r.namespace, r.name, r.key),
             })?;
-        Ok(HostClient::new(&host.spec.endpoint, token.trim()))
+        let token = token.trim();
+        let mut clients = self.host_clients.lock().unwrap_or_else(|p| p.into_inner());
+        let client = match clients.get(&name) {
+            Some(c) if c.serves(host) && c.token == token => c.client.clone(),
+            _ => HostClient::new(&host.spec.endpoint, token),
+        };
+        clients.insert(
+            name,
+            CachedClient {
+                endpoint: host.spec.endpoint.clone(),
+                secret: (r.namespace.clone(), r.name.clone(), r.key.clone()),
+                token: token.to_owned(),
+                client: client.clone(),
+                fetched: Instant::now(),
+            },
+        );
+        Ok(client)
+    }
+
+    /// Forgets the client of a deleted host.
+    pub fn forget_host_client(&self, host: &str) {
+        self.host_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(host);
     }
 
     /// Counts a reconcile and its duration.

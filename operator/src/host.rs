@@ -98,7 +98,7 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     status.last_probe_at = Some(Time(Timestamp::now()));
     status.observed_generation = generation;
     let every = Duration::from_secs(ctx.config.probe_seconds);
-    let client = match ctx.host_client(host).await {
+    let client = match ctx.refresh_host_client(host).await {
         Ok(c) => c,
         Err(e) => {
             conditions::set(
@@ -292,6 +292,7 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
         .filter(|t| t.spec.host == name)
         .collect();
     if owed.is_empty() {
+        ctx.forget_host_client(&name);
         return Ok(Action::await_change());
     }
     let confirmed = host
@@ -327,6 +328,7 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
             .join(", ")
     );
     warn!(host = %name, count = owed.len(), "tombstones forgotten");
+    ctx.forget_host_client(&name);
     ctx.event(
         host,
         EventType::Warning,

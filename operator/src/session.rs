@@ -13,10 +13,12 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::watcher::watcher;
+use kube::runtime::{Controller, WatchStreamExt};
+use kube::core::PartialObjectMeta;
 use kube::{Api, Resource, ResourceExt};
 use sandboxd::client::ClientError;
 use sandboxd::store::State;
@@ -37,6 +39,8 @@ use crate::placement::{Candidate, place};
 pub const MANAGER: &str = "sandbox-operator/sandboxsession";
 /// Finalizer that guarantees the destroy.
 pub const FINALIZER: &str = "sandboxd.dev/session";
+/// Annotation with the host a session is placed on, written with the finalizer before the open.
+pub const HOST_ANNOTATION: &str = "sandboxd.dev/host";
 /// Condition: the host does not answer (the session is not lost).
 pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 /// Condition: the workspace is gone.
@@ -45,14 +49,32 @@ pub const LOST: &str = "Lost";
 const LOST_RECHECK: Duration = Duration::from_secs(3600);
 
 /// Runs the controller until the stream ends.
+///
+/// Both caches keep only what reconciles read: sessions without their managed fields, and of
+/// the token Secrets only their metadata (never a cache of every Secret, nor of any token).
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
-    let secrets = Api::<Secret>::all(ctx.client.clone());
-    let controller = Controller::new(api, ctx.watcher_config())
-        // Only the token Secrets this operator made: never a cache of every Secret.
-        .owns(secrets, secret_watch(&ctx));
-    let _ = ctx.sessions.set(controller.store());
-    controller
+    let (sessions, writer) = reflector::store();
+    let session_stream = reflector(
+        writer,
+        watcher(api, ctx.watcher_config())
+            .default_backoff()
+            .modify(|s| s.managed_fields_mut().clear()),
+    )
+    .touched_objects();
+    let secrets = Api::<PartialObjectMeta<Secret>>::all(ctx.client.clone());
+    let (tokens, writer) = reflector::store();
+    let secret_stream = reflector(
+        writer,
+        watcher(secrets, secret_watch(&ctx))
+            .default_backoff()
+            .modify(|s| s.managed_fields_mut().clear()),
+    )
+    .touched_objects();
+    let _ = ctx.sessions.set(sessions.clone());
+    let _ = ctx.token_secrets.set(tokens);
+    Controller::for_stream(session_stream, sessions)
+        .owns_stream(secret_stream)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
@@ -81,22 +103,77 @@ fn error_policy(s: Arc<SandboxSession>, error: &Error, ctx: Arc<Context>) -> Act
 #[instrument(skip_all, fields(session = %s.name_any(), namespace = s.namespace().unwrap_or_default()))]
 async fn reconcile(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let ns = s.namespace().unwrap_or_default();
-    let api = Api::<SandboxSession>::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, s, |event| async {
-        match event {
-            Finalizer::Apply(s) => apply(&s, &ctx).await,
-            Finalizer::Cleanup(s) => cleanup(&s, &ctx).await,
+    let result = if s.metadata.deletion_timestamp.is_none() {
+        apply(&s, &ctx).await
+    } else if has_finalizer(&s) {
+        match cleanup(&s, &ctx).await {
+            Ok(action) => release(&s, &ctx).await.map(|()| action),
+            Err(e) => Err(e),
         }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    });
+    } else {
+        Ok(Action::await_change())
+    };
     ctx.observe("sandboxsession", started);
     result
+}
+
+fn has_finalizer(s: &SandboxSession) -> bool {
+    s.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// The host recorded by [`claim`], before the status says so.
+fn claimed_host(s: &SandboxSession) -> Option<String> {
+    s.annotations().get(HOST_ANNOTATION).cloned()
+}
+
+/// Records the placement on `host` and adds the finalizer, in one write and before anything
+/// happens on the host: a crash after the open still finds the same host, and a delete
+/// still owes the destroy. The write is refused if the session changed since it was read, so
+/// a stale copy never places it a second time.
+async fn claim(s: &SandboxSession, host: &str, ctx: &Context) -> Result<(), Error> {
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()})];
+    if s.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()) {
+        ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}));
+    } else if !has_finalizer(s) {
+        ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
+    }
+    if s.metadata.annotations.is_none() {
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {HOST_ANNOTATION: host}}));
+    } else {
+        ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", HOST_ANNOTATION.replace('/', "~1")), "value": host}));
+    }
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|e| Error::Finalizer(e.to_string()))?;
+    session_api(s, ctx)
+        .patch(&s.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
+/// Removes the finalizer once the destroy is owed by a Tombstone.
+async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
+    let Some(i) = s.finalizers().iter().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": FINALIZER},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(|e| Error::Finalizer(e.to_string()))?;
+    match session_api(s, ctx)
+        .patch(&s.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Already gone: the finalizer was the last thing holding it.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn session_api(s: &SandboxSession, ctx: &Context) -> Api<SandboxSession> {
+    Api::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default())
 }
 
 fn time(t: Timestamp) -> Time {
@@ -175,11 +252,9 @@ async fn write(
     status: &SandboxSessionStatus,
     ctx: &Context,
 ) -> Result<(), Error> {
-    let api =
-        Api::<SandboxSession>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
     let patch =
         json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": status});
-    api.patch_status(
+    session_api(s, ctx).patch_status(
         &s.name_any(),
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(&patch),
@@ -252,8 +327,24 @@ async fn advance(
         .map(|r| r.name_any())
         .or_else(|| (!s.spec.runtime.is_empty()).then(|| s.spec.runtime.clone()));
     let all_hosts = hosts(ctx).await?;
-    let host_name = match status.host.clone() {
-        Some(h) => h,
+    let host_name = match status.host.clone().or_else(|| claimed_host(s)) {
+        Some(h) => {
+            if !has_finalizer(s) {
+                claim(s, &h, ctx).await?;
+            }
+            if status.host.is_none() {
+                conditions::set(
+                    &mut status.conditions,
+                    PLACED,
+                    true,
+                    "Placed",
+                    &format!("placed on host {h}"),
+                    generation,
+                );
+                status.host = Some(h.clone());
+            }
+            h
+        }
         None => {
             // The load of a host is what it reports or what was placed on it since, whichever
             // is higher: placements in quick succession must not all see the same stale count.
@@ -270,7 +361,14 @@ async fn advance(
             let placed_on = |host: &str| {
                 placed
                     .iter()
-                    .filter(|p| p.status.as_ref().and_then(|st| st.host.as_deref()) == Some(host))
+                    .filter(|p| {
+                        p.status
+                            .as_ref()
+                            .and_then(|st| st.host.clone())
+                            .or_else(|| claimed_host(p))
+                            .as_deref()
+                            == Some(host)
+                    })
                     .count()
             };
             let candidates: Vec<Candidate> = all_hosts
@@ -301,6 +399,7 @@ async fn advance(
                 .collect();
             match place(&candidates, s.spec.host.as_deref()) {
                 Ok(h) => {
+                    claim(s, &h, ctx).await?;
                     conditions::set(
                         &mut status.conditions,
                         PLACED,
@@ -310,8 +409,6 @@ async fn advance(
                         generation,
                     );
                     status.host = Some(h.clone());
-                    // Persist the placement before anything happens on the host.
-                    write(s, &status, ctx).await?;
                     h
                 }
                 Err(e) => {
@@ -355,7 +452,16 @@ async fn advance(
     // 2. Open (idempotent by name) until the session exists on the host with a token Secret.
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
     let secret = secret_name(&name);
-    let have_secret = secrets.get_opt(&secret).await?.is_some();
+    let cached = ctx.token_secrets.get().is_some_and(|store| {
+        store
+            .get(&ObjectRef::new(&secret).within(&s.namespace().unwrap_or_default()))
+            .is_some()
+    });
+    // Not cached yet, though recorded: the API server says whether it is really gone (a token
+    // is rotated only then).
+    let have_secret = cached
+        || (status.credentials_secret.is_some() && secrets.get_opt(&secret).await?.is_some());
+    let mut opened_view = None;
     if status.session_id.is_none() || !have_secret {
         let limits = s.spec.resources.as_ref().map(|r| sandboxd::core::Limits {
             cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
@@ -387,6 +493,7 @@ async fn advance(
                 .await?;
                 status.session_id = Some(opened.session.id.clone());
                 status.runtime = Some(opened.session.runtime.clone());
+                opened_view = Some(opened.session);
                 status.credentials_secret = Some(secret.clone());
                 conditions::set(
                     &mut status.conditions,
@@ -505,8 +612,12 @@ async fn advance(
         }
     }
 
-    // 3. Follow the session on the host.
-    let view = match client.get(&name).await {
+    // 3. Follow the session on the host (just opened: the open answered with it).
+    let fetched = match opened_view {
+        Some(v) => Ok(v),
+        None => client.get(&name).await,
+    };
+    let view = match fetched {
         Ok(v) => v,
         Err(ClientError::NoSuchSession(_)) => {
             let m = format!("host {host_name} no longer has this session; its workspace is gone");
@@ -820,7 +931,7 @@ async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
     ctx.set_phase(&key(s), None);
-    let Some(host) = status.host else {
+    let Some(host) = status.host.clone().or_else(|| claimed_host(s)) else {
         // Never placed: nothing lives outside Kubernetes.
         return Ok(Action::await_change());
     };

@@ -656,21 +656,36 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
             phase(s) == Some(SessionPhase::Running)
         })
         .await;
-    let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    for want in [
+    // The reconcile that wrote Running is counted when it returns, a moment after the write.
+    let wants = [
         "sandbox_operator_leader 1",
         "sandbox_operator_sessions{phase=\"Running\"} 1",
         "sandbox_operator_reconciles_total{controller=\"sandboxsession\"}",
         "sandbox_operator_reconciles_total{controller=\"discovery\"}",
         "sandbox_operator_reconcile_duration_seconds_count{controller=\"sandboxhost\"}",
         "sandbox_operator_tombstones_pending 0",
-    ] {
-        assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let missing: Vec<&str> = wants
+            .iter()
+            .copied()
+            .filter(|w| !metrics.contains(w))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing:?} missing from:\n{metrics}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     for path in ["healthz", "readyz"] {
         let resp = reqwest::get(format!("{}/{path}", scope.health_url(0)))
