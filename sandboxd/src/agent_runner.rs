@@ -230,9 +230,12 @@ impl AgentRunner {
         if first.maybe_started {
             return Err(silent(&first));
         }
+        // The no-op engine (the operator bench's) has no container to look at: the run fails
+        // here with its message, before any wait for an agent.
         let inspected = self
             .engine
             .client()
+            .map_err(|e| RunError::Start(e.to_string()))?
             .inspect_container(&spec.container, None::<InspectContainerOptions>)
             .await
             .map_err(|e| match e {
@@ -366,13 +369,14 @@ impl AgentRunner {
     /// The agent's connection broke mid-run: if the agent died, its container went with it:
     /// report it and start the container again.
     async fn lost_mid_run(&self, spec: &RunSpec, e: Option<proto::FrameError>) -> RunError {
-        let running = self
-            .engine
-            .client()
-            .inspect_container(&spec.container, None::<InspectContainerOptions>)
-            .await
-            .ok()
-            .and_then(|c| c.state);
+        let running = match self.engine.client() {
+            Ok(docker) => docker
+                .inspect_container(&spec.container, None::<InspectContainerOptions>)
+                .await
+                .ok()
+                .and_then(|c| c.state),
+            Err(_) => None,
+        };
         match running {
             Some(state) if !state.running.unwrap_or(false) => {
                 self.report_death(&spec.session, &state);
@@ -451,9 +455,10 @@ impl Runner for AgentRunner {
 
     fn container_stopped<'a>(&'a self, session: &'a str, container: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Ok(inspected) = self
-                .engine
-                .client()
+            let Ok(docker) = self.engine.client() else {
+                return;
+            };
+            let Ok(inspected) = docker
                 .inspect_container(container, None::<InspectContainerOptions>)
                 .await
             else {

@@ -1,7 +1,11 @@
 //! The Docker edge (bollard): sandbox containers as siblings of sandboxd, with every isolation
 //! setting, labelled with the sandboxd and session that own them.
+//!
+//! [`Engine::noop`] is a second engine that runs nothing (a record per container), for the
+//! operator bench only.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig};
@@ -108,11 +112,41 @@ pub struct Owned {
     pub running: bool,
 }
 
-/// The Docker client of one sandboxd instance.
+/// The container engine of one sandboxd instance: Docker, or the no-op engine of the operator
+/// bench ([`Engine::noop`]).
 #[derive(Clone)]
 pub struct Engine {
-    docker: Docker,
+    backend: Backend,
     instance: String,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Docker(Docker),
+    /// Container id to its record, shared by every clone of the engine.
+    Noop(Arc<Mutex<HashMap<String, NoopContainer>>>),
+}
+
+/// What the no-op engine keeps of a container: nothing runs.
+#[derive(Debug, Clone)]
+struct NoopContainer {
+    name: String,
+    session: String,
+    running: bool,
+}
+
+/// What the no-op engine answers where a real container or Docker itself is needed.
+const NOOP_REFUSAL: &str = "this sandboxd runs on the no-op engine of the operator bench: it has no Docker, and nothing runs in its containers (no runs, no agent, no image builds)";
+
+/// An error as Docker answers it, from the no-op engine.
+fn noop_answer(action: String, status_code: u16, message: String) -> DockerError {
+    DockerError {
+        action,
+        source: bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message,
+        },
+    }
 }
 
 impl Engine {
@@ -125,14 +159,46 @@ impl Engine {
             .await
             .map_err(err("negotiate the API version"))?;
         Ok(Self {
-            docker,
+            backend: Backend::Docker(docker),
             instance: instance.to_owned(),
         })
     }
 
-    /// The raw client, for the run path.
-    pub fn client(&self) -> &Docker {
-        &self.docker
+    /// An engine whose containers are a no-op: an in-memory record per container (id, name,
+    /// session, running) that create, start, stop, remove, `running`, `cpu_ns` and `owned`
+    /// keep consistent, answering as Docker would (404 for a container it does not have, 409
+    /// for a name in use); every image is present. Nothing runs: [`Engine::client`] is an
+    /// error, so a run, the in-sandbox agent and an image build fail with a message that says
+    /// so instead of waiting.
+    ///
+    /// It exists only for the operator bench (`operator-bench --driver noop`), which runs a
+    /// real sandboxd in its own process through [`crate::server::start_on`] to measure the
+    /// operator without the cost of containers. No flag, environment variable or other
+    /// setting of sandboxd selects it: only Rust code calling this constructor does.
+    pub fn noop(instance: &str) -> Self {
+        Self {
+            backend: Backend::Noop(Arc::default()),
+            instance: instance.to_owned(),
+        }
+    }
+
+    /// Whether this is the no-op engine of [`Engine::noop`].
+    pub fn is_noop(&self) -> bool {
+        matches!(self.backend, Backend::Noop(_))
+    }
+
+    /// The raw client, for the run path and image builds. The no-op engine has none: it
+    /// answers with an error that says so.
+    pub fn client(&self) -> Result<&Docker, DockerError> {
+        match &self.backend {
+            Backend::Docker(docker) => Ok(docker),
+            Backend::Noop(_) => Err(DockerError {
+                action: "be reached".to_owned(),
+                source: bollard::errors::Error::IOError {
+                    err: std::io::Error::new(std::io::ErrorKind::Unsupported, NOOP_REFUSAL),
+                },
+            }),
+        }
     }
 
     /// The container name of a session.
@@ -142,7 +208,11 @@ impl Engine {
 
     /// Whether an image is present locally.
     pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
-        match self.docker.inspect_image(image).await {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(_) => return Ok(true),
+        };
+        match docker.inspect_image(image).await {
             Ok(_) => Ok(true),
             Err(e) => {
                 let e = DockerError {
@@ -156,6 +226,10 @@ impl Engine {
 
     /// Creates and starts a sandbox container; returns its id. A failed start removes it.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<String, DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => return self.noop_create(containers, spec),
+        };
         let mut labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "sandboxd".to_owned()),
             (LABEL_INSTANCE.to_owned(), self.instance.clone()),
@@ -220,8 +294,7 @@ impl Engine {
         };
         let name = self.container_name(&spec.session);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = self
-            .docker
+        let created = docker
             .create_container(Some(options), body)
             .await
             .map_err(err(format!("create container {name}")))?;
@@ -234,7 +307,13 @@ impl Engine {
 
     /// Starts a stopped container.
     pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        self.docker
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => {
+                return noop_set_running(containers, id, true, format!("start container {id}"));
+            }
+        };
+        docker
             .start_container(id, None)
             .await
             .map_err(err(format!("start container {id}")))
@@ -242,8 +321,14 @@ impl Engine {
 
     /// Stops a container (SIGTERM, then SIGKILL after 5 s).
     pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => {
+                return noop_set_running(containers, id, false, format!("stop container {id}"));
+            }
+        };
         let options = StopContainerOptionsBuilder::default().t(5).build();
-        match self.docker.stop_container(id, Some(options)).await {
+        match docker.stop_container(id, Some(options)).await {
             Ok(()) => Ok(()),
             // 304: already stopped.
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -258,11 +343,21 @@ impl Engine {
 
     /// Removes a container, running or not; a container already gone is fine.
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => {
+                let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(key) = noop_find(&map, id) {
+                    map.remove(&key);
+                }
+                return Ok(());
+            }
+        };
         let options = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)
             .build();
-        match self.docker.remove_container(id, Some(options)).await {
+        match docker.remove_container(id, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 let e = DockerError {
@@ -276,8 +371,16 @@ impl Engine {
 
     /// Whether a container exists and runs: `None` when it does not exist.
     pub async fn running(&self, id: &str) -> Result<Option<bool>, DockerError> {
-        match self
-            .docker
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => {
+                let map = containers.lock().unwrap_or_else(PoisonError::into_inner);
+                return Ok(noop_find(&map, id)
+                    .and_then(|k| map.get(&k))
+                    .map(|c| c.running));
+            }
+        };
+        match docker
             .inspect_container(id, None::<InspectContainerOptions>)
             .await
         {
@@ -294,11 +397,16 @@ impl Engine {
 
     /// CPU time the container has used, in nanoseconds, when it runs.
     pub async fn cpu_ns(&self, id: &str) -> Result<Option<u64>, DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            // Nothing runs, so a running container has used no CPU time.
+            Backend::Noop(_) => return Ok(self.running(id).await?.filter(|r| *r).map(|_| 0)),
+        };
         let options = StatsOptionsBuilder::default()
             .stream(false)
             .one_shot(true)
             .build();
-        let mut stream = self.docker.stats(id, Some(options));
+        let mut stream = docker.stats(id, Some(options));
         match stream.next().await {
             Some(Ok(stats)) => Ok(stats
                 .cpu_stats
@@ -317,6 +425,20 @@ impl Engine {
 
     /// Every container this instance owns.
     pub async fn owned(&self) -> Result<Vec<Owned>, DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(containers) => {
+                let map = containers.lock().unwrap_or_else(PoisonError::into_inner);
+                return Ok(map
+                    .iter()
+                    .map(|(id, c)| Owned {
+                        id: id.clone(),
+                        session: c.session.clone(),
+                        running: c.running,
+                    })
+                    .collect());
+            }
+        };
         let filters = HashMap::from([(
             "label".to_owned(),
             vec![format!("{LABEL_INSTANCE}={}", self.instance)],
@@ -325,8 +447,7 @@ impl Engine {
             .all(true)
             .filters(&filters)
             .build();
-        let list = self
-            .docker
+        let list = docker
             .list_containers(Some(options))
             .await
             .map_err(err("list containers"))?;
@@ -342,5 +463,154 @@ impl Engine {
                 })
             })
             .collect())
+    }
+
+    fn noop_create(
+        &self,
+        containers: &Mutex<HashMap<String, NoopContainer>>,
+        spec: &SandboxSpec,
+    ) -> Result<String, DockerError> {
+        let name = self.container_name(&spec.session);
+        let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.values().any(|c| c.name == name) {
+            return Err(noop_answer(
+                format!("create container {name}"),
+                409,
+                format!("Conflict. The container name \"/{name}\" is already in use"),
+            ));
+        }
+        let id = hex::encode(rand::random::<[u8; 32]>());
+        map.insert(
+            id.clone(),
+            NoopContainer {
+                name,
+                session: spec.session.clone(),
+                running: true,
+            },
+        );
+        Ok(id)
+    }
+}
+
+/// The id of the no-op container `id_or_name` names (Docker takes either).
+fn noop_find(map: &HashMap<String, NoopContainer>, id_or_name: &str) -> Option<String> {
+    if map.contains_key(id_or_name) {
+        return Some(id_or_name.to_owned());
+    }
+    map.iter()
+        .find(|(_, c)| c.name == id_or_name)
+        .map(|(id, _)| id.clone())
+}
+
+fn noop_set_running(
+    containers: &Mutex<HashMap<String, NoopContainer>>,
+    id: &str,
+    running: bool,
+    action: String,
+) -> Result<(), DockerError> {
+    let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
+    match noop_find(&map, id).and_then(|k| map.get_mut(&k)) {
+        Some(c) => {
+            c.running = running;
+            Ok(())
+        }
+        None => Err(noop_answer(action, 404, format!("No such container: {id}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(session: &str) -> SandboxSpec {
+        SandboxSpec {
+            session: session.to_owned(),
+            tenant: "org".to_owned(),
+            image: "any".to_owned(),
+            workspace: "/nowhere".to_owned(),
+            uid: 10001,
+            network_mode: "none".to_owned(),
+            cpus: 1.0,
+            memory: 1 << 30,
+            pids_limit: 512,
+            tmpfs_size: "64m".to_owned(),
+            oci_runtime: None,
+            env: vec![],
+            agent: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_noop_engine_keeps_its_containers_consistent() {
+        let engine = Engine::noop("bench");
+        assert!(engine.is_noop());
+        assert!(engine.has_image("never-pulled:1").await.expect("has_image"));
+
+        // Created as Docker's create+start: it runs.
+        let id = engine.create(&spec("s1")).await.expect("create");
+        assert_eq!(engine.running(&id).await.expect("running"), Some(true));
+        assert_eq!(engine.cpu_ns(&id).await.expect("cpu"), Some(0));
+        let clash = engine
+            .create(&spec("s1"))
+            .await
+            .expect_err("the name is taken");
+        assert!(clash.to_string().contains("is already in use"), "{clash}");
+
+        engine.stop(&id).await.expect("stop");
+        assert_eq!(engine.running(&id).await.expect("running"), Some(false));
+        assert_eq!(engine.cpu_ns(&id).await.expect("cpu"), None);
+        engine
+            .stop(&id)
+            .await
+            .expect("stopping a stopped container is fine");
+        // By name, as the core starts and removes a session's container.
+        engine
+            .start(&engine.container_name("s1"))
+            .await
+            .expect("start by name");
+        assert_eq!(engine.running(&id).await.expect("running"), Some(true));
+        assert_eq!(
+            engine.owned().await.expect("owned"),
+            [Owned {
+                id: id.clone(),
+                session: "s1".to_owned(),
+                running: true,
+            }]
+        );
+
+        // Every clone sees the same containers.
+        let clone = engine.clone();
+        clone.remove(&id).await.expect("remove");
+        assert_eq!(engine.running(&id).await.expect("running"), None);
+        assert!(engine.owned().await.expect("owned").is_empty());
+        for e in [
+            engine
+                .start(&id)
+                .await
+                .expect_err("start of a removed container"),
+            engine
+                .stop(&id)
+                .await
+                .expect_err("stop of a removed container"),
+        ] {
+            assert!(e.is_not_found(), "{e}");
+        }
+        engine
+            .remove(&id)
+            .await
+            .expect("removing what is gone is fine");
+    }
+
+    #[test]
+    fn the_noop_engine_has_no_docker_and_says_so() {
+        let e = Engine::noop("bench")
+            .client()
+            .map(|_| ())
+            .expect_err("no Docker client");
+        assert_eq!(
+            e.to_string(),
+            format!("docker could not be reached: {NOOP_REFUSAL}")
+        );
+        assert!(!e.is_not_found());
     }
 }

@@ -234,7 +234,9 @@ impl ExecRunner {
             attach_stderr: Some(true),
             ..Default::default()
         };
-        let docker = self.engine.client();
+        let Ok(docker) = self.engine.client() else {
+            return;
+        };
         let Ok(exec) = docker.create_exec(container, options).await else {
             return;
         };
@@ -252,7 +254,10 @@ impl ExecRunner {
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let started = Instant::now();
-        let docker = self.engine.client();
+        let docker = self
+            .engine
+            .client()
+            .map_err(|e| RunError::Start(e.to_string()))?;
         let options = CreateExecOptions {
             cmd: Some(vec![
                 "/bin/sh".to_owned(),

@@ -325,11 +325,14 @@ pub async fn build_once(
     entry: &CatalogEntry,
     b: &BuildSettings,
 ) -> Result<(), BuildFailure> {
-    let docker = engine.client();
     let image = tag(entry, b);
     if engine.has_image(&image).await.unwrap_or(false) {
         return Ok(());
     }
+    let docker = engine.client().map_err(|e| BuildFailure {
+        message: format!("building {image} failed: {e}"),
+        log_tail: String::new(),
+    })?;
     let mut lines: Vec<String> = Vec::new();
     let mut push = |text: &str| {
         for l in text.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
@@ -426,7 +429,10 @@ async fn prune(engine: &Engine, alias: &str, keep: &str) {
     let options = ListImagesOptionsBuilder::default()
         .filters(&filters)
         .build();
-    let Ok(images) = engine.client().list_images(Some(options)).await else {
+    let Ok(docker) = engine.client() else {
+        return;
+    };
+    let Ok(images) = docker.list_images(Some(options)).await else {
         return;
     };
     for image in images {
@@ -434,11 +440,7 @@ async fn prune(engine: &Engine, alias: &str, keep: &str) {
             continue;
         }
         let options = RemoveImageOptionsBuilder::default().force(false).build();
-        match engine
-            .client()
-            .remove_image(&image.id, Some(options), None)
-            .await
-        {
+        match docker.remove_image(&image.id, Some(options), None).await {
             Ok(_) => info!(runtime = alias, image = %image.id, "superseded runtime image pruned"),
             Err(e) => {
                 tracing::debug!(runtime = alias, image = %image.id, error = %e, "superseded runtime image kept")

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::agent_runner::{self, AgentRunner};
 use crate::api::{AppState, router};
@@ -37,6 +37,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 pub async fn start(
     config: Config,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
+    start_with(config, None, shutdown()).await
+}
+
+/// [`start`] for a program that runs sandboxd in its own process: on `engine` (Docker through
+/// [`Engine::connect`], or the operator bench's [`Engine::noop`]) instead of a connection made
+/// here, and serving until `stop` completes instead of until a signal (the program keeps its
+/// own Ctrl-C). The `sandboxd` binary never calls it.
+pub async fn start_on(
+    config: Config,
+    engine: Engine,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
+    start_with(config, Some(engine), stop).await
+}
+
+async fn start_with(
+    config: Config,
+    engine: Option<Engine>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
     let (token, runtimes) = config.validate()?;
     std::fs::create_dir_all(&config.workspace_root).with_context(|| {
         format!(
@@ -50,9 +70,18 @@ pub async fn start(
             config.state_dir.display()
         )
     })?;
-    let engine = Engine::connect(&config.instance)
-        .await
-        .context("cannot reach Docker (DOCKER_HOST)")?;
+    let engine = match engine {
+        Some(engine) => engine,
+        None => Engine::connect(&config.instance)
+            .await
+            .context("cannot reach Docker (DOCKER_HOST)")?,
+    };
+    if engine.is_noop() {
+        warn!(
+            instance = %config.instance,
+            "sandboxd runs on the no-op engine: its containers are records, nothing runs in them"
+        );
+    }
     let backoff = std::time::Duration::from_secs(config.build_backoff);
     let runtimes =
         Runtimes::start(engine.clone(), config.build_settings()?, backoff, runtimes).await;
@@ -127,7 +156,7 @@ pub async fn start(
         }),
         router(state),
     )
-    .with_graceful_shutdown(shutdown())
+    .with_graceful_shutdown(stop)
     .into_future();
     Ok((addr, async move {
         let served = serve.await;
@@ -193,4 +222,110 @@ pub async fn prepare(config: &Config) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(failed.into_iter().map(|(a, _)| a).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::client::{Client, ClientError};
+    use crate::store::State;
+
+    async fn prompt<T>(what: &str, f: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(5), f)
+            .await
+            .unwrap_or_else(|_| panic!("{what} took more than 5 s"))
+    }
+
+    /// What the operator bench does with a sandboxd on the no-op engine works, promptly; a
+    /// run, which needs a real container, fails at once with a message that says why.
+    #[tokio::test]
+    async fn the_noop_engine_serves_sessions_and_refuses_runs() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        // Root makes the workspaces the default sandbox uid's; anyone else keeps them.
+        let uid = match dir.path().metadata().expect("the temp dir").uid() {
+            0 => 10001,
+            uid => uid,
+        };
+        let path = |p: &str| dir.path().join(p).display().to_string();
+        let config = Config::try_parse_from([
+            "sandboxd",
+            "--token",
+            "admin",
+            "--port",
+            "0",
+            "--runtimes",
+            "base=never-pulled:1",
+            "--instance",
+            "noop-test",
+            "--workspace-root",
+            &path("workspaces"),
+            "--state-dir",
+            &path("state"),
+            "--sandbox-uid",
+            &uid.to_string(),
+        ])
+        .expect("a config");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, serve) = start_on(config, Engine::noop("noop-test"), async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("sandboxd starts");
+        let served = tokio::spawn(serve);
+        let admin = Client::new(&format!("http://{addr}"), "admin");
+
+        let opened = prompt("the open", admin.open("s1", "org", None, None))
+            .await
+            .expect("open");
+        assert!(opened.created);
+        assert_eq!(opened.session.state, State::Running);
+        let token = opened.token.expect("a token on create");
+        assert!(dir.path().join("workspaces/s1/workspace").is_dir());
+        let found = admin
+            .open("s1", "org", None, None)
+            .await
+            .expect("open again");
+        assert!(!found.created && found.token.is_none());
+
+        let view = prompt("the get", admin.get("s1")).await.expect("get");
+        assert_eq!((view.state, view.cpu_ns), (State::Running, Some(0)));
+        assert_eq!(admin.list().await.expect("list").len(), 1);
+
+        let rotated = admin.rotate_token("s1").await.expect("rotate");
+        assert_ne!(rotated, token);
+        assert!(admin.with_token(&token).get("s1").await.is_err());
+        admin
+            .with_token(&rotated)
+            .get("s1")
+            .await
+            .expect("the new token works");
+
+        let run = prompt("the run", admin.run("s1", "true", None, None, None))
+            .await
+            .expect_err("nothing runs on the no-op engine");
+        assert!(run.to_string().contains("no-op engine"), "{run}");
+
+        assert_eq!(admin.stop("s1").await.expect("stop").state, State::Stopped);
+        assert_eq!(
+            admin.start("s1").await.expect("start").state,
+            State::Running
+        );
+        assert!(admin.destroy("s1").await.expect("destroy").destroyed);
+        assert!(matches!(
+            admin.get("s1").await,
+            Err(ClientError::NoSuchSession(_))
+        ));
+        assert!(!dir.path().join("workspaces/s1").exists());
+
+        let _ = stop.send(());
+        served
+            .await
+            .expect("the serving task")
+            .expect("served until told to stop");
+    }
 }

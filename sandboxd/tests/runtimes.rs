@@ -263,6 +263,7 @@ async fn superseded_images_are_pruned_after_a_build_unless_a_session_uses_them()
         .expect("put the base catalog");
     let _ = docker
         .client()
+        .expect("a Docker client")
         .remove_image(
             &fourth,
             None::<bollard::query_parameters::RemoveImageOptions>,

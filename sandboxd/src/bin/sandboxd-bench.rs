@@ -46,7 +46,7 @@ impl Stats {
 }
 
 async fn raw_exec(engine: &Engine, container: &str) -> Result<()> {
-    let docker = engine.client();
+    let docker = engine.client()?;
     let exec = docker
         .create_exec(
             container,
