@@ -73,6 +73,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_FOLLOW_SECONDS", default_value_t = 60)]
     pub follow_seconds: u64,
 
+    /// Reconciles of one kind in flight at once: bounds memory and connections to the hosts
+    /// when thousands of sessions want a reconcile together (after a restart).
+    #[arg(long, env = "SANDBOX_OPERATOR_CONCURRENCY", default_value_t = 64)]
+    pub concurrency: u16,
+
     /// How often hosts are probed.
     #[arg(long, env = "SANDBOX_OPERATOR_PROBE_SECONDS", default_value_t = 30)]
     pub probe_seconds: u64,

@@ -1,4 +1,4 @@
-//! What every reconcile shares: the client, the event recorder, metrics, sandboxd clients,
+//! What every reconcile shares: the client, events, metrics, sandboxd clients,
 //! per-object failure counts (kube-runtime has no per-object backoff), and the configuration.
 
 use std::collections::{BTreeMap, HashMap};
@@ -6,7 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxd::client::{Client as HostClient, ClientError};
@@ -73,8 +77,8 @@ pub struct Context {
     pub client: Client,
     /// The configuration.
     pub config: Config,
-    /// Events.
-    pub recorder: Recorder,
+    /// Who publishes the events (`reportingController`, `reportingInstance`).
+    reporter: Reporter,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Label selector of the objects this operator handles.
@@ -91,9 +95,8 @@ pub struct Context {
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
     /// The metadata of the token Secrets the session controller made (never their data).
-    pub token_secrets: std::sync::OnceLock<
-        kube::runtime::reflector::Store<kube::core::PartialObjectMeta<Secret>>,
-    >,
+    pub token_secrets:
+        std::sync::OnceLock<kube::runtime::reflector::Store<kube::core::PartialObjectMeta<Secret>>>,
 }
 
 /// A sandboxd client kept between reconciles: its connections are reused, and the admin
@@ -146,7 +149,7 @@ impl Context {
         };
         let labels = parse_selector(&config.selector);
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             client,
             config,
             metrics,
@@ -169,6 +172,11 @@ impl Context {
             c = c.labels(&self.config.selector);
         }
         c
+    }
+
+    /// The controllers' settings: at most `concurrency` reconciles in flight.
+    pub fn controller_config(&self) -> kube::runtime::controller::Config {
+        kube::runtime::controller::Config::default().concurrency(self.config.concurrency)
     }
 
     /// List parameters with the selector.
@@ -302,18 +310,27 @@ impl Context {
         (wall >= 1e9).then(|| cpu_ns.saturating_sub(ns) as f64 / wall * 100.0)
     }
 
-    /// Records the phase of a session (None when it is gone) and refreshes the gauge.
+    /// Records the phase of a session (None when it is gone) and moves it between the gauge's
+    /// phases: a constant cost per reconcile, however many sessions there are.
     pub fn set_phase(&self, key: &str, phase: Option<String>) {
         let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
-        match phase {
-            Some(p) => phases.insert(key.to_owned(), p),
+        let old = match &phase {
+            Some(p) => phases.insert(key.to_owned(), p.clone()),
             None => phases.remove(key),
         };
-        self.metrics.sessions.clear();
-        for p in phases.values() {
+        if old == phase {
+            return;
+        }
+        if let Some(old) = old {
             self.metrics
                 .sessions
-                .get_or_create(&crate::metrics::PhaseLabel { phase: p.clone() })
+                .get_or_create(&crate::metrics::PhaseLabel { phase: old })
+                .dec();
+        }
+        if let Some(new) = phase {
+            self.metrics
+                .sessions
+                .get_or_create(&crate::metrics::PhaseLabel { phase: new })
                 .inc();
         }
     }
@@ -342,7 +359,10 @@ impl Context {
             .remove(key);
     }
 
-    /// Publishes an event on `obj`; a failure to publish is logged, never fatal.
+    /// Publishes an event on `obj`; a failure to publish is logged, never fatal. Events mark
+    /// transitions, so each is created once and nothing is kept: kube's recorder keeps every
+    /// event for six minutes to count repeats, which for ten thousand sessions opening is tens
+    /// of megabytes spent on repeats that do not happen.
     pub async fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -352,14 +372,47 @@ impl Context {
         note: String,
     ) {
         let reference = obj.object_ref(&());
+        let now = Timestamp::now();
+        let namespace = reference
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let controller = &self.reporter.controller;
         let event = KubeEvent {
-            type_,
-            reason: reason.to_owned(),
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    reference.name.as_deref().unwrap_or(controller),
+                    now.as_nanosecond()
+                )),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            action: Some(action.to_owned()),
+            reason: Some(reason.to_owned()),
             note: Some(truncate(note, 1000)),
-            action: action.to_owned(),
-            secondary: None,
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference),
+            reporting_controller: Some(controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| controller.clone()),
+            ),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            ..Default::default()
         };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
+        if let Err(e) = Api::<KubeEvent>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await
+        {
             warn!(error = %e, reason, "could not publish event");
         }
     }

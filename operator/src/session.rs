@@ -13,12 +13,12 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::watcher::watcher;
 use kube::runtime::{Controller, WatchStreamExt};
-use kube::core::PartialObjectMeta;
 use kube::{Api, Resource, ResourceExt};
 use sandboxd::client::ClientError;
 use sandboxd::store::State;
@@ -51,7 +51,7 @@ const LOST_RECHECK: Duration = Duration::from_secs(3600);
 /// Runs the controller until the stream ends.
 ///
 /// Both caches keep only what reconciles read: sessions without their managed fields, and of
-/// the token Secrets only their metadata (never a cache of every Secret, nor of any token).
+/// the token Secrets only name and owner (never a cache of every Secret, nor of any token).
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let (sessions, writer) = reflector::store();
@@ -68,12 +68,22 @@ pub async fn run(ctx: Arc<Context>) {
         writer,
         watcher(secrets, secret_watch(&ctx))
             .default_backoff()
-            .modify(|s| s.managed_fields_mut().clear()),
+            // Whether it exists, and whose it is: nothing else is read.
+            .modify(|s| {
+                let m = std::mem::take(&mut s.metadata);
+                s.metadata = ObjectMeta {
+                    name: m.name,
+                    namespace: m.namespace,
+                    owner_references: m.owner_references,
+                    ..Default::default()
+                };
+            }),
     )
     .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
     let _ = ctx.token_secrets.set(tokens);
     Controller::for_stream(session_stream, sessions)
+        .with_config(ctx.controller_config())
         .owns_stream(secret_stream)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
@@ -131,21 +141,29 @@ fn claimed_host(s: &SandboxSession) -> Option<String> {
 /// still owes the destroy. The write is refused if the session changed since it was read, so
 /// a stale copy never places it a second time.
 async fn claim(s: &SandboxSession, host: &str, ctx: &Context) -> Result<(), Error> {
-    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()})];
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()}),
+    ];
     if s.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()) {
         ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}));
     } else if !has_finalizer(s) {
         ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
     }
     if s.metadata.annotations.is_none() {
-        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {HOST_ANNOTATION: host}}));
+        ops.push(
+            json!({"op": "add", "path": "/metadata/annotations", "value": {HOST_ANNOTATION: host}}),
+        );
     } else {
         ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", HOST_ANNOTATION.replace('/', "~1")), "value": host}));
     }
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
         .map_err(|e| Error::Finalizer(e.to_string()))?;
     session_api(s, ctx)
-        .patch(&s.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
+        .patch(
+            &s.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
         .await?;
     Ok(())
 }
@@ -162,7 +180,11 @@ async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
     ]))
     .map_err(|e| Error::Finalizer(e.to_string()))?;
     match session_api(s, ctx)
-        .patch(&s.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
+        .patch(
+            &s.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
         .await
     {
         Ok(_) => Ok(()),
@@ -254,12 +276,13 @@ async fn write(
 ) -> Result<(), Error> {
     let patch =
         json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": status});
-    session_api(s, ctx).patch_status(
-        &s.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    session_api(s, ctx)
+        .patch_status(
+            &s.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     Ok(())
 }
 
@@ -358,19 +381,19 @@ async fn advance(
                     .map(Arc::new)
                     .collect(),
             };
-            let placed_on = |host: &str| {
-                placed
-                    .iter()
-                    .filter(|p| {
-                        p.status
-                            .as_ref()
-                            .and_then(|st| st.host.clone())
-                            .or_else(|| claimed_host(p))
-                            .as_deref()
-                            == Some(host)
-                    })
-                    .count()
-            };
+            // One pass, borrowing: placing is linear in the sessions, never quadratic.
+            let mut placed_on: std::collections::HashMap<&str, usize> = Default::default();
+            for p in &placed {
+                let host = p
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.host.as_deref())
+                    .or_else(|| p.annotations().get(HOST_ANNOTATION).map(String::as_str));
+                if let Some(h) = host {
+                    *placed_on.entry(h).or_default() += 1;
+                }
+            }
+            let placed_on = |host: &str| placed_on.get(host).copied().unwrap_or(0);
             let candidates: Vec<Candidate> = all_hosts
                 .iter()
                 .map(|h| {
@@ -917,14 +940,26 @@ async fn store_token(
         type_: Some("sandboxd.dev/session-token".into()),
         ..Default::default()
     };
-    secrets
-        .patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await?;
-    Ok(())
+    // Created once, the common case: a plain create costs the API server far less than an
+    // apply. One that exists already (a token rotated after a crash) is applied over.
+    let create = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match secrets.create(&create, &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            secrets
+                .patch(
+                    name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&secret),
+                )
+                .await?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {

@@ -27,6 +27,7 @@ pub const MANAGER: &str = "sandbox-operator/tombstone";
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<Tombstone>::all(ctx.client.clone());
     Controller::new(api, ctx.watcher_config())
+        .with_config(ctx.controller_config())
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

@@ -1,30 +1,69 @@
-//! Benchmarks the operator against the real API server: creates N SandboxSessions and reports
-//! sessions opened per second, p50/p95 from create to Running, the operator's peak RSS, the time
-//! to converge after an operator restart, and the API writes made for sessions that simply run
-//! idle. The host is a stand-in sandboxd whose containers are a no-op (an in-memory map that
-//! exists only for this bench), so the figures are the operator's and the API server's.
+//! Benchmarks the operator against the real API server and a real sandboxd: creates N
+//! SandboxSessions and reports sessions opened per second, p50/p95 from create to Running, the
+//! operator's peak RSS, the API writes made for sessions that simply run idle, and the time to
+//! converge after an operator restart (kill -9).
 //!
-//! Needs `make up` and `eval "$(make -s env)"`, and the release operator binary:
+//! Opens per second are set against a baseline measured first in the same run: the API
+//! server's floor, the five writes an open needs at the least (create, claim, token Secret,
+//! status apply, Event) made for N sessions by a plain client with the same concurrency and no
+//! operator. The ratio is how close the operator comes to what the API server allows here.
+//!
+//! The host is sandboxd itself, started in this process through `sandboxd::server::start_on`
+//! on 127.0.0.1 with a port of its choosing: its HTTP API, admin and session tokens, SQLite
+//! state and audit log, workspace folders in a temporary folder, and caps of at least N
+//! sessions (per tenant too). It is registered as a SandboxHost whose admin token is in a
+//! Secret, as a cluster registers one. `--driver` chooses its containers:
+//! - `docker` (the default): the project's dockerd (`DOCKER_HOST`), one real container of the
+//!   base image (`SANDBOXD_BASE_IMAGE`) per session;
+//! - `noop`: `sandboxd::docker::Engine::noop`, containers that are in-memory records only
+//!   (nothing runs), so the figures are the operator's, the API server's and sandboxd's.
+//!
+//! At the end the operator is stopped and the bench destroys every session through sandboxd
+//! directly (container and workspace; no Tombstone round trip and its retry backoff), removes
+//! whatever container of its sandboxd instance the engine still holds, fails if any is left,
+//! and deletes its namespace, SandboxHost and Runtime. It cleans up also when a step fails.
+//!
+//! Needs `make up`, `eval "$(make -s env)"`, the CRDs
+//! (`kubectl apply --server-side -f charts/sandboxd/crds/`) and the release binaries:
 //! `cargo build --release -p sandboxd-operator --bins`
-//! then `target/release/operator-bench --sessions 1000`.
+//! then `target/release/operator-bench --sessions 1000 [--driver noop]`.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use axum::extract::{Path, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use sandboxd_crds::v1alpha1::SandboxSession;
+use sandboxd::docker::Engine;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
-use serde_json::{Value, json};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// What the sandboxd of the bench runs its sessions' containers on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    /// The project's dockerd (`DOCKER_HOST`): real containers.
+    Docker,
+    /// sandboxd's no-op engine: containers are records, nothing runs.
+    Noop,
+}
+
+impl Driver {
+    fn name(self) -> &'static str {
+        match self {
+            Driver::Docker => "docker",
+            Driver::Noop => "noop",
+        }
+    }
+}
 
 #[derive(Parser)]
 struct Args {
@@ -37,136 +76,192 @@ struct Args {
     /// Seconds to watch for writes to idle running sessions.
     #[arg(long, default_value_t = 20)]
     idle_watch: u64,
+    /// The containers of the sessions.
+    #[arg(long, value_enum, default_value_t = Driver::Docker)]
+    driver: Driver,
+    /// The image the sessions run (the docker driver needs it on the project's dockerd).
+    #[arg(long, env = "SANDBOXD_BASE_IMAGE")]
+    image: Option<String>,
+    /// Skip the API server's ceiling (the same writes by a plain client, before the operator runs).
+    #[arg(long)]
+    no_floor: bool,
 }
 
-#[derive(Default)]
-struct Fake {
-    /// id -> (tenant, opened at)
-    sessions: HashMap<String, (String, String)>,
+/// The sandboxd of this bench, serving in this process.
+struct Host {
+    endpoint: String,
+    admin_token: String,
+    instance: String,
+    engine: Engine,
+    stop: oneshot::Sender<()>,
+    served: JoinHandle<std::io::Result<()>>,
+    dir: PathBuf,
 }
 
-type Shared = Arc<Mutex<Fake>>;
-
-fn view(id: &str, tenant: &str, opened: &str) -> Value {
-    // Activity is when it was opened: an idle session, as a real host would report it.
-    json!({"id": id, "tenant": tenant, "runtime": "bench", "image": "noop", "state": "running",
-           "created_at": opened, "last_activity_at": opened, "runs_in_flight": 0, "workspace_exists": true})
-}
-
-async fn stand_in() -> Result<String> {
-    let shared: Shared = Arc::default();
-    let routes: Vec<String> = sandboxd::api::ROUTES
-        .iter()
-        .map(|r| (*r).to_owned())
-        .collect();
-    let app = Router::new()
-        .route("/", get(move || { let routes = routes.clone(); async move { Json(json!({"service": "sandboxd", "version": sandboxd::VERSION, "routes": routes})) } }))
-        .route("/v1/policy", get(|| async {
-            Json(json!({"max_sessions": 1_000_000, "max_sessions_per_tenant": 1_000_000, "execute_timeout": 300, "max_read_bytes": 8388608, "max_output_bytes": 1048576,
-                "fixed": {"runtimes": ["bench"], "network_mode": "none", "runtime_network": "bridge", "oci_runtime": null, "sandbox_uid": 10001, "work_dir": "/workspace",
-                          "workspace_root": "/noop", "persist_containers": false, "cpus": 2.0, "memory": 1073741824, "pids_limit": 512, "tmpfs_size": "64m"}}))
-        }))
-        .route("/v1/runtimes", get(runtimes).put(runtimes))
-        .route("/v1/sessions", get(list).post(open))
-        .route("/v1/sessions/{id}", get(show).delete(destroy))
-        .route("/v1/sessions/{id}/token", post(|Path(id): Path<String>| async move { Json(json!({"id": id, "token": "sbx_bench"})) }))
-        .with_state(shared);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(format!("http://{addr}"))
-}
-
-async fn runtimes() -> Json<Value> {
-    Json(
-        json!({"catalog": true, "runtimes": [{"alias": "bench", "description": "", "default": true, "kind": "image", "source_image": "noop", "tag": "noop",
-        "state": "ready", "attempts": 0, "needs_network": false}]}),
-    )
-}
-
-async fn list(State(s): State<Shared>) -> Json<Value> {
-    let f = s.lock().unwrap_or_else(|p| p.into_inner());
-    Json(
-        json!({"sessions": f.sessions.iter().map(|(id, (t, at))| view(id, t, at)).collect::<Vec<_>>()}),
-    )
-}
-
-async fn open(
-    State(s): State<Shared>,
-    Json(body): Json<Value>,
-) -> (axum::http::StatusCode, Json<Value>) {
-    let id = body["name"].as_str().unwrap_or_default().to_owned();
-    let tenant = body["tenant"].as_str().unwrap_or_default().to_owned();
-    let mut f = s.lock().unwrap_or_else(|p| p.into_inner());
-    let created = !f.sessions.contains_key(&id);
-    let at = f
-        .sessions
-        .entry(id.clone())
-        .or_insert_with(|| {
-            (
-                tenant.clone(),
-                k8s_openapi::jiff::Timestamp::now().to_string(),
-            )
+impl Host {
+    /// Starts sandboxd on `driver` with its state and workspaces under a new temporary folder.
+    async fn start(args: &Args, scope: &str, alias: &str, image: &str) -> Result<Self> {
+        let instance = format!("opbench-{scope}");
+        let engine = match args.driver {
+            Driver::Docker => {
+                std::env::var("DOCKER_HOST")
+                    .context("DOCKER_HOST is not set: eval \"$(make -s env)\" after make up")?;
+                let engine = Engine::connect(&instance)
+                    .await
+                    .context("cannot reach the project's dockerd (DOCKER_HOST)")?;
+                if !engine.has_image(image).await? {
+                    bail!("the image {image} is not on the project's dockerd: make up builds it");
+                }
+                engine
+            }
+            Driver::Noop => Engine::noop(&instance),
+        };
+        let dir = std::env::temp_dir().join(format!("operator-bench-{scope}"));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let admin_token = sandboxd::auth::new_session_token();
+        let cap = args.sessions.max(1).to_string();
+        let path = |p: &str| dir.join(p).display().to_string();
+        let mut config = sandboxd::config::Config::try_parse_from([
+            "sandboxd",
+            "--token",
+            &admin_token,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--runtimes",
+            &format!("{alias}={image}"),
+            "--instance",
+            &instance,
+            "--workspace-root",
+            &path("workspaces"),
+            "--state-dir",
+            &path("state"),
+            "--max-sessions",
+            &cap,
+            "--max-sessions-per-tenant",
+            &cap,
+        ])?;
+        // What the environment might set for a sandboxd of its own stays out of the bench's.
+        config.runtimes_file = None;
+        config.audit_database_url = None;
+        config.persist_containers = false;
+        let (stop, stopped) = oneshot::channel();
+        let (addr, serve) = match sandboxd::server::start_on(config, engine.clone(), async {
+            let _ = stopped.await;
         })
-        .1
-        .clone();
-    let mut v = view(&id, &tenant, &at);
-    if created {
-        v["token"] = json!("sbx_bench");
+        .await
+        {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.context("sandboxd did not start"));
+            }
+        };
+        Ok(Self {
+            endpoint: format!("http://{addr}"),
+            admin_token,
+            instance,
+            engine,
+            stop,
+            served: tokio::spawn(serve),
+            dir,
+        })
     }
-    (
-        if created {
-            axum::http::StatusCode::CREATED
-        } else {
-            axum::http::StatusCode::OK
-        },
-        Json(v),
-    )
-}
 
-async fn show(
-    State(s): State<Shared>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, (axum::http::StatusCode, Json<Value>)> {
-    let f = s.lock().unwrap_or_else(|p| p.into_inner());
-    match f.sessions.get(&id) {
-        Some((t, at)) => Ok(Json(view(&id, t, at))),
-        None => Err((
-            axum::http::StatusCode::NOT_FOUND,
-            Json(
-                json!({"code": "session_not_found", "message": format!("No such session '{id}'")}),
-            ),
-        )),
+    fn admin(&self) -> sandboxd::client::Client {
+        sandboxd::client::Client::new(&self.endpoint, &self.admin_token)
+    }
+
+    /// Destroys every session through sandboxd, removes any container of this instance the
+    /// engine still holds, and stops sandboxd. Returns the sessions destroyed and the
+    /// containers the sweep had to remove.
+    async fn destroy_all(self, concurrency: usize) -> Result<(usize, usize)> {
+        let admin = self.admin();
+        let sessions = admin.list().await.context("listing the sessions")?;
+        let failed: Vec<String> = futures::stream::iter(sessions.iter())
+            .map(|s| {
+                let admin = admin.clone();
+                async move {
+                    admin
+                        .destroy(&s.id)
+                        .await
+                        .err()
+                        .map(|e| format!("{}: {e}", s.id))
+                }
+            })
+            .buffer_unordered(concurrency.clamp(1, 16))
+            .filter_map(futures::future::ready)
+            .collect()
+            .await;
+        let mut swept = 0;
+        for c in self.engine.owned().await? {
+            self.engine.remove(&c.id).await?;
+            swept += 1;
+        }
+        let left = self.engine.owned().await?.len();
+        let _ = self.stop.send(());
+        let served = self.served.await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !failed.is_empty() {
+            bail!(
+                "{} sessions were not destroyed: {}",
+                failed.len(),
+                failed.join("; ")
+            );
+        }
+        if left > 0 {
+            bail!(
+                "{left} containers of sandboxd instance {} are left",
+                self.instance
+            );
+        }
+        served
+            .context("sandboxd's task")?
+            .context("sandboxd stopped serving")?;
+        Ok((sessions.len(), swept))
     }
 }
 
-async fn destroy(State(s): State<Shared>, Path(id): Path<String>) -> Json<Value> {
-    let gone = s
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .sessions
-        .remove(&id)
-        .is_some();
-    Json(json!({"id": id, "destroyed": gone, "message": "destroyed"}))
+/// A child operator, killed (SIGKILL) and reaped when dropped.
+struct Operator(Child);
+
+impl Operator {
+    fn start(bin: &Path, ns: &str, scope: &str) -> Result<Self> {
+        Ok(Self(
+            Command::new(bin)
+                .args([
+                    "--selector",
+                    &format!("bench={scope}"),
+                    "--lease-namespace",
+                    ns,
+                    "--lease-name",
+                    "bench",
+                    "--lease-seconds",
+                    "5",
+                ])
+                .args(["--http-addr", "127.0.0.1:0", "--probe-seconds", "5"])
+                .env(
+                    "RUST_LOG",
+                    std::env::var("OPERATOR_BENCH_LOG").unwrap_or_else(|_| "error".into()),
+                )
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()?,
+        ))
+    }
+
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
 }
 
-fn operator(bin: &std::path::Path, ns: &str, scope: &str) -> Result<Child> {
-    Ok(Command::new(bin)
-        .args([
-            "--selector",
-            &format!("bench={scope}"),
-            "--lease-namespace",
-            ns,
-            "--lease-name",
-            "bench",
-            "--lease-seconds",
-            "5",
-        ])
-        .args(["--http-addr", "127.0.0.1:0", "--probe-seconds", "5"])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?)
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -185,9 +280,27 @@ fn running(s: &SandboxSession) -> bool {
     s.status.as_ref().and_then(|st| st.phase) == Some(SessionPhase::Running)
 }
 
+/// The names of this run's objects.
+struct Names {
+    scope: String,
+    ns: String,
+    host: String,
+    runtime: String,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.sessions == 0 {
+        bail!("--sessions must be at least 1");
+    }
     let client = Client::try_default()
         .await
         .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
@@ -198,10 +311,36 @@ async fn main() -> Result<()> {
             bin.display()
         );
     }
-    let endpoint = stand_in().await?;
+    let image = match (args.driver, &args.image) {
+        (_, Some(image)) => image.clone(),
+        (Driver::Noop, None) => "noop".to_owned(),
+        (Driver::Docker, None) => bail!(
+            "the docker driver needs an image: SANDBOXD_BASE_IMAGE (eval \"$(make -s env)\") or --image"
+        ),
+    };
     let scope = format!("b{}", std::process::id());
-    let ns = format!("sbx-bench-{scope}");
-    let labels = json!({"bench": scope});
+    let names = Names {
+        ns: format!("sbx-bench-{scope}"),
+        host: format!("host-{scope}"),
+        runtime: format!("bench-{scope}"),
+        scope,
+    };
+    let host = Host::start(&args, &names.scope, &names.runtime, &image).await?;
+    let measured = measure(&args, &client, &bin, &names, &host, &image).await;
+    let cleaned = cleanup(&args, &client, &names, host).await;
+    if let (Err(_), Err(e)) = (&measured, &cleaned) {
+        eprintln!("cleanup failed too: {e:#}");
+    }
+    measured.and(cleaned)
+}
+
+/// The API server's own ceiling for opening sessions, measured in the same run: the five writes
+/// an open needs at the least (the platform's create, the claim of finalizer and host, the
+/// token Secret, the status by server-side apply, the Event), made by a plain client with the
+/// same concurrency and no operator. Objects carry no bench label, so the operator never sees
+/// them; their namespace is deleted afterwards.
+async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -> Result<f64> {
+    let ns = format!("sbx-floor-{scope}");
     let nsapi = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
     nsapi
         .create(
@@ -209,21 +348,137 @@ async fn main() -> Result<()> {
             &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
         )
         .await?;
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": "t"}}))?)
+    let sessions = Api::<SandboxSession>::namespaced(client.clone(), &ns);
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns);
+    let briefing = "b".repeat(900);
+    let started = Instant::now();
+    let result = futures::stream::iter(0..n)
+        .map(|i| {
+            let (sessions, secrets, events) = (sessions.clone(), secrets.clone(), events.clone());
+            let (ns, briefing) = (ns.clone(), briefing.clone());
+            async move {
+                let name = format!("xc-floor-{i:05}");
+                let s: SandboxSession = serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+                    "metadata": {"name": name}, "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}))?;
+                let s = sessions.create(&PostParams::default(), &s).await?;
+                let claim: json_patch::Patch = serde_json::from_value(json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
+                    {"op": "add", "path": "/metadata/finalizers", "value": ["sandboxd.dev/session"]},
+                    {"op": "add", "path": "/metadata/annotations", "value": {"sandboxd.dev/host": "floor"}},
+                ]))?;
+                sessions
+                    .patch(&name, &PatchParams::default(), &Patch::<()>::Json(claim))
+                    .await?;
+                secrets
+                    .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}-token"),
+                        "ownerReferences": [{"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "uid": s.uid(), "controller": true}]},
+                        "type": "sandboxd.dev/session-token", "stringData": {"token": "sbx_floor", "endpoint": "http://127.0.0.1:1", "session": name}}))?)
+                    .await?;
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second())?.to_string();
+                let cond = |t: &str, r: &str| json!({"type": t, "status": "True", "reason": r, "message": format!("{t} on host floor"), "lastTransitionTime": at, "observedGeneration": 1});
+                let status = json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": {
+                    "phase": "Running", "message": "running on host floor", "host": "floor", "endpoint": "http://127.0.0.1:1",
+                    "sessionId": name, "runtime": "bench", "credentialsSecret": format!("{name}-token"), "briefing": briefing,
+                    "lastActivityAt": at, "sleepsAt": at, "observedGeneration": 1,
+                    "conditions": [cond("Placed", "Placed"), cond("Admitted", "Opened"), cond("RuntimeReady", "Ready"), cond("Ready", "Running")]}});
+                sessions
+                    .patch_status(&name, &PatchParams::apply("operator-bench/floor").force(), &Patch::Apply(&status))
+                    .await?;
+                events
+                    .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}.{:x}", now.as_nanosecond())},
+                        "eventTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now), "reportingController": "operator-bench",
+                        "reportingInstance": "floor", "action": "Reconcile", "reason": "Running", "type": "Normal", "note": "running on host floor",
+                        "regarding": {"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "namespace": ns, "uid": s.uid()}}))?)
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    for s in sessions.list(&ListParams::default()).await?.items {
+        let _ = sessions
+            .patch(
+                &s.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
+    // The namespace controller's deletes would otherwise load the API server while the
+    // operator is measured.
+    let gone_by = Instant::now() + Duration::from_secs(600);
+    while nsapi.get_opt(&ns).await?.is_some() {
+        if Instant::now() > gone_by {
+            bail!("namespace {ns} was not deleted within 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    result?;
+    Ok(rate)
+}
+
+async fn measure(
+    args: &Args,
+    client: &Client,
+    bin: &Path,
+    names: &Names,
+    host: &Host,
+    image: &str,
+) -> Result<()> {
+    let Names {
+        scope, ns, runtime, ..
+    } = names;
+    let floor = if args.no_floor {
+        None
+    } else {
+        Some(api_floor(client, scope, args.sessions, args.concurrency).await?)
+    };
+    let labels = json!({"bench": scope});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
         .await?;
-    Api::<sandboxd_crds::v1alpha1::SandboxHost>::all(client.clone())
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
+        .await?;
+    Api::<SandboxHost>::all(client.clone())
         .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
-            "metadata": {"name": format!("host-{scope}"), "labels": labels},
-            "spec": {"endpoint": endpoint, "adminTokenSecret": {"namespace": ns, "name": "admin", "key": "token"}}}))?)
+            "metadata": {"name": names.host, "labels": labels},
+            "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": ns, "name": "admin", "key": "token"}}}))?)
         .await?;
-    Api::<sandboxd_crds::v1alpha1::Runtime>::all(client.clone())
+    Api::<Runtime>::all(client.clone())
         .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-            "metadata": {"name": "bench", "labels": labels}, "spec": {"image": "noop", "default": true}}))?)
-        .await
-        .ok();
-    let mut op = operator(&bin, &ns, &scope)?;
-    let api = Api::<SandboxSession>::namespaced(client.clone(), &ns);
+            "metadata": {"name": runtime, "labels": labels}, "spec": {"image": image, "default": true}}))?)
+        .await?;
+    let mut op = Operator::start(bin, ns, scope)?;
+    let api = Api::<SandboxSession>::namespaced(client.clone(), ns);
+    // The clock starts once the operator leads and has found the host ready: opens per second
+    // is the rate of opening, not of starting up.
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        let host = Api::<SandboxHost>::all(client.clone())
+            .get(&names.host)
+            .await?;
+        let ready = host.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if ready {
+            break;
+        }
+        if Instant::now() > ready_by {
+            bail!("SandboxHost {} was not Ready within 60 s", names.host);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Watch for Running while creating.
     let created_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -269,16 +524,28 @@ async fn main() -> Result<()> {
         .buffer_unordered(args.concurrency)
         .try_collect::<Vec<_>>()
         .await?;
-    let mut latencies = tokio::time::timeout(Duration::from_secs(1800), watcher_task).await??;
+    let mut latencies = tokio::time::timeout(Duration::from_secs(1800), watcher_task)
+        .await
+        .context("not every session was Running within 1800 s")??;
     let all_running = started.elapsed();
+    if latencies.is_empty() {
+        bail!("no session was seen going from created to Running");
+    }
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
     let rss = peak_rss_kib(op.id());
-    println!("| sessions | opened/s | create->Running p50 | p95 | operator peak RSS |");
-    println!("|---|---|---|---|---|");
+    let opened = n as f64 / all_running.as_secs_f64();
+    let (floor_cell, ratio_cell) = match floor {
+        Some(f) => (format!("{f:.0}"), format!("{:.2}", opened / f)),
+        None => ("-".to_owned(), "-".to_owned()),
+    };
     println!(
-        "| {n} | {:.0} | {:.0} ms | {:.0} ms | {:.1} MiB |",
-        n as f64 / all_running.as_secs_f64(),
+        "| driver | sessions | opened/s | API floor/s | ratio | create->Running p50 | p95 | operator peak RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {n} | {opened:.0} | {floor_cell} | {ratio_cell} | {:.0} ms | {:.0} ms | {:.1} MiB |",
+        args.driver.name(),
         pct(0.5).as_secs_f64() * 1000.0,
         pct(0.95).as_secs_f64() * 1000.0,
         rss as f64 / 1024.0
@@ -306,10 +573,9 @@ async fn main() -> Result<()> {
     );
 
     // Restart: kill -9, start again, until every session was reconciled by the new leader.
-    let _ = op.kill();
-    let _ = op.wait();
+    drop(op);
     let restarted = Instant::now();
-    op = operator(&bin, &ns, &scope)?;
+    op = Operator::start(bin, ns, scope)?;
     let mut health = None;
     while health.is_none() && restarted.elapsed() < Duration::from_secs(120) {
         health = find_health(op.id());
@@ -335,22 +601,47 @@ async fn main() -> Result<()> {
         restarted.elapsed().as_secs_f64(),
         peak_rss_kib(op.id()) as f64 / 1024.0
     );
+    Ok(())
+}
 
-    let _ = op.kill();
-    let _ = op.wait();
-    for o in api.list(&ListParams::default()).await?.items {
-        let _ = api
-            .patch(
-                &o.name_any(),
-                &Default::default(),
-                &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
+/// Destroys the sessions through sandboxd (the operator is stopped by then) and deletes this
+/// run's objects. Runs whatever happened before, so nothing outlives a failed run.
+async fn cleanup(args: &Args, client: &Client, names: &Names, host: Host) -> Result<()> {
+    let started = Instant::now();
+    let destroyed = host.destroy_all(args.concurrency).await;
+    let api = Api::<SandboxSession>::namespaced(client.clone(), &names.ns);
+    if let Ok(list) = api.list(&ListParams::default()).await {
+        for o in list.items {
+            let _ = api
+                .patch(
+                    &o.name_any(),
+                    &Default::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+        }
     }
-    let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
-    let _ = Api::<sandboxd_crds::v1alpha1::SandboxHost>::all(client.clone())
-        .delete(&format!("host-{scope}"), &DeleteParams::default())
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(&names.ns, &DeleteParams::default())
         .await;
+    let _ = Api::<SandboxHost>::all(client.clone())
+        .delete(&names.host, &DeleteParams::default())
+        .await;
+    let _ = Api::<Runtime>::all(client.clone())
+        .delete(&names.runtime, &DeleteParams::default())
+        .await;
+    let _ = Api::<Tombstone>::all(client.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("bench={}", names.scope)),
+        )
+        .await;
+    let (sessions, swept) = destroyed?;
+    println!(
+        "cleanup: {sessions} sessions destroyed through sandboxd in {:.1} s, {swept} stray containers swept; {} containers of the bench left: 0",
+        started.elapsed().as_secs_f64(),
+        args.driver.name()
+    );
     Ok(())
 }
 
