@@ -61,6 +61,17 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
             phase(s) == Some(SessionPhase::Running)
         })
         .await;
+    // The claim made before the open: the finalizer and the host, in the object itself.
+    assert!(
+        running
+            .finalizers()
+            .iter()
+            .any(|f| f == "sandboxd.dev/session")
+    );
+    assert_eq!(
+        running.annotations().get("sandboxd.dev/host"),
+        Some(&host.name)
+    );
     let status = running.status.expect("status");
     assert_eq!(status.host.as_deref(), Some(host.name.as_str()));
     assert_eq!(status.endpoint.as_deref(), Some(host.endpoint().as_str()));
