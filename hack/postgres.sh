@@ -27,6 +27,9 @@ settle_paths() {
   PG_LOG="$PG_DIR/postgres.log"
 }
 PG_DB=sandboxd_test
+# Small shared memory, and dynamic shared memory in files of the data directory rather than in
+# /dev/shm: the tests need little, and a container's /dev/shm may be small or missing.
+PG_SMALL="-c shared_buffers=32MB -c dynamic_shared_memory_type=mmap"
 
 pg_bin() {
   local dir
@@ -62,7 +65,7 @@ start() {
   touch "$PG_LOG"; [[ $(id -u) == 0 ]] && chown postgres: "$PG_LOG"
   log "starting PostgreSQL on 127.0.0.1:$PG_PORT (data $PG_DATA)"
   if ! as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
-    -o "-p $PG_PORT -k $PG_SOCK_DIR -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null; then
+    -o "-p $PG_PORT -k $PG_SOCK_DIR -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off $PG_SMALL" start >/dev/null; then
     log "PostgreSQL did not start; the end of $PG_LOG:"
     tail -n 20 "$PG_LOG" >&2 || true
     die "PostgreSQL did not start on 127.0.0.1:$PG_PORT"
