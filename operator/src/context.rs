@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxd::client::{Client as HostClient, ClientError};
 use sandboxd_crds::v1alpha1::SandboxHost;
+use sandboxd_crds::v1alpha1::host::SecretKeyRef;
 use tracing::warn;
 
 use crate::config::Config;
@@ -103,7 +104,7 @@ pub struct Context {
 /// token is read again only after [`TOKEN_REFRESH`] or when the host's spec changes.
 struct CachedClient {
     endpoint: String,
-    secret: (String, String, String),
+    secret: SecretKeyRef,
     token: String,
     client: HostClient,
     fetched: Instant,
@@ -112,11 +113,7 @@ struct CachedClient {
 impl CachedClient {
     /// Whether it was made for the host's current endpoint and token Secret.
     fn serves(&self, host: &SandboxHost) -> bool {
-        let r = &host.spec.admin_token_secret;
-        self.endpoint == host.spec.endpoint
-            && self.secret.0 == r.namespace
-            && self.secret.1 == r.name
-            && self.secret.2 == r.key
+        self.endpoint == host.spec.endpoint && self.secret == host.spec.admin_token_secret
     }
 }
 
@@ -237,7 +234,7 @@ impl Context {
             name,
             CachedClient {
                 endpoint: host.spec.endpoint.clone(),
-                secret: (r.namespace.clone(), r.name.clone(), r.key.clone()),
+                secret: r.clone(),
                 token: token.to_owned(),
                 client: client.clone(),
                 fetched: Instant::now(),

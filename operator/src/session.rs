@@ -131,9 +131,13 @@ fn has_finalizer(s: &SandboxSession) -> bool {
     s.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// The host recorded by [`claim`], before the status says so.
-fn claimed_host(s: &SandboxSession) -> Option<String> {
-    s.annotations().get(HOST_ANNOTATION).cloned()
+/// The host a session is placed on: the status's, or the one recorded by [`claim`] before the
+/// status says so.
+fn placed_host(s: &SandboxSession) -> Option<&str> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.host.as_deref())
+        .or_else(|| s.annotations().get(HOST_ANNOTATION).map(String::as_str))
 }
 
 /// Records the placement on `host` and adds the finalizer, in one write and before anything
@@ -156,13 +160,11 @@ async fn claim(s: &SandboxSession, host: &str, ctx: &Context) -> Result<(), Erro
     } else {
         ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", HOST_ANNOTATION.replace('/', "~1")), "value": host}));
     }
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-        .map_err(|e| Error::Finalizer(e.to_string()))?;
     session_api(s, ctx)
         .patch(
             &s.name_any(),
             &PatchParams::default(),
-            &Patch::<()>::Json(patch),
+            &json_patch(serde_json::Value::Array(ops))?,
         )
         .await?;
     Ok(())
@@ -174,17 +176,12 @@ async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
         return Ok(());
     };
     let path = format!("/metadata/finalizers/{i}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
+    let patch = json_patch(json!([
         {"op": "test", "path": path, "value": FINALIZER},
         {"op": "remove", "path": path},
-    ]))
-    .map_err(|e| Error::Finalizer(e.to_string()))?;
+    ]))?;
     match session_api(s, ctx)
-        .patch(
-            &s.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
+        .patch(&s.name_any(), &PatchParams::default(), &patch)
         .await
     {
         Ok(_) => Ok(()),
@@ -192,6 +189,13 @@ async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A JSON patch of the session's metadata from its operations.
+fn json_patch(ops: serde_json::Value) -> Result<Patch<()>, Error> {
+    let ops: json_patch::Patch =
+        serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
+    Ok(Patch::Json(ops))
 }
 
 fn session_api(s: &SandboxSession, ctx: &Context) -> Api<SandboxSession> {
@@ -350,23 +354,12 @@ async fn advance(
         .map(|r| r.name_any())
         .or_else(|| (!s.spec.runtime.is_empty()).then(|| s.spec.runtime.clone()));
     let all_hosts = hosts(ctx).await?;
-    let host_name = match status.host.clone().or_else(|| claimed_host(s)) {
+    let host_name = match placed_host(s) {
         Some(h) => {
             if !has_finalizer(s) {
-                claim(s, &h, ctx).await?;
+                claim(s, h, ctx).await?;
             }
-            if status.host.is_none() {
-                conditions::set(
-                    &mut status.conditions,
-                    PLACED,
-                    true,
-                    "Placed",
-                    &format!("placed on host {h}"),
-                    generation,
-                );
-                status.host = Some(h.clone());
-            }
-            h
+            h.to_owned()
         }
         None => {
             // The load of a host is what it reports or what was placed on it since, whichever
@@ -383,15 +376,8 @@ async fn advance(
             };
             // One pass, borrowing: placing is linear in the sessions, never quadratic.
             let mut placed_on: std::collections::HashMap<&str, usize> = Default::default();
-            for p in &placed {
-                let host = p
-                    .status
-                    .as_ref()
-                    .and_then(|st| st.host.as_deref())
-                    .or_else(|| p.annotations().get(HOST_ANNOTATION).map(String::as_str));
-                if let Some(h) = host {
-                    *placed_on.entry(h).or_default() += 1;
-                }
+            for h in placed.iter().filter_map(|p| placed_host(p)) {
+                *placed_on.entry(h).or_default() += 1;
             }
             let placed_on = |host: &str| placed_on.get(host).copied().unwrap_or(0);
             let candidates: Vec<Candidate> = all_hosts
@@ -423,15 +409,6 @@ async fn advance(
             match place(&candidates, s.spec.host.as_deref()) {
                 Ok(h) => {
                     claim(s, &h, ctx).await?;
-                    conditions::set(
-                        &mut status.conditions,
-                        PLACED,
-                        true,
-                        "Placed",
-                        &format!("placed on host {h}"),
-                        generation,
-                    );
-                    status.host = Some(h.clone());
                     h
                 }
                 Err(e) => {
@@ -452,6 +429,17 @@ async fn advance(
             }
         }
     };
+    if status.host.is_none() {
+        conditions::set(
+            &mut status.conditions,
+            PLACED,
+            true,
+            "Placed",
+            &format!("placed on host {host_name}"),
+            generation,
+        );
+        status.host = Some(host_name.clone());
+    }
     let Some(host) = all_hosts.iter().find(|h| h.name_any() == host_name) else {
         conditions::set(
             &mut status.conditions,
@@ -966,7 +954,7 @@ async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
     ctx.set_phase(&key(s), None);
-    let Some(host) = status.host.clone().or_else(|| claimed_host(s)) else {
+    let Some(host) = placed_host(s).map(str::to_owned) else {
         // Never placed: nothing lives outside Kubernetes.
         return Ok(Action::await_change());
     };

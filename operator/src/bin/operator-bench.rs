@@ -334,6 +334,40 @@ async fn main() -> Result<()> {
     measured.and(cleaned)
 }
 
+/// The SandboxSession the bench creates as session `i`, labelled with `labels`.
+fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSession> {
+    Ok(serde_json::from_value(
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
+    )?)
+}
+
+async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Releases every session of `api` from its finalizer (no operator is left to do it), so its
+/// namespace can go.
+async fn drop_finalizers(api: &Api<SandboxSession>) -> Result<()> {
+    for s in api.list(&ListParams::default()).await?.items {
+        let _ = api
+            .patch(
+                &s.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    Ok(())
+}
+
 /// The API server's own ceiling for opening sessions, measured in the same run: the five writes
 /// an open needs at the least (the platform's create, the claim of finalizer and host, the
 /// token Secret, the status by server-side apply, the Event), made by a plain client with the
@@ -342,12 +376,7 @@ async fn main() -> Result<()> {
 async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -> Result<f64> {
     let ns = format!("sbx-floor-{scope}");
     let nsapi = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
-    nsapi
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    create_namespace(client, &ns).await?;
     let sessions = Api::<SandboxSession>::namespaced(client.clone(), &ns);
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns);
@@ -359,8 +388,7 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
             let (ns, briefing) = (ns.clone(), briefing.clone());
             async move {
                 let name = format!("xc-floor-{i:05}");
-                let s: SandboxSession = serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
-                    "metadata": {"name": name}, "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}))?;
+                let s = session(&name, i, json!({}))?;
                 let s = sessions.create(&PostParams::default(), &s).await?;
                 let claim: json_patch::Patch = serde_json::from_value(json!([
                     {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
@@ -399,15 +427,7 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
         .try_collect::<Vec<_>>()
         .await;
     let rate = n as f64 / started.elapsed().as_secs_f64();
-    for s in sessions.list(&ListParams::default()).await?.items {
-        let _ = sessions
-            .patch(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
-    }
+    drop_finalizers(&sessions).await?;
     let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
     // The namespace controller's deletes would otherwise load the API server while the
     // operator is measured.
@@ -439,12 +459,7 @@ async fn measure(
         Some(api_floor(client, scope, args.sessions, args.concurrency).await?)
     };
     let labels = json!({"bench": scope});
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    create_namespace(client, ns).await?;
     Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
         .await?;
@@ -514,9 +529,11 @@ async fn measure(
             let labels = labels.clone();
             async move {
                 let name = format!("xc-bench-{i:05}");
-                let s: SandboxSession = serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
-                    "metadata": {"name": name, "labels": labels}, "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}))?;
-                created_at.lock().unwrap_or_else(|p| p.into_inner()).insert(name, Instant::now());
+                let s = session(&name, i, labels)?;
+                created_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name, Instant::now());
                 api.create(&PostParams::default(), &s).await?;
                 anyhow::Ok(())
             }
@@ -609,18 +626,11 @@ async fn measure(
 async fn cleanup(args: &Args, client: &Client, names: &Names, host: Host) -> Result<()> {
     let started = Instant::now();
     let destroyed = host.destroy_all(args.concurrency).await;
-    let api = Api::<SandboxSession>::namespaced(client.clone(), &names.ns);
-    if let Ok(list) = api.list(&ListParams::default()).await {
-        for o in list.items {
-            let _ = api
-                .patch(
-                    &o.name_any(),
-                    &Default::default(),
-                    &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                )
-                .await;
-        }
-    }
+    let _ = drop_finalizers(&Api::<SandboxSession>::namespaced(
+        client.clone(),
+        &names.ns,
+    ))
+    .await;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
         .delete(&names.ns, &DeleteParams::default())
         .await;
