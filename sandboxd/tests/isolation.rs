@@ -76,11 +76,12 @@ async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
         .expect("open");
     let s = d.client(bomb_session.token.as_deref().expect("token"));
     // The bomb fills the pids limit while the shell spins on builtins until the timeout, which
-    // kills the whole process group.
+    // kills the whole process group. The shell forks once, before the bomb starts: a fork of
+    // its own refused by the full pids limit would end it early ("Cannot fork", exit 2).
     let bomb = s
         .run(
             "iso-bomb",
-            "f() { f | f & }; f; while :; do :; done",
+            "(f() { f | f & }; f) & while :; do :; done",
             Some(5),
             None,
             None,
