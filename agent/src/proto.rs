@@ -16,7 +16,8 @@
 //! - [`Msg::Attach`]: like a run's stream from the start, for a run already started.
 //! - [`Msg::Stop`] with a run id: stops that run, answers [`Msg::Stopped`].
 //! - [`Msg::Status`]: answers [`Msg::RunState`].
-//! - [`Msg::Stats`]: answers [`Msg::StatsReply`].
+//! - [`Msg::Stats`]: answers [`Msg::StatsReply`] (sandboxd takes its idle figures from Docker
+//!   and its own run table, never from this).
 
 use std::io::{self, Read, Write};
 

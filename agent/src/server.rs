@@ -41,6 +41,9 @@ pub struct Options {
     pub socket: PathBuf,
     /// The session this agent belongs to.
     pub session: String,
+    /// The uid and gid every run executes as: an agent started as root binds its socket
+    /// first, then drops to them for good (see [`drop_privileges`]).
+    pub user: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -625,12 +628,13 @@ fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
     result.map_err(Into::into)
 }
 
-/// Binds the socket: a stale one from an earlier life of the container is replaced; only the
-/// sandbox uid (and root) may connect.
+/// Binds the socket: a stale one from an earlier life of the container is replaced; only its
+/// owner (root, when the agent starts as root: never the sandbox uid) may connect.
+///
+/// The folder is sandboxd's (owned by root, `0700`, see `sandboxd::agent_runner`): an agent
+/// started as root binds there before it drops to the sandbox uid, so no process of the
+/// sandbox can remove, replace or shadow the socket, nor connect to it.
 fn bind(path: &Path) -> io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -670,7 +674,14 @@ pub fn main(opts: Options) -> io::Result<i32> {
         leaders: Mutex::default(),
         pid1: std::process::id() == 1,
     });
-    let listener = bind(&opts.socket)?;
+    let listener = bind(&opts.socket)
+        .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", opts.socket.display())))?;
+    // Still one thread: the drop below applies to the whole process.
+    if let Some((uid, gid)) = opts.user {
+        drop_privileges(uid, gid)?;
+    }
+    // A change of uid resets the flag: set it again for the uid the agent keeps.
+    let _ = nix::sys::prctl::set_dumpable(false);
     let a = agent.clone();
     spawn_thread(move || {
         for conn in listener.incoming() {
@@ -694,6 +705,56 @@ pub fn main(opts: Options) -> io::Result<i32> {
             other => agent.forward(other),
         }
     }
+}
+
+/// Becomes `uid`:`gid` for good, with no supplementary group and an empty capability
+/// bounding set, so neither the agent nor anything it starts can gain a capability again (the
+/// sandbox runs with no-new-privileges too). Called while the agent is the only thread. An
+/// agent already running as `uid` (not started as root) keeps what it has.
+fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
+    use nix::unistd::{Gid, Uid, getegid, geteuid, getgid, getuid, setgid, setgroups, setuid};
+    use rustix::thread::{
+        CapabilitySet, capability_is_in_bounding_set, remove_capability_from_bounding_set,
+    };
+    let fail = |what: &str, e: nix::Error| {
+        io::Error::other(format!("cannot drop to uid {uid} (gid {gid}): {what}: {e}"))
+    };
+    if geteuid().as_raw() == uid && getuid().as_raw() == uid {
+        return Ok(());
+    }
+    // Every capability the bounding set holds (CAP_SETPCAP last, as dropping needs it).
+    let setpcap = CapabilitySet::SETPCAP;
+    for bit in (0..64u32)
+        .filter(|b| 1u64 << b != setpcap.bits())
+        .chain([setpcap.bits().trailing_zeros()])
+    {
+        let cap = CapabilitySet::from_bits_retain(1u64 << bit);
+        match capability_is_in_bounding_set(cap) {
+            Ok(true) => remove_capability_from_bounding_set(cap).map_err(|e| {
+                io::Error::other(format!(
+                    "cannot empty the capability bounding set (capability {bit}): {e}"
+                ))
+            })?,
+            Ok(false) => {}
+            // Past the kernel's last capability.
+            Err(_) => {}
+        }
+    }
+    setgroups(&[]).map_err(|e| fail("setgroups", e))?;
+    setgid(Gid::from_raw(gid)).map_err(|e| fail("setgid", e))?;
+    setuid(Uid::from_raw(uid)).map_err(|e| fail("setuid", e))?;
+    // Never go on as root: a drop that did not take is an error.
+    if getuid().as_raw() != uid
+        || geteuid().as_raw() != uid
+        || getgid().as_raw() != gid
+        || getegid().as_raw() != gid
+        || setuid(Uid::from_raw(0)).is_ok()
+    {
+        return Err(io::Error::other(format!(
+            "the drop to uid {uid} (gid {gid}) did not take"
+        )));
+    }
+    Ok(())
 }
 
 /// Reaps until no child is left or the grace period ends.

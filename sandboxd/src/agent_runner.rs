@@ -8,16 +8,30 @@
 //! that drives it. A running container keeps the agent it started with; sandboxd speaks the
 //! newest protocol both know.
 //!
+//! The run folder is sandboxd's, not the sandbox's: owned by root, `0700`, never writable by
+//! the sandbox uid. The agent starts as root (with only CAP_SETUID, CAP_SETGID and
+//! CAP_SETPCAP), binds the socket there (`0600`, root's), then empties its capability bounding
+//! set and drops to the sandbox uid before it serves or runs anything: no process of the
+//! sandbox can remove, replace, shadow or connect to the socket. sandboxd opens the folder
+//! with `O_PATH | O_NOFOLLOW | O_DIRECTORY`, checks it is root's alone and the socket a
+//! socket, and connects through `/proc/self/fd/<fd>/agent.sock` (a path swapped in between is
+//! never followed). Before it writes a byte it checks the peer with `SO_PEERCRED`: the
+//! listener must have been made by root and by the container's PID 1 as Docker reports it
+//! (`State.Pid`, cached per container start). Anything else is not the agent: the run goes to
+//! Docker exec (logged, `sandboxd_agent_untrusted_total`), never to the impostor.
+//!
 //! Never a failed run for want of an agent: a container made without one (by an older
 //! sandboxd, or with the exec backend), an agent that speaks no shared protocol, or one that
 //! does not answer, is served by Docker exec ([`ExecRunner`]) behind the same seam. An agent
 //! that died took its container with it: that is reported (log and
 //! `sandboxd_agent_deaths_total`), and the container is started again.
 
+use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::InspectContainerOptions;
@@ -33,7 +47,7 @@ use tracing::{debug, warn};
 use crate::docker::{AgentMount, Engine};
 use crate::metrics::Metrics;
 use crate::runner::{
-    Capture, ExecRunner, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner, SessionStats,
+    Capture, ExecRunner, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner,
 };
 
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
@@ -76,8 +90,10 @@ pub struct AgentRunner {
     exec: ExecRunner,
     root: PathBuf,
     bin_dir: PathBuf,
-    uid: u32,
     metrics: Arc<Metrics>,
+    /// Host pid of each session's container's PID 1 (Docker's `State.Pid`) for the current
+    /// start of its container; forgotten whenever the container is found stopped.
+    pids: Mutex<HashMap<String, i32>>,
 }
 
 /// Why a handshake failed.
@@ -85,6 +101,8 @@ struct Refused {
     message: String,
     /// The request sent with the hello may have reached the agent (it went silent after it).
     maybe_started: bool,
+    /// The socket is not the agent's: nothing was written to it, and it is never retried.
+    untrusted: bool,
 }
 
 /// How a session's agent was reached.
@@ -120,15 +138,15 @@ impl Conn {
 impl AgentRunner {
     /// A runner for sessions under `root` (the workspace root), installing the embedded agent
     /// into `{root}/.sandboxd-agent`.
-    pub fn new(engine: Engine, root: &Path, uid: u32, metrics: Arc<Metrics>) -> io::Result<Self> {
+    pub fn new(engine: Engine, root: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
         let bin_dir = install(&root.join(BIN_FOLDER))?;
         Ok(Self {
             exec: ExecRunner::new(engine.clone()),
             engine,
             root: root.to_owned(),
             bin_dir,
-            uid,
             metrics,
+            pids: Mutex::default(),
         })
     }
 
@@ -136,31 +154,171 @@ impl AgentRunner {
         self.root.join(session).join("agent")
     }
 
-    fn socket(&self, session: &str) -> PathBuf {
-        self.run_dir(session).join(proto::SOCKET_NAME)
+    fn forget_pid(&self, session: &str) {
+        self.pids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session);
     }
 
-    /// Connects and shakes hands. Only a socket (never a symlink the sandbox put there) is
-    /// connected to, and only an agent that says it serves this session is used.
+    /// Whether `pid` (a host pid) is the PID 1 of the session's container as Docker reports
+    /// it; asks Docker only when the cached pid of the container's current start differs.
+    async fn is_container_pid1(&self, session: &str, pid: i32) -> Result<bool, String> {
+        let cached = self
+            .pids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session)
+            .copied();
+        if cached == Some(pid) {
+            return Ok(true);
+        }
+        let name = self.engine.container_name(session);
+        let inspected = self
+            .engine
+            .client()
+            .map_err(|e| e.to_string())?
+            .inspect_container(&name, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| format!("inspect container {name}: {e}"))?;
+        let state = inspected.state.unwrap_or_default();
+        let pid1 = match (state.running, state.pid) {
+            (Some(true), Some(p)) if p > 0 => i32::try_from(p).unwrap_or(0),
+            _ => {
+                self.forget_pid(session);
+                return Ok(false);
+            }
+        };
+        self.pids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session.to_owned(), pid1);
+        Ok(pid1 == pid)
+    }
+
+    /// Connects to the session's socket without following anything the path may have been
+    /// swapped for: the run folder is opened `O_PATH | O_NOFOLLOW | O_DIRECTORY` and must be
+    /// root's alone (not writable by group or others: never the sandbox's), the socket must be
+    /// a socket in it (not a symlink), and the connect goes through the folder's descriptor.
+    async fn connect(&self, session: &str) -> Result<UnixStream, Refused> {
+        use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+        let dir = self.run_dir(session);
+        let refused = |message: String, untrusted: bool| Refused {
+            message,
+            maybe_started: false,
+            untrusted,
+        };
+        let fd = rustix::fs::open(
+            &dir,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            // ELOOP/ENOTDIR: a symlink or a file where the folder should be.
+            let swapped = matches!(e, rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR);
+            refused(format!("open {}: {e}", dir.display()), swapped)
+        })?;
+        let st = rustix::fs::fstat(&fd)
+            .map_err(|e| refused(format!("stat {}: {e}", dir.display()), false))?;
+        if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+            return Err(refused(
+                format!(
+                    "the run folder {} is not root's alone (owner uid {}, mode {:o}): the sandbox could replace its socket",
+                    dir.display(),
+                    st.st_uid,
+                    st.st_mode & 0o7777
+                ),
+                true,
+            ));
+        }
+        let sock = rustix::fs::statat(&fd, proto::SOCKET_NAME, AtFlags::SYMLINK_NOFOLLOW).map_err(
+            |e| {
+                refused(
+                    format!("{}: {e}", dir.join(proto::SOCKET_NAME).display()),
+                    false,
+                )
+            },
+        )?;
+        if FileType::from_raw_mode(sock.st_mode) != FileType::Socket {
+            return Err(refused(
+                format!("{} is not a socket", dir.join(proto::SOCKET_NAME).display()),
+                true,
+            ));
+        }
+        // Resolved through the open folder: no swap of a path component is followed.
+        let through = format!("/proc/self/fd/{}/{}", fd.as_raw_fd(), proto::SOCKET_NAME);
+        let stream = tokio::time::timeout(IO_TIMEOUT, UnixStream::connect(&through))
+            .await
+            .map_err(|_| refused("connecting timed out".to_owned(), false))?
+            .map_err(|e| refused(format!("connect: {e}"), false))?;
+        drop(fd);
+        Ok(stream)
+    }
+
+    /// Whether the peer of `stream` is the session's agent: the listener was made by root (the
+    /// agent binds before it drops to the sandbox uid; nothing of the sandbox is ever root) and
+    /// by the container's PID 1.
+    async fn check_peer(&self, session: &str, stream: &UnixStream) -> Result<(), Refused> {
+        let untrusted = |message: String| Refused {
+            message,
+            maybe_started: false,
+            untrusted: true,
+        };
+        let cred = stream
+            .peer_cred()
+            .map_err(|e| untrusted(format!("cannot read the socket's peer credentials: {e}")))?;
+        let pid = match cred.pid() {
+            Some(p) if p > 0 => p,
+            _ => {
+                return Err(untrusted(
+                    "the socket's peer has no pid sandboxd can see: run sandboxd in the host's PID namespace (hostPID)".to_owned(),
+                ));
+            }
+        };
+        if cred.uid() != 0 {
+            return Err(untrusted(format!(
+                "the socket is served by pid {pid} as uid {}, not by the agent (root when it binds)",
+                cred.uid()
+            )));
+        }
+        match self.is_container_pid1(session, pid).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(untrusted(format!(
+                "the socket is served by pid {pid}, which is not the PID 1 of the session's container"
+            ))),
+            Err(e) => Err(untrusted(format!(
+                "cannot tell whether pid {pid} is the container's PID 1: {e}"
+            ))),
+        }
+    }
+
+    /// Connects and shakes hands. Only the container's own agent (see [`Self::connect`] and
+    /// [`Self::check_peer`]) is written to, and only one that says it serves this session is
+    /// used.
     ///
     /// `request`, when given, is written in the same write as the hello (no round trip of its
     /// own): the agent reads it only after it has accepted the hello, so an agent of another
     /// session, or one that speaks no shared protocol, never acts on it.
     async fn handshake(&self, session: &str, request: Option<&Msg>) -> Result<Conn, Refused> {
-        let path = self.socket(session);
         let refused = |message: String| Refused {
             message,
             maybe_started: false,
+            untrusted: false,
         };
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_socket() => {}
-            Ok(_) => return Err(refused(format!("{} is not a socket", path.display()))),
-            Err(e) => return Err(refused(format!("{}: {e}", path.display()))),
-        }
-        let stream = tokio::time::timeout(IO_TIMEOUT, UnixStream::connect(&path))
-            .await
-            .map_err(|_| refused("connecting timed out".to_owned()))?
-            .map_err(|e| refused(format!("connect: {e}")))?;
+        let checked = match self.connect(session).await {
+            Ok(stream) => self.check_peer(session, &stream).await.map(|()| stream),
+            Err(e) => Err(e),
+        };
+        let stream = match checked {
+            Ok(stream) => stream,
+            Err(e) => {
+                if e.untrusted {
+                    warn!(session, reason = %e.message, "refused the sandbox's agent socket: not the agent");
+                    self.metrics.agent_untrusted.inc();
+                }
+                return Err(e);
+            }
+        };
         let (r, w) = stream.into_split();
         let mut conn = Conn {
             r: BufReader::with_capacity(256 * 1024, r),
@@ -185,6 +343,7 @@ impl AgentRunner {
             message: "the agent did not answer the handshake".to_owned(),
             // It was written a request it may act on yet.
             maybe_started: request.is_some(),
+            untrusted: false,
         })??;
         match welcome {
             Some(Frame::Msg(Msg::Welcome {
@@ -230,6 +389,13 @@ impl AgentRunner {
         if first.maybe_started {
             return Err(silent(&first));
         }
+        // Not the agent: never written to, never waited for; Docker exec carries the run.
+        if first.untrusted {
+            return Ok(Reached::Fallback(format!(
+                "its agent socket is not trusted: {}",
+                first.message
+            )));
+        }
         // The no-op engine (the operator bench's) has no container to look at: the run fails
         // here with its message, before any wait for an agent.
         let inspected = self
@@ -251,6 +417,7 @@ impl AgentRunner {
             .is_some_and(|l| l.contains_key(LABEL_AGENT));
         let state = inspected.state.unwrap_or_default();
         if !state.running.unwrap_or(false) {
+            self.forget_pid(&spec.session);
             if has_agent {
                 self.report_death(&spec.session, &state);
             }
@@ -269,6 +436,12 @@ impl AgentRunner {
             match self.handshake(&spec.session, Some(request)).await {
                 Ok(conn) => return Ok(Reached::Agent(conn)),
                 Err(e) if e.maybe_started => return Err(silent(&e)),
+                Err(e) if e.untrusted => {
+                    return Ok(Reached::Fallback(format!(
+                        "its agent socket is not trusted: {}",
+                        e.message
+                    )));
+                }
                 Err(e) => last = e,
             }
         }
@@ -379,6 +552,7 @@ impl AgentRunner {
         };
         match running {
             Some(state) if !state.running.unwrap_or(false) => {
+                self.forget_pid(&spec.session);
                 self.report_death(&spec.session, &state);
                 let restarted = self.engine.start(&spec.container).await;
                 RunError::Stream(format!(
@@ -438,8 +612,26 @@ impl Runner for AgentRunner {
 
     fn agent_mount(&self, session: &str) -> io::Result<Option<AgentMount>> {
         let run_dir = self.run_dir(session);
-        std::fs::create_dir_all(&run_dir)?;
-        std::os::unix::fs::chown(&run_dir, Some(self.uid), Some(self.uid))?;
+        self.forget_pid(session);
+        // Root's alone: only the agent, while still root, binds there (see the module docs).
+        // Whatever is there and is not that (a folder an older sandboxd handed the sandbox uid,
+        // with what the sandbox left in it) is replaced.
+        match std::fs::symlink_metadata(&run_dir) {
+            Ok(m) if m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0 => {}
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&run_dir)?,
+            Ok(_) => std::fs::remove_file(&run_dir)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(parent) = run_dir.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::create_dir(&run_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        std::os::unix::fs::chown(&run_dir, Some(0), Some(0))?;
         std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700))?;
         // A socket left by the container's earlier life is the agent's to replace.
         Ok(Some(AgentMount {
@@ -470,10 +662,12 @@ impl Runner for AgentRunner {
                 .and_then(|c| c.labels.as_ref())
                 .is_some_and(|l| l.contains_key(LABEL_AGENT));
             if let Some(state) = inspected.state
-                && has_agent
                 && !state.running.unwrap_or(false)
             {
-                self.report_death(session, &state);
+                self.forget_pid(session);
+                if has_agent {
+                    self.report_death(session, &state);
+                }
             }
         })
     }
@@ -527,22 +721,6 @@ impl Runner for AgentRunner {
                     duration_ms: s.exit.as_ref().map(|e| e.duration_ms),
                     stdout: s.stdout,
                     stderr: s.stderr,
-                })),
-                Ok(other) => Err(RunError::Stream(format!("unexpected answer {other:?}"))),
-                Err(_) => Ok(None),
-            }
-        })
-    }
-
-    fn session_stats<'a>(
-        &'a self,
-        session: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionStats>, RunError>> {
-        Box::pin(async move {
-            match self.request(session, Msg::Stats).await {
-                Ok(Msg::StatsReply { cpu_ns, running }) => Ok(Some(SessionStats {
-                    cpu_ns,
-                    runs_in_flight: running,
                 })),
                 Ok(other) => Err(RunError::Stream(format!("unexpected answer {other:?}"))),
                 Err(_) => Ok(None),

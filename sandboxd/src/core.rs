@@ -421,15 +421,10 @@ impl Core {
 
     async fn view(&self, row: &SessionRow, with_cpu: bool) -> SessionView {
         let workspace_exists = self.workspace(&row.id).exists();
-        // The sandbox's agent knows its CPU time and its runs (also those whose request a
-        // restart of sandboxd lost); without one, Docker's stats tell the CPU time.
-        let stats = if with_cpu && row.state == State::Running {
-            self.runner.session_stats(&row.id).await.ok().flatten()
-        } else {
-            None
-        };
+        // The figures the idle decision takes are ones the sandbox cannot forge: CPU time from
+        // the container's cgroup as Docker reports it, runs in flight from this process's own
+        // table (never what anything inside the sandbox says).
         let cpu_ns = match (&row.container_id, with_cpu && row.state == State::Running) {
-            _ if stats.is_some() => stats.as_ref().map(|s| s.cpu_ns),
             (Some(c), true) => self.engine.cpu_ns(c).await.ok().flatten(),
             _ => None,
         };
@@ -445,9 +440,7 @@ impl Core {
             },
             created_at: rfc3339(row.created_at),
             last_activity_at: rfc3339(row.last_activity_at),
-            runs_in_flight: self
-                .runs_in_flight(&row.id)
-                .max(stats.map_or(0, |s| s.runs_in_flight.len())),
+            runs_in_flight: self.runs_in_flight(&row.id),
             cpu_ns,
             workspace_exists,
         }

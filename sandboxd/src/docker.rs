@@ -35,7 +35,8 @@ const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait 
 pub struct AgentMount {
     /// Host folder holding the agent binary, mounted read-only.
     pub bin_dir: String,
-    /// Host folder of the session's socket (outside the workspace), mounted read-write.
+    /// Host folder of the session's socket (outside the workspace, owned by root, `0700`),
+    /// mounted read-write: only the agent, while it is still root, writes there.
     pub run_dir: String,
     /// The newest agent protocol of this sandboxd, written on the container's label.
     pub protocol: u32,
@@ -255,16 +256,33 @@ impl Engine {
                         spec.session.clone(),
                         "--socket".to_owned(),
                         format!("{RUN_DIR}/{SOCKET_NAME}"),
+                        "--user".to_owned(),
+                        format!("{0}:{0}", spec.uid),
                     ],
                 )
             }
             None => (None, vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
+        };
+        // The agent starts as root, with only what it needs to bind its socket in the
+        // root-owned run folder and drop to the sandbox uid for good (it empties the bounding
+        // set first): nothing of the sandbox ever runs as root or holds a capability.
+        let (user, cap_add) = match &spec.agent {
+            Some(_) => (
+                "0:0".to_owned(),
+                Some(vec![
+                    "SETUID".to_owned(),
+                    "SETGID".to_owned(),
+                    "SETPCAP".to_owned(),
+                ]),
+            ),
+            None => (format!("{0}:{0}", spec.uid), None),
         };
         let host = HostConfig {
             binds: Some(binds),
             init: Some(spec.agent.is_none()),
             privileged: Some(false),
             cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add,
             security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
             nano_cpus: Some((spec.cpus * 1e9) as i64),
             memory: Some(spec.memory),
@@ -284,7 +302,7 @@ impl Engine {
             image: Some(spec.image.clone()),
             entrypoint,
             cmd: Some(cmd),
-            user: Some(format!("{0}:{0}", spec.uid)),
+            user: Some(user),
             working_dir: Some(WORKSPACE_MOUNT.to_owned()),
             env: Some(env),
             labels: Some(labels),

@@ -54,6 +54,9 @@ pub struct Metrics {
     pub run_paths: Family<PathLabel, Counter>,
     /// Sandbox agents found dead (their container stopped under a running session).
     pub agent_deaths: Counter,
+    /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
+    /// or a run folder or socket that is not sandboxd's alone).
+    pub agent_untrusted: Counter,
 }
 
 impl Default for Metrics {
@@ -69,6 +72,7 @@ impl Default for Metrics {
         registry.register("sessions", "Sessions by state", sessions.clone());
         let run_paths = Family::<PathLabel, Counter>::default();
         let agent_deaths = Counter::default();
+        let agent_untrusted = Counter::default();
         registry.register(
             "run_paths",
             "Runs by the path that carried them (agent, exec, exec_fallback)",
@@ -79,6 +83,11 @@ impl Default for Metrics {
             "Sandbox agents found dead; their containers were started again",
             agent_deaths.clone(),
         );
+        registry.register(
+            "agent_untrusted",
+            "Agent sockets refused as not served by the container's PID 1 (runs went to exec)",
+            agent_untrusted.clone(),
+        );
         Self {
             registry,
             opens,
@@ -87,6 +96,7 @@ impl Default for Metrics {
             sessions,
             run_paths,
             agent_deaths,
+            agent_untrusted,
         }
     }
 }

@@ -108,15 +108,6 @@ pub struct RunStatus {
     pub stderr: String,
 }
 
-/// What a session's agent reports about its sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionStats {
-    /// CPU time every process of the sandbox used, nanoseconds.
-    pub cpu_ns: u64,
-    /// Ids of the runs in flight (including runs whose request sandboxd lost in a restart).
-    pub runs_in_flight: Vec<String>,
-}
-
 /// A run that could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -180,15 +171,6 @@ pub trait Runner: Send + Sync {
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<RunStatus>, RunError>> {
         let _ = (session, run_id);
-        Box::pin(async { Ok(None) })
-    }
-
-    /// CPU time and runs in flight of a session's sandbox, when the run path can tell.
-    fn session_stats<'a>(
-        &'a self,
-        session: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionStats>, RunError>> {
-        let _ = session;
         Box::pin(async { Ok(None) })
     }
 }

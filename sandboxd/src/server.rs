@@ -108,21 +108,16 @@ async fn start_with(
     let metrics = Arc::new(Metrics::default());
     let runner: Arc<dyn crate::runner::Runner> = match config.run_backend {
         RunBackend::Agent => Arc::new(
-            AgentRunner::new(
-                engine.clone(),
-                &config.workspace_root,
-                config.sandbox_uid,
-                metrics.clone(),
-            )
-            .with_context(|| {
-                format!(
-                    "cannot install the sandbox agent into {}",
-                    config
-                        .workspace_root
-                        .join(agent_runner::BIN_FOLDER)
-                        .display()
-                )
-            })?,
+            AgentRunner::new(engine.clone(), &config.workspace_root, metrics.clone())
+                .with_context(|| {
+                    format!(
+                        "cannot install the sandbox agent into {}",
+                        config
+                            .workspace_root
+                            .join(agent_runner::BIN_FOLDER)
+                            .display()
+                    )
+                })?,
         ),
         RunBackend::Exec => Arc::new(ExecRunner::new(engine.clone())),
     };

@@ -351,7 +351,7 @@ async fn kill_9_of_sandboxd_mid_run_leaves_runs_finished_or_stoppable() {
     let token = token(&d, "crash").await;
     let s = d.client(&token);
     for (id, cmd) in [
-        ("short", "sleep 1; echo fin"),
+        ("short", "sleep 3; echo fin"),
         ("long", "sleep 30 & sleep 31; echo never"),
     ] {
         let s = s.clone();
@@ -364,13 +364,26 @@ async fn kill_9_of_sandboxd_mid_run_leaves_runs_finished_or_stoppable() {
         async move { (s.get("crash").await.ok()?.runs_in_flight == 2).then_some(()) }
     })
     .await;
+    // sandboxd counts a run from its request on: wait until the agent has started both.
+    let container = container_of(&d, "crash");
+    until(
+        "both runs started in the sandbox",
+        Duration::from_secs(20),
+        || {
+            let ps = host_processes(&container);
+            let started = ps.iter().any(|p| p == "sleep 3") && ps.iter().any(|p| p == "sleep 31");
+            async move { started.then_some(()) }
+        },
+    )
+    .await;
     d.kill9();
     d.spawn();
     let s = d.client(&token);
-    // The restarted sandboxd knows both runs from the agent.
+    // The restarted sandboxd knows both runs from the agent; its runs in flight (for the
+    // idle rule) are only its own, never what the sandbox reports.
     let long = s.run_status("crash", "long").await.expect("status of long");
     assert!(long.running, "{long:?}");
-    assert!(s.get("crash").await.expect("get").runs_in_flight >= 1);
+    assert_eq!(s.get("crash").await.expect("get").runs_in_flight, 0);
     let short = until("the short run finished", Duration::from_secs(20), || {
         let s = s.clone();
         async move {

@@ -438,8 +438,16 @@ async fn oci_runtime_metrics_health_and_persisted_containers(backend: Backend) {
         .expect("docker inspect");
     assert_eq!(
         String::from_utf8_lossy(&inspect.stdout).trim(),
-        // Docker's init is PID 1 on the exec path; on the agent path the agent is.
-        format!("runc-alt {} none 10001:10001", backend == Backend::Exec)
+        // Docker's init is PID 1 on the exec path; on the agent path the agent is, started as
+        // root to bind its socket and the sandbox uid for good before anything runs.
+        format!(
+            "runc-alt {} none {}",
+            backend == Backend::Exec,
+            match backend {
+                Backend::Exec => "10001:10001",
+                Backend::Agent => "0:0",
+            }
+        )
     );
     let s = d.client(opened.token.as_deref().expect("token"));
     assert_eq!(
