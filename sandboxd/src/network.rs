@@ -246,6 +246,32 @@ impl SandboxNetwork {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = ports;
     }
 
+    /// Whether the network is there already (sandboxes of an earlier run may be on it).
+    pub async fn exists(&self) -> Result<bool, NetworkError> {
+        if self.engine.is_noop() {
+            return Ok(false);
+        }
+        match self
+            .engine
+            .client()?
+            .inspect_network(&self.plan.network, None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(source) => {
+                let e = crate::docker::DockerError {
+                    action: format!("inspect network {}", self.plan.network),
+                    source,
+                };
+                if e.is_not_found() {
+                    Ok(false)
+                } else {
+                    Err(e.into())
+                }
+            }
+        }
+    }
+
     /// Makes the network when it is missing, checks that the node isolates it, and installs
     /// the firewall; once done, answers from memory. Returns the network's name.
     pub async fn ensure(&self) -> Result<String, NetworkError> {

@@ -162,6 +162,12 @@ async fn start_with(
             .ensure()
             .await
             .context("a runtime of the allowlist needs a network")?;
+    } else if network.exists().await? {
+        // Sandboxes of an earlier allowlist may still be on it (a node's reboot took the rules).
+        network
+            .ensure()
+            .await
+            .context("the sandbox network of an earlier run is there")?;
     }
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
     let serve = axum::serve(

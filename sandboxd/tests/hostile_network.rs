@@ -364,6 +364,33 @@ async fn a_restart_installs_the_firewall_again_without_duplicates_and_remove_net
     let net = docker_json(&["network", "inspect", &name]);
     assert_eq!(net["Containers"].as_object().map(|c| c.len()), Some(2));
 
+    // The rules go (as on a node's reboot) and sandboxd comes back with an allowlist that has
+    // no runtime with network: the network is there, its sandboxes may run, so the firewall is
+    // installed again all the same.
+    let input_jump = after
+        .iter()
+        .find(|l| l.starts_with("-A INPUT "))
+        .expect("the INPUT jump")
+        .replacen("-A ", "-D ", 1);
+    iptables(&input_jump.split_whitespace().collect::<Vec<_>>());
+    iptables(&["-w", "-F", &format!("SANDBOXD-IN-{hash}")]);
+    assert_ne!(mine(&iptables(&["-w", "-S"])), after);
+    d.kill9();
+    for (k, v) in d.extra_env.iter_mut() {
+        if k == "SANDBOXD_RUNTIMES" {
+            *v = format!("base={}", base_image());
+        }
+    }
+    d.spawn();
+    d.base = d.base.replace("0.0.0.0", "127.0.0.1");
+    let port = port_of(&d);
+    let again = mine(&iptables(&["-w", "-S"]));
+    let expected: Vec<String> = after
+        .iter()
+        .map(|l| l.replace(&format!("--dport {new_port} "), &format!("--dport {port} ")))
+        .collect();
+    assert_eq!(again, expected, "the firewall is back, once");
+
     // remove-network refuses while sandboxes are on the network, naming why.
     let refused = d.remove_network();
     assert!(!refused.status.success());
