@@ -435,6 +435,15 @@ impl SandboxNetwork {
         )
         .await
         .map_err(&fail)?;
+        // A jump left in the other place (Docker's iptables switched on or off since) goes.
+        let other = if forward_from == "FORWARD" {
+            "DOCKER-USER"
+        } else {
+            "FORWARD"
+        };
+        for rule in jumps_to(&plan.iptables, other, &plan.forward_chain).await {
+            delete(&plan.iptables, &rule).await.map_err(&fail)?;
+        }
         if Path::new("/proc/net/if_inet6").exists() {
             restore(&plan.ip6tables, &plan.ipv6_rules())
                 .await
@@ -509,14 +518,7 @@ impl SandboxNetwork {
             for chain in [&plan.input_chain, &plan.forward_chain] {
                 for from in ["INPUT", "FORWARD", "DOCKER-USER"] {
                     for rule in jumps_to(cmd, from, chain).await {
-                        let mut args = vec!["-w".to_owned()];
-                        args.extend(
-                            rule.replacen("-A ", "-D ", 1)
-                                .split_whitespace()
-                                .map(str::to_owned),
-                        );
-                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                        run(cmd, &args).await.map_err(&fail)?;
+                        delete(cmd, &rule).await.map_err(&fail)?;
                     }
                 }
                 if run(cmd, &["-w", "-n", "-L", chain]).await.is_ok() {
@@ -604,6 +606,14 @@ async fn jumps_to(cmd: &str, from: &str, chain: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Deletes a rule as `iptables -S` printed it (`-A CHAIN …`).
+async fn delete(cmd: &str, rule: &str) -> Result<(), String> {
+    let deleted = rule.replacen("-A ", "-D ", 1);
+    let mut args = vec!["-w"];
+    args.extend(deleted.split_whitespace());
+    run(cmd, &args).await.map(|_| ())
+}
+
 /// Makes `from` jump to `chain` for traffic in from `bridge`, first in `from`; a jump already
 /// there stays, and a jump of this chain for another interface (an earlier bridge) is removed.
 async fn jump(cmd: &str, from: &str, bridge: &str, chain: &str) -> Result<(), String> {
@@ -614,10 +624,7 @@ async fn jump(cmd: &str, from: &str, bridge: &str, chain: &str) -> Result<(), St
             present = true;
             continue;
         }
-        let mut args = vec!["-w"];
-        let deleted = rule.replacen("-A ", "-D ", 1);
-        args.extend(deleted.split_whitespace());
-        run(cmd, &args).await?;
+        delete(cmd, &rule).await?;
     }
     if !present {
         run(cmd, &["-w", "-I", from, "1", "-i", bridge, "-j", chain]).await?;
