@@ -22,6 +22,22 @@ else
 fi
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
+
+# sandboxd fences in the network of sandboxes with iptables: Debian's iptables and the libraries
+# the base image lacks, fetched with this machine's apt (same suite as the base image) and
+# installed with dpkg in the build, so nothing is pulled there.
+debs="$stage/sandboxd/debs"
+mkdir -p "$debs"
+present="$(docker run --rm --network none "$BASE_IMAGE_TAG" dpkg-query -W -f '${Package}\n')"
+wanted="$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+  --no-replaces --no-enhances --no-pre-depends iptables | grep -v '^[ <]' | sort -u)"
+missing=()
+for pkg in $wanted; do grep -qx "$pkg" <<<"$present" || missing+=("$pkg"); done
+(cd "$debs" && apt-get download "${missing[@]}" >/dev/null 2>&1) || {
+  log "images: apt-get download ${missing[*]} failed; updating the package lists"
+  apt-get update -qq >/dev/null
+  (cd "$debs" && apt-get download "${missing[@]}" >/dev/null) || die "cannot download ${missing[*]} (Debian's mirror)"
+}
 for pair in "sandboxd:sandboxd" "operator:sandbox-operator"; do
   file="${pair%%:*}" bin="${pair#*:}"
   [[ -x $BIN_DIR/$bin ]] || die "$BIN_DIR/$bin is missing: build it with cargo build --bins"

@@ -15,6 +15,10 @@ pub enum Command {
     /// ones that failed after three attempts. What an upgrade runs before the old service is
     /// replaced.
     Prepare,
+    /// Remove this instance's sandbox network and its firewall rules (the chains and the jumps
+    /// to them) and exit; refused while a container is still on the network. What an uninstall
+    /// runs on each node after the sessions are destroyed.
+    RemoveNetwork,
 }
 
 /// How runs reach a sandbox.
@@ -108,9 +112,21 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_NETWORK_MODE", default_value = "none")]
     pub network_mode: String,
 
-    /// Docker network of a session whose runtime asks for one.
-    #[arg(long, env = "SANDBOXD_RUNTIME_NETWORK", default_value = "bridge")]
+    /// Docker network of a session whose runtime asks for one: a network of sandboxd's own,
+    /// made at start when missing (inter-container traffic off) and fenced in by iptables.
+    /// Empty: `sandboxd-<instance>-net`. Docker's own networks (`bridge`, `host`) are refused.
+    #[arg(long, env = "SANDBOXD_RUNTIME_NETWORK", default_value = "")]
     pub runtime_network: String,
+
+    /// The iptables command that fences in the sandbox network (`iptables-legacy` or
+    /// `iptables-nft` to pick a backend); ip6tables is the one beside it.
+    #[arg(long, env = "SANDBOXD_IPTABLES", default_value = "iptables")]
+    pub iptables: String,
+
+    /// IPv4 ranges a sandbox with network may not reach through the node (comma-separated
+    /// CIDRs); the node itself is never reachable. Empty leaves only the node closed.
+    #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::network::DEFAULT_DENY)]
+    pub network_deny: String,
 
     /// CPUs a sandbox may use.
     #[arg(long, env = "SANDBOXD_CPUS", default_value_t = 2.0)]
@@ -317,6 +333,17 @@ impl Config {
         })
     }
 
+    /// The sandbox network's plan: its names and what its firewall drops.
+    pub fn network_plan(&self) -> Result<crate::network::Plan, ConfigError> {
+        crate::network::Plan::new(
+            &self.instance,
+            &self.runtime_network,
+            &self.iptables,
+            &self.network_deny,
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
     /// Checks everything that can be checked before start-up and returns the admin token and
     /// the allowlist.
     pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
@@ -353,6 +380,7 @@ impl Config {
                 "SANDBOXD_AUDIT_DATABASE_URL must be a postgres:// URL (unset keeps the audit log in SQLite in SANDBOXD_STATE_DIR)".into(),
             ));
         }
+        self.network_plan()?;
         if self.operation_retention_days == 0 {
             return Err(ConfigError::Invalid(
                 "OPERATION_RETENTION_DAYS must be at least 1".into(),

@@ -17,6 +17,7 @@ use crate::docker::{Engine, SandboxSpec};
 use crate::error::ApiError;
 use crate::files::Workspace;
 use crate::metrics::Metrics;
+use crate::network::SandboxNetwork;
 use crate::policy::{Fixed, Policy, PolicyView};
 use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 use crate::runtimes::Runtimes;
@@ -72,7 +73,9 @@ impl Settings {
             max_output_bytes: c.max_output_bytes,
             uid: c.sandbox_uid,
             network_mode: c.network_mode.clone(),
-            runtime_network: c.runtime_network.clone(),
+            runtime_network: c
+                .network_plan()
+                .map_or_else(|_| c.runtime_network.clone(), |p| p.network),
             cpus: c.cpus,
             memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
             pids_limit: c.pids_limit,
@@ -209,6 +212,9 @@ pub struct Core {
     opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
     runs: Mutex<HashMap<String, RunEntry>>,
     metrics: Arc<Metrics>,
+    /// The network of sessions whose runtime needs one; `None`: such a session gets
+    /// `settings.runtime_network` as it is (unit tests only).
+    network: Option<Arc<SandboxNetwork>>,
 }
 
 /// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
@@ -294,7 +300,15 @@ impl Core {
             opening: Mutex::default(),
             runs: Mutex::default(),
             metrics,
+            network: None,
         }
+    }
+
+    /// The core with the sandbox network: a session whose runtime needs a network is put on
+    /// it, and the network is made and fenced in first when it is not yet.
+    pub fn with_network(mut self, network: Arc<SandboxNetwork>) -> Self {
+        self.network = Some(network);
+        self
     }
 
     /// The settings.
@@ -723,6 +737,20 @@ impl Core {
         limits: &Limits,
     ) -> Result<(), ApiError> {
         let s = &self.settings;
+        let network_mode = match (&self.network, runtime.needs_network) {
+            (_, false) => s.network_mode.clone(),
+            (None, true) => s.runtime_network.clone(),
+            (Some(network), true) => network.ensure().await.map_err(|e| {
+                ApiError::new(
+                    503,
+                    "network_unavailable",
+                    format!(
+                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
+                        runtime.alias
+                    ),
+                )
+            })?,
+        };
         let workspace = self.workspace(id);
         workspace.prepare()?;
         let memory = limits
@@ -737,11 +765,7 @@ impl Core {
             image: runtime.image.clone(),
             workspace: workspace.dir().display().to_string(),
             uid: s.uid,
-            network_mode: if runtime.needs_network {
-                s.runtime_network.clone()
-            } else {
-                s.network_mode.clone()
-            },
+            network_mode,
             cpus: limits.cpus.unwrap_or(s.cpus),
             memory,
             pids_limit: limits.pids_limit.unwrap_or(s.pids_limit),

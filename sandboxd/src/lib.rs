@@ -4,6 +4,7 @@
 //! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
 //! - [`api`]: the `/v1` HTTP API; [`client`]: its typed client; [`wire`]: the wire protocol of
 //!   pydantic-ai-backend's sandboxd, a second surface over the same core;
+//! - [`network`]: the network of sessions whose runtime needs one, fenced in by iptables;
 //! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
 //!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
@@ -21,6 +22,7 @@ pub mod docker;
 pub mod error;
 pub mod files;
 pub mod metrics;
+pub mod network;
 pub mod policy;
 pub mod runner;
 pub mod runtimes;

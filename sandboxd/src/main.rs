@@ -27,6 +27,15 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
+    if config.command == Some(sandboxd::config::Command::RemoveNetwork) {
+        return match sandboxd::server::remove_network(&config).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandboxd remove-network: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match sandboxd::server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

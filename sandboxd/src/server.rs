@@ -18,6 +18,7 @@ use crate::config::{Config, RunBackend};
 use crate::core::{Core, Settings};
 use crate::docker::Engine;
 use crate::metrics::Metrics;
+use crate::network::SandboxNetwork;
 use crate::runner::ExecRunner;
 use crate::runtimes::{self, Runtimes};
 use crate::store::Store;
@@ -121,15 +122,20 @@ async fn start_with(
         ),
         RunBackend::Exec => Arc::new(ExecRunner::new(engine.clone())),
     };
-    let core = Arc::new(Core::new(
-        Settings::from_config(&config),
-        store,
-        engine,
-        runner,
-        runtimes,
-        audit.clone(),
-        metrics.clone(),
-    ));
+    let needs_network = runtimes.list().runtimes.iter().any(|r| r.needs_network);
+    let network = Arc::new(SandboxNetwork::new(engine.clone(), config.network_plan()?));
+    let core = Arc::new(
+        Core::new(
+            Settings::from_config(&config),
+            store,
+            engine,
+            runner,
+            runtimes,
+            audit.clone(),
+            metrics.clone(),
+        )
+        .with_network(network.clone()),
+    );
     let reconciled = core
         .reconcile()
         .await
@@ -143,6 +149,21 @@ async fn start_with(
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
+    // Sandboxes with network never reach this port; the network and its firewall are there
+    // before the first request, or sandboxd does not start.
+    network.set_ports(vec![addr.port()]);
+    if needs_network {
+        network
+            .ensure()
+            .await
+            .context("a runtime of the allowlist needs a network")?;
+    } else if network.exists().await? {
+        // Sandboxes of an earlier allowlist may still be on it (a node's reboot took the rules).
+        network
+            .ensure()
+            .await
+            .context("the sandbox network of an earlier run is there")?;
+    }
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
     let serve = axum::serve(
         // Small responses must not wait for delayed ACKs (Nagle's algorithm).
@@ -217,6 +238,16 @@ pub async fn prepare(config: &Config) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(failed.into_iter().map(|(a, _)| a).collect())
+}
+
+/// `sandboxd remove-network`: removes this instance's sandbox network and its firewall.
+pub async fn remove_network(config: &Config) -> anyhow::Result<()> {
+    let plan = config.network_plan()?;
+    let engine = Engine::connect(&config.instance)
+        .await
+        .context("cannot reach Docker (DOCKER_HOST)")?;
+    SandboxNetwork::new(engine, plan).remove().await?;
+    Ok(())
 }
 
 #[cfg(test)]

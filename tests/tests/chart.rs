@@ -272,6 +272,25 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         Some(false)
     );
     assert_eq!(pod.automount_service_account_token, Some(false));
+    // In the node's network namespace, with what the sandbox network's iptables rules need
+    // (NET_ADMIN, NET_RAW, the node's xtables lock) and no other capability added.
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    let caps = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    assert_eq!(
+        caps.add.as_deref(),
+        Some(&["CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN", "NET_RAW"].map(str::to_owned)[..])
+    );
+    assert_eq!(
+        host_path("xtables-lock").as_deref(),
+        Some("/run/xtables.lock")
+    );
+    assert_eq!(mount("xtables-lock"), host_path("xtables-lock"));
 
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns.name);
     let secret_name = format!("{full}-admin-token");

@@ -64,6 +64,21 @@ fn images_build_and_print_the_workspace_version() {
         assert!(ok, "{image} --version failed: {stderr}");
         assert_eq!(stdout, format!("{image} {VERSION}\n"));
     }
+    // sandboxd fences in the sandbox network with iptables (and ip6tables), from the image.
+    for command in ["iptables", "ip6tables", "iptables-restore"] {
+        let (ok, stdout, stderr) = docker(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            command,
+            &format!("sandboxd:{VERSION}"),
+            "-V",
+        ]);
+        assert!(ok, "{command} -V in the sandboxd image failed: {stderr}");
+        assert!(stdout.contains(" v1.8."), "{command} -V: {stdout}");
+    }
     let (_, user, _) = docker(&[
         "image",
         "inspect",

@@ -82,6 +82,10 @@ app.kubernetes.io/component: sandboxd
 - name: SANDBOXD_INSTANCE
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
+- name: SANDBOXD_IPTABLES
+  value: {{ .Values.sandboxd.iptables | quote }}
+- name: SANDBOXD_NETWORK_DENY
+  value: {{ .Values.sandboxd.networkDeny | quote }}
 - name: RUST_LOG
   value: {{ .Values.sandboxd.logLevel | quote }}
 {{- end -}}

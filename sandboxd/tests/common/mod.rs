@@ -182,11 +182,49 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Docker networks labelled as this instance's.
+    pub fn networks(&self) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["network", "ls", "-q", "--filter"])
+            .arg(format!("label=sandboxd.dev/instance={}", self.instance))
+            .output()
+            .expect("docker network ls");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Runs `sandboxd remove-network` for this instance (with the daemon's settings).
+    pub fn remove_network(&self) -> std::process::Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        cmd.arg("remove-network")
+            .env("SANDBOXD_INSTANCE", &self.instance)
+            .env("RUST_LOG", "warn");
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("sandboxd remove-network runs")
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
         for (id, _, _) in self.containers() {
             let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+        }
+        // A runtime with network made the instance's network and firewall: removed as an
+        // uninstall would (docker's address pools are small).
+        if !self.networks().is_empty() {
+            let out = self.remove_network();
+            if !out.status.success() && !std::thread::panicking() {
+                panic!(
+                    "sandboxd remove-network failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
         }
         // Workspaces are owned by the sandbox uid; the temp dir removes them as root.
         let _ = std::fs::remove_dir_all(self.dir.path());
