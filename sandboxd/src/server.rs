@@ -135,6 +135,10 @@ async fn start_with(
         audit.clone(),
         metrics.clone(),
     ));
+    // What an earlier run left in the trash is deleted in the background from now on; nothing
+    // here waits for it.
+    core.trash().spawn_sweeper();
+    let trash = core.trash().clone();
     let reconciled = core
         .reconcile()
         .await
@@ -148,7 +152,7 @@ async fn start_with(
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
-    info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
+    info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
     let serve = axum::serve(
         // Small responses must not wait for delayed ACKs (Nagle's algorithm).
         listener.tap_io(|tcp| {
@@ -160,6 +164,9 @@ async fn start_with(
     .into_future();
     Ok((addr, async move {
         let served = serve.await;
+        // A deletion under way stops within one entry and goes on at the next start, so that
+        // stopping never waits for a deep tree to go.
+        trash.stop();
         // Every row recorded by the requests that finished is written before the process ends.
         audit.flush().await;
         served
