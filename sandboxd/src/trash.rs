@@ -120,13 +120,18 @@ impl Trash {
     ) -> io::Result<bool> {
         let trash = self.open_or_make()?;
         let aside = format!("{label}-{:016x}", rand::random::<u64>());
-        match rustix::fs::renameat_with(
+        let moved = match rustix::fs::renameat_with(
             parent,
             name,
             trash.as_fd(),
             aside.as_str(),
             RenameFlags::NOREPLACE,
         ) {
+            // A filesystem without RENAME_NOREPLACE: the random name is as good.
+            Err(Errno::INVAL) => rustix::fs::renameat(parent, name, trash.as_fd(), aside.as_str()),
+            other => other,
+        };
+        match moved {
             Ok(()) => {
                 self.inner.wake.notify_one();
                 Ok(true)
