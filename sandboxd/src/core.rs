@@ -22,6 +22,7 @@ use crate::policy::{Fixed, Policy, PolicyView};
 use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 use crate::runtimes::Runtimes;
 use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
+use crate::trash::Trash;
 
 /// How long an open waits for a concurrent open of the same name to finish.
 const OPEN_WAIT: Duration = Duration::from_secs(600);
@@ -209,12 +210,42 @@ pub struct Core {
     /// so the cache never answers for a token the store would refuse.
     /// The generation counts forgets: a lookup that raced one does not cache its answer.
     token_cache: Mutex<(u64, HashMap<String, String>)>,
+    /// The open or wake in flight per session (see [`OpeningSlot`]).
     opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
     runs: Mutex<HashMap<String, RunEntry>>,
     metrics: Arc<Metrics>,
     /// The network of sessions whose runtime needs one; `None`: such a session gets
     /// `settings.runtime_network` as it is (unit tests only).
     network: Option<Arc<SandboxNetwork>>,
+    trash: Trash,
+}
+
+/// The one open (or wake) in flight of a session in this process. It is taken before the row
+/// goes to `opening` and dropped only once the row has left it (running, back to reclaimed, or
+/// gone), so a concurrent open or wake that finds the row opening always has it to wait on and
+/// never answers with a half-opened session. Dropping it (also on a panic) lets them go on.
+struct OpeningSlot<'a> {
+    core: &'a Core,
+    id: String,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for OpeningSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.core.opening.lock()
+            && m.get(&self.id)
+                .is_some_and(|rx| rx.same_channel(&self.done.subscribe()))
+        {
+            m.remove(&self.id);
+        }
+        let _ = self.done.send(true);
+    }
+}
+
+/// Whether this request got a session's [`OpeningSlot`], or another one holds it.
+enum Slot<'a> {
+    Mine(OpeningSlot<'a>),
+    Busy(watch::Receiver<bool>),
 }
 
 /// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
@@ -288,7 +319,6 @@ impl Core {
             max_output_bytes: settings.max_output_bytes as u64,
         };
         Self {
-            settings,
             store,
             engine,
             runner,
@@ -301,6 +331,8 @@ impl Core {
             runs: Mutex::default(),
             metrics,
             network: None,
+            trash: Trash::new(&settings.workspace_root),
+            settings,
         }
     }
 
@@ -329,6 +361,11 @@ impl Core {
     /// The audit log.
     pub fn audit(&self) -> &Audit {
         &self.audit
+    }
+
+    /// The trash of the workspace root: folders moved aside, deleted in the background.
+    pub fn trash(&self) -> &Trash {
+        &self.trash
     }
 
     /// The live policy (caps and lifetimes).
@@ -424,6 +461,20 @@ impl Core {
             self.settings.uid,
             self.settings.uid,
         )
+        .with_trash(self.trash.clone())
+    }
+
+    /// Moves a session's folder into the trash, where the sweeper deletes it in the
+    /// background; returns whether there was one.
+    fn discard_folder(&self, id: &str) -> Result<bool, ApiError> {
+        let folder = self.settings.workspace_root.join(id);
+        self.trash.discard(&folder, id).map_err(|e| {
+            ApiError::internal(format!(
+                "could not move {} into the trash {}: {e}",
+                folder.display(),
+                self.trash.dir().display()
+            ))
+        })
     }
 
     fn runs_in_flight(&self, id: &str) -> usize {
@@ -641,22 +692,30 @@ impl Core {
             token_hash: &hash,
             limits: &limits_json,
         };
-        // Register the in-flight open before claiming, so a concurrent open that finds the row
-        // in state opening always has something to wait on.
-        let (done_tx, done_rx) = watch::channel(false);
+        // Take the session's slot before claiming, so a concurrent open that finds the row in
+        // state opening always has something to wait on; one in flight is waited for first.
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        let slot = loop {
+            match self.take_slot(&req.name)? {
+                Slot::Mine(slot) => break slot,
+                Slot::Busy(rx) => {
+                    Self::wait_done(rx, deadline, &req.name).await?;
+                    if self.store.get(&req.name).await.map_err(db)?.is_none() {
+                        return Err(Self::open_failed(&req.name));
+                    }
+                }
+            }
+        };
         let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
         match claim {
             Claim::Inserted => {
-                if let Ok(mut m) = self.opening.lock() {
-                    m.insert(req.name.clone(), done_rx);
-                }
+                // A folder this open makes is removed again if it fails, so that no later open
+                // of the same name (by another tenant) inherits it.
+                let folder = self.settings.workspace_root.join(&req.name);
+                let had_folder = std::fs::symlink_metadata(&folder).is_ok();
                 let result = self
                     .create_container(&req.name, &req.tenant, &runtime, &limits)
                     .await;
-                if let Ok(mut m) = self.opening.lock() {
-                    m.remove(&req.name);
-                }
-                let _ = done_tx.send(true);
                 match result {
                     Ok(()) => {
                         self.metrics
@@ -671,9 +730,13 @@ impl Core {
                         })
                     }
                     Err(e) => {
+                        if !had_folder && let Err(left) = self.discard_folder(&req.name) {
+                            warn!(session = %req.name, error = %left.message, "a failed open could not remove the folder it made");
+                        }
                         // A failed open uses no capacity.
                         let _ = self.store.delete(&req.name).await;
                         self.forget_tokens(&req.name);
+                        drop(slot);
                         self.metrics
                             .opens
                             .get_or_create(&crate::metrics::Outcome::new("failed"))
@@ -683,6 +746,7 @@ impl Core {
                 }
             }
             Claim::Exists(row) => {
+                drop(slot);
                 if row.tenant != req.tenant {
                     return Err(ApiError::conflict(
                         "name_taken",
@@ -714,19 +778,76 @@ impl Core {
         }
     }
 
-    async fn wait_opened(&self, id: &str) -> Result<SessionRow, ApiError> {
-        let rx = self.opening.lock().ok().and_then(|m| m.get(id).cloned());
-        if let Some(mut rx) = rx {
-            let _ = tokio::time::timeout(OPEN_WAIT, rx.wait_for(|done| *done)).await;
+    /// Takes the session's [`OpeningSlot`], or says who holds it.
+    fn take_slot(&self, id: &str) -> Result<Slot<'_>, ApiError> {
+        let mut m = self
+            .opening
+            .lock()
+            .map_err(|_| ApiError::internal("open registry poisoned"))?;
+        if let Some(rx) = m.get(id) {
+            return Ok(Slot::Busy(rx.clone()));
         }
-        // The open that was in flight either finished (running) or failed (row gone).
-        self.store.get(id).await.map_err(db)?.ok_or_else(|| {
-            ApiError::new(
-                502,
-                "open_failed",
-                format!("A concurrent open of session '{id}' failed; open it again"),
-            )
-        })
+        let (done, rx) = watch::channel(false);
+        m.insert(id.to_owned(), rx);
+        Ok(Slot::Mine(OpeningSlot {
+            core: self,
+            id: id.to_owned(),
+            done,
+        }))
+    }
+
+    /// Waits, until `deadline`, for the open or wake in flight whose slot `rx` watches.
+    async fn wait_done(
+        mut rx: watch::Receiver<bool>,
+        deadline: tokio::time::Instant,
+        id: &str,
+    ) -> Result<(), ApiError> {
+        match tokio::time::timeout_at(deadline, rx.wait_for(|done| *done)).await {
+            // Done, or its slot dropped: either way it is over.
+            Ok(_) => Ok(()),
+            Err(_) => Err(ApiError::opening(id)),
+        }
+    }
+
+    fn open_failed(id: &str) -> ApiError {
+        ApiError::new(
+            502,
+            "open_failed",
+            format!("A concurrent open of session '{id}' failed; open it again"),
+        )
+    }
+
+    /// Waits for the open or wake in flight of a session and returns its row once it has left
+    /// `opening` (running, reclaimed after a failed wake); 502 `open_failed` when the open
+    /// failed (the row is gone), 409 `session_opening` when it does not finish in time.
+    async fn wait_opened(&self, id: &str) -> Result<SessionRow, ApiError> {
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        let mut unattended = 0;
+        loop {
+            let rx = self.opening.lock().ok().and_then(|m| m.get(id).cloned());
+            let waited = rx.is_some();
+            if let Some(rx) = rx {
+                Self::wait_done(rx, deadline, id).await?;
+            }
+            let row = self
+                .store
+                .get(id)
+                .await
+                .map_err(db)?
+                .ok_or_else(|| Self::open_failed(id))?;
+            if row.state != State::Opening {
+                return Ok(row);
+            }
+            // Opening with no slot: one was taken just after the look (the next look sees
+            // it), or the row was left so by a crash (the start-up reconcile fixes it).
+            if !waited {
+                unattended += 1;
+                if unattended >= 3 {
+                    return Err(ApiError::opening(id));
+                }
+                tokio::task::yield_now().await;
+            }
+        }
     }
 
     async fn create_container(
@@ -870,7 +991,11 @@ impl Core {
                     .map_err(db)?;
                 Box::pin(self.wake(id)).await
             }
-            State::Opening => self.wait_opened(id).await,
+            State::Opening => {
+                // Whatever the open in flight ends in, this wake starts over from there.
+                self.wait_opened(id).await?;
+                Box::pin(self.wake(id)).await
+            }
             State::Stopped => {
                 let Some(c) = row.container_id.clone() else {
                     self.store
@@ -899,6 +1024,13 @@ impl Core {
                 self.row(id).await
             }
             State::Reclaimed => {
+                let slot = match self.take_slot(id)? {
+                    Slot::Mine(slot) => slot,
+                    Slot::Busy(rx) => {
+                        Self::wait_done(rx, tokio::time::Instant::now() + OPEN_WAIT, id).await?;
+                        return Box::pin(self.wake(id)).await;
+                    }
+                };
                 match self
                     .store
                     .reclaim_to_opening(id, &row.tenant, self.caps())
@@ -907,7 +1039,10 @@ impl Core {
                 {
                     Some(Claim::Inserted) => {}
                     Some(refused) => return Err(self.cap_error(&refused, &row.tenant)),
-                    None => return Box::pin(self.wake(id)).await,
+                    None => {
+                        drop(slot);
+                        return Box::pin(self.wake(id)).await;
+                    }
                 }
                 let runtime = self.runtimes.ready(&row.runtime).unwrap_or_else(|| {
                     let mut env = std::collections::BTreeMap::new();
@@ -922,17 +1057,9 @@ impl Core {
                         env,
                     }
                 });
-                let (done_tx, done_rx) = watch::channel(false);
-                if let Ok(mut m) = self.opening.lock() {
-                    m.insert(id.to_owned(), done_rx);
-                }
                 let result = self
                     .create_container(id, &row.tenant, &runtime, &Self::limits_of(&row))
                     .await;
-                if let Ok(mut m) = self.opening.lock() {
-                    m.remove(id);
-                }
-                let _ = done_tx.send(true);
                 if let Err(e) = result {
                     self.store
                         .transition(id, &[State::Opening], State::Reclaimed)
@@ -940,7 +1067,9 @@ impl Core {
                         .map_err(db)?;
                     return Err(e);
                 }
-                self.row(id).await
+                let woken = self.row(id).await;
+                drop(slot);
+                woken
             }
             State::Lost => Err(ApiError::lost(id)),
             State::Destroying => Err(ApiError::destroying(id)),
@@ -1021,15 +1150,11 @@ impl Core {
     }
 
     /// Removes the container and the workspace. Destroying what is already gone succeeds.
+    /// The session's folder is moved into the trash (one rename, whatever it holds) and
+    /// deleted there in the background, so a destroy answers at once.
     pub async fn destroy(&self, id: &str) -> Result<Destroyed, ApiError> {
         let Some(row) = self.store.get(id).await.map_err(db)? else {
-            let folder = self.settings.workspace_root.join(id);
-            let had_files = valid_session_id(id) && folder.exists();
-            if had_files {
-                std::fs::remove_dir_all(&folder).map_err(|e| {
-                    ApiError::internal(format!("could not remove {}: {e}", folder.display()))
-                })?;
-            }
+            let had_files = valid_session_id(id) && self.discard_folder(id)?;
             return Ok(Destroyed {
                 id: id.to_owned(),
                 destroyed: had_files,
@@ -1062,12 +1187,7 @@ impl Core {
                 .map_err(|e| ApiError::docker(e.to_string()))?;
         }
         let _ = self.engine.remove(&self.engine.container_name(id)).await;
-        let folder = self.settings.workspace_root.join(id);
-        if folder.exists() {
-            std::fs::remove_dir_all(&folder).map_err(|e| {
-                ApiError::internal(format!("could not remove {}: {e}", folder.display()))
-            })?;
-        }
+        self.discard_folder(id)?;
         self.store.delete(id).await.map_err(db)?;
         self.forget_tokens(id);
         if let Ok(mut t) = self.tenants.lock() {
@@ -1358,54 +1478,80 @@ impl Core {
             let container = owned
                 .iter()
                 .find(|c| Some(c.id.as_str()) == row.container_id.as_deref());
-            match (row.state, container) {
-                (State::Opening, _) => {
-                    // Interrupted open: whatever it made is gone (above); the workspace stays.
-                    self.store.set_container(&row.id, None).await.map_err(db)?;
-                    self.store
-                        .transition(&row.id, &[State::Opening], State::Reclaimed)
-                        .await
-                        .map_err(db)?;
-                    done.sessions_fixed += 1;
+            // A row that cannot be fixed now is reported and left for the next start; it never
+            // keeps the others (or sandboxd) from going on.
+            match self.reconcile_row(row, container).await {
+                Ok(true) => done.sessions_fixed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(
+                        session = %row.id,
+                        state = ?row.state,
+                        error = %e.message,
+                        "reconcile could not fix this session; it is left as it is"
+                    );
+                    done.sessions_failed += 1;
                 }
-                (State::Destroying, _) => {
-                    self.destroy(&row.id).await?;
-                    done.sessions_fixed += 1;
-                }
-                (State::Running | State::Stopped, None) => {
-                    self.store.set_container(&row.id, None).await.map_err(db)?;
-                    self.store
-                        .transition(&row.id, &[State::Running, State::Stopped], State::Reclaimed)
-                        .await
-                        .map_err(db)?;
-                    done.sessions_fixed += 1;
-                }
-                (State::Running, Some(c)) if !c.running => {
-                    self.store
-                        .transition(&row.id, &[State::Running], State::Stopped)
-                        .await
-                        .map_err(db)?;
-                    done.sessions_fixed += 1;
-                }
-                (State::Stopped, Some(c)) if c.running => {
-                    self.store
-                        .transition(&row.id, &[State::Stopped], State::Running)
-                        .await
-                        .map_err(db)?;
-                    done.sessions_fixed += 1;
-                }
-                (State::Reclaimed | State::Lost, Some(_)) => {
-                    self.store.set_container(&row.id, None).await.map_err(db)?;
-                }
-                _ => {}
             }
         }
         info!(
             containers_removed = done.containers_removed,
             sessions_fixed = done.sessions_fixed,
+            sessions_failed = done.sessions_failed,
             "reconciled with docker"
         );
         Ok(done)
+    }
+
+    /// Brings one row in line with its container (if Docker has it); returns whether it
+    /// changed anything that counts as a fix.
+    async fn reconcile_row(
+        &self,
+        row: &SessionRow,
+        container: Option<&crate::docker::Owned>,
+    ) -> Result<bool, ApiError> {
+        match (row.state, container) {
+            (State::Opening, _) => {
+                // Interrupted open: whatever it made is gone (above); the workspace stays.
+                self.store.set_container(&row.id, None).await.map_err(db)?;
+                self.store
+                    .transition(&row.id, &[State::Opening], State::Reclaimed)
+                    .await
+                    .map_err(db)?;
+                Ok(true)
+            }
+            (State::Destroying, _) => {
+                self.destroy(&row.id).await?;
+                Ok(true)
+            }
+            (State::Running | State::Stopped, None) => {
+                self.store.set_container(&row.id, None).await.map_err(db)?;
+                self.store
+                    .transition(&row.id, &[State::Running, State::Stopped], State::Reclaimed)
+                    .await
+                    .map_err(db)?;
+                Ok(true)
+            }
+            (State::Running, Some(c)) if !c.running => {
+                self.store
+                    .transition(&row.id, &[State::Running], State::Stopped)
+                    .await
+                    .map_err(db)?;
+                Ok(true)
+            }
+            (State::Stopped, Some(c)) if c.running => {
+                self.store
+                    .transition(&row.id, &[State::Stopped], State::Running)
+                    .await
+                    .map_err(db)?;
+                Ok(true)
+            }
+            (State::Reclaimed | State::Lost, Some(_)) => {
+                self.store.set_container(&row.id, None).await.map_err(db)?;
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
     }
 }
 
@@ -1416,4 +1562,7 @@ pub struct Reconciled {
     pub containers_removed: usize,
     /// Sessions whose state was corrected.
     pub sessions_fixed: usize,
+    /// Sessions that could not be brought in line (each logged with why); they stay as they
+    /// were until the next start.
+    pub sessions_failed: usize,
 }

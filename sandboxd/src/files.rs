@@ -21,7 +21,9 @@
 //! thread.
 
 use std::collections::VecDeque;
+use std::ffi::OsStr;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd as _;
 use std::os::unix::fs::{PermissionsExt as _, fchown};
 use std::path::{Path, PathBuf};
 
@@ -29,6 +31,8 @@ use cap_std::ambient_authority;
 use cap_std::fs::{Dir, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+use crate::trash::Trash;
 
 /// Names of files and directories left out of [`Workspace::list`] and [`Workspace::tree`]
 /// (entries and counts) wherever they appear: dependency, cache and VCS folders that would
@@ -267,6 +271,7 @@ pub struct Workspace {
     dir: PathBuf,
     uid: u32,
     gid: u32,
+    trash: Option<Trash>,
 }
 
 impl Workspace {
@@ -277,7 +282,16 @@ impl Workspace {
             dir: dir.into(),
             uid,
             gid,
+            trash: None,
         }
+    }
+
+    /// The same workspace, whose recursive removes move the folder into `trash` (out of the
+    /// sandbox's reach, answering at once) for its sweeper to delete. Without a trash, a
+    /// recursive remove deletes in place (iteratively all the same).
+    pub fn with_trash(mut self, trash: Trash) -> Self {
+        self.trash = Some(trash);
+        self
     }
 
     /// The host directory of the workspace.
@@ -445,7 +459,9 @@ impl Workspace {
 
     /// Removes the file, symlink (the link itself, never its target) or empty directory at
     /// `path`; with `recursive`, a directory and everything in it (symlinks inside are removed,
-    /// not followed). The workspace root itself cannot be removed.
+    /// not followed), however deep: it is moved into the trash at once when the workspace has
+    /// one ([`Workspace::with_trash`]), and deleted with a bounded number of descriptors,
+    /// without recursion ([`crate::trash`]). The workspace root itself cannot be removed.
     pub fn remove(&self, path: &str, recursive: bool) -> Result<RemoveResult, FileError> {
         let comps = normalize(path)?;
         let Some((name, parents)) = comps.split_last() else {
@@ -456,7 +472,18 @@ impl Workspace {
         let meta = parent.symlink_metadata(name).map_err(|e| map_io(path, e))?;
         let kind = kind_of(&meta);
         let removed = match kind {
-            EntryKind::Dir if recursive => parent.remove_dir_all(name),
+            EntryKind::Dir if recursive => match &self.trash {
+                Some(trash) => trash
+                    .discard_at(parent.as_fd(), OsStr::new(name), "removed")
+                    .and_then(|moved| {
+                        if moved {
+                            Ok(())
+                        } else {
+                            Err(io::ErrorKind::NotFound.into())
+                        }
+                    }),
+                None => crate::trash::remove_tree_at(parent.as_fd(), OsStr::new(name)),
+            },
             EntryKind::Dir => parent.remove_dir(name),
             _ => parent.remove_file(name),
         };
@@ -712,7 +739,10 @@ impl Workspace {
         Ok(dir)
     }
 
-    /// Creates directory `name` in `dir`, owned by uid:gid with mode 0755, and opens it.
+    /// Creates directory `name` in `dir`, owned by uid:gid with mode 0755, and opens it. The
+    /// sandbox may swap something else in between the mkdir and the open: a FIFO, a symlink
+    /// or a file there is refused at once as not a directory (opened with
+    /// `O_NOFOLLOW|O_DIRECTORY|O_NONBLOCK`, it can neither hang nor lead anywhere).
     fn create_owned_dir(&self, dir: &Dir, name: &str) -> io::Result<Dir> {
         match dir.create_dir(name) {
             Ok(()) => {}
@@ -720,16 +750,28 @@ impl Workspace {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return dir.open_dir(name),
             Err(e) => return Err(e),
         }
-        // A real (not O_PATH) handle, so that fchown and fchmod work on it.
-        let handle = dir
-            .open_with(name, OpenOptions::new().read(true))?
-            .into_std();
+        let handle = open_created_dir(dir, name)?;
         if !handle.metadata()?.is_dir() {
             return Err(io::ErrorKind::NotADirectory.into());
         }
         fchown(&handle, Some(self.uid), Some(self.gid))?;
         handle.set_permissions(std::fs::Permissions::from_mode(DIR_MODE))?;
         Ok(Dir::from_std_file(handle))
+    }
+}
+
+/// Opens the directory `name` of `dir` that sandboxd has just created, for fchown and fchmod
+/// (a real handle, not O_PATH). Whatever the sandbox swapped in meanwhile (a FIFO, a symlink,
+/// a file) is refused at once as not a directory: never opened, never followed, never waited
+/// on.
+fn open_created_dir(dir: &Dir, name: &str) -> io::Result<std::fs::File> {
+    match crate::trash::open_dir_nofollow(dir.as_fd(), OsStr::new(name)) {
+        Ok(fd) => Ok(std::fs::File::from(fd)),
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "the directory created was replaced by something else",
+        )),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -1528,6 +1570,92 @@ mod tests {
         f.ws.remove("keeplink/k.txt", false)
             .expect("remove through link");
         assert!(!f.dir.join("keep/k.txt").exists());
+    }
+
+    /// Makes `rel/d/d/…` `depth` folders deep below the workspace, with a link out at the
+    /// bottom, one descriptor at a time (such a path is far beyond PATH_MAX).
+    fn dig(f: &Fixture, rel: &str, depth: usize) {
+        fs::create_dir(f.dir.join(rel)).expect("mkdir");
+        let mut dir = fs::File::open(f.dir.join(rel)).expect("open");
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&dir, "d", rustix::fs::Mode::RWXU).expect("mkdir");
+            dir = crate::trash::open_dir_nofollow(dir.as_fd(), OsStr::new("d"))
+                .expect("open")
+                .into();
+        }
+        rustix::fs::symlinkat(f.base.join("outside"), &dir, "out").expect("link");
+    }
+
+    #[test]
+    fn a_recursive_remove_of_a_deep_tree_is_bounded() {
+        let f = fixture();
+        // Without a trash: deleted in place, on a 256 KiB stack (a recursion per level would
+        // need more for 5,000 levels).
+        dig(&f, "deep", 5_000);
+        let ws = f.ws.clone();
+        let removed = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || ws.remove("deep", true))
+            .expect("a thread")
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(removed.expect("removed").kind, EntryKind::Dir);
+        assert!(!f.dir.join("deep").exists());
+        f.sentinels_intact();
+
+        // With a trash: moved there at once, deleted by its sweep.
+        let trash = Trash::new(&f.base.join("sessions"));
+        let ws = f.ws.clone().with_trash(trash.clone());
+        dig(&f, "deep", 5_000);
+        assert_eq!(
+            ws.remove("/workspace/deep", true).expect("removed").kind,
+            EntryKind::Dir
+        );
+        assert!(!f.dir.join("deep").exists());
+        assert_eq!(fs::read_dir(trash.dir()).expect("trash").count(), 1);
+        let swept = trash.sweep();
+        assert_eq!((swept.removed, swept.failed.len()), (1, 0));
+        assert_eq!(fs::read_dir(trash.dir()).expect("trash").count(), 0);
+        f.sentinels_intact();
+        assert!(matches!(
+            ws.remove("deep", true),
+            Err(FileError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn a_fifo_or_link_swapped_in_for_a_new_directory_is_refused_at_once() {
+        let f = fixture();
+        let root = f.ws.open_root().expect("root");
+        rustix::fs::mkfifoat(
+            &root,
+            "fifo",
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .expect("fifo");
+        fs::create_dir(f.dir.join("real")).expect("mkdir");
+        symlink("real", f.dir.join("link")).expect("link");
+        symlink(f.base.join("outside"), f.dir.join("out")).expect("link");
+        f.file("file", b"x");
+        // On a thread of its own, so that an open that blocked on the FIFO fails the test
+        // instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let kinds: Vec<_> = ["fifo", "link", "out", "file"]
+                .into_iter()
+                .map(|name| {
+                    open_created_dir(&root, name)
+                        .map(|_| ())
+                        .map_err(|e| e.kind())
+                })
+                .collect();
+            let _ = tx.send(kinds);
+        });
+        let kinds = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the opens answered at once");
+        assert_eq!(kinds, vec![Err(io::ErrorKind::NotADirectory); 4]);
+        f.sentinels_intact();
     }
 
     #[test]

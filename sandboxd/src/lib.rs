@@ -8,6 +8,7 @@
 //! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
 //!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
+//! - [`trash`]: folders moved aside and deleted in the background, iteratively;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
@@ -28,6 +29,7 @@ pub mod runner;
 pub mod runtimes;
 pub mod server;
 pub mod store;
+pub mod trash;
 pub mod wire;
 
 /// The service name sandboxd reports in its index.

@@ -136,6 +136,10 @@ async fn start_with(
         )
         .with_network(network.clone()),
     );
+    // What an earlier run left in the trash is deleted in the background from now on; nothing
+    // here waits for it.
+    core.trash().spawn_sweeper();
+    let trash = core.trash().clone();
     let reconciled = core
         .reconcile()
         .await
@@ -164,7 +168,7 @@ async fn start_with(
             .await
             .context("the sandbox network of an earlier run is there")?;
     }
-    info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, "sandboxd listening");
+    info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
     let serve = axum::serve(
         // Small responses must not wait for delayed ACKs (Nagle's algorithm).
         listener.tap_io(|tcp| {
@@ -176,6 +180,9 @@ async fn start_with(
     .into_future();
     Ok((addr, async move {
         let served = serve.await;
+        // A deletion under way stops within one entry and goes on at the next start, so that
+        // stopping never waits for a deep tree to go.
+        trash.stop();
         // Every row recorded by the requests that finished is written before the process ends.
         audit.flush().await;
         served

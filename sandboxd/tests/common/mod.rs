@@ -74,10 +74,16 @@ impl Daemon {
 
     /// Starts a sandboxd with the defaults and `env` on top.
     pub fn start(env: &[(&str, &str)]) -> Self {
+        Self::start_in(&std::env::temp_dir(), env)
+    }
+
+    /// [`Daemon::start`] with its state and workspaces in a temp dir under `parent` (a tmpfs
+    /// for tests that make hundreds of thousands of folders).
+    pub fn start_in(parent: &Path, env: &[(&str, &str)]) -> Self {
         need("DOCKER_HOST");
         let dir = tempfile::Builder::new()
             .prefix("sandboxd-test-")
-            .tempdir()
+            .tempdir_in(parent)
             .expect("a temp dir");
         let suffix: u32 = rand::rng().random();
         let mut d = Self {
@@ -226,8 +232,14 @@ impl Drop for Daemon {
                 );
             }
         }
-        // Workspaces are owned by the sandbox uid; the temp dir removes them as root.
-        let _ = std::fs::remove_dir_all(self.dir.path());
+        // Workspaces are owned by the sandbox uid; the temp dir removes them as root, however
+        // deep a sandbox made them (iteratively, as sandboxd does).
+        let path = self.dir.path();
+        if let (Some(parent), Some(name)) = (path.parent(), path.file_name())
+            && let Ok(parent) = std::fs::File::open(parent)
+        {
+            let _ = sandboxd::trash::remove_tree_at(std::os::fd::AsFd::as_fd(&parent), name);
+        }
     }
 }
 
