@@ -54,6 +54,8 @@ pub struct Metrics {
     pub run_paths: Family<PathLabel, Counter>,
     /// Sandbox agents found dead (their container stopped under a running session).
     pub agent_deaths: Counter,
+    /// Audit rows dropped: the queue full (the store slow or down) or the store failing.
+    pub audit_rows_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -79,6 +81,12 @@ impl Default for Metrics {
             "Sandbox agents found dead; their containers were started again",
             agent_deaths.clone(),
         );
+        let audit_rows_dropped = Counter::default();
+        registry.register(
+            "audit_rows_dropped",
+            "Audit rows dropped because the audit queue was full (SANDBOXD_AUDIT_QUEUE) or the audit store failed",
+            audit_rows_dropped.clone(),
+        );
         Self {
             registry,
             opens,
@@ -87,6 +95,7 @@ impl Default for Metrics {
             sessions,
             run_paths,
             agent_deaths,
+            audit_rows_dropped,
         }
     }
 }
