@@ -7,6 +7,7 @@
 //! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
 //!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
+//!   [`connections`]: the HTTP connections and their header, body and idle timeouts;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
@@ -16,6 +17,7 @@ pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod connections;
 pub mod core;
 pub mod docker;
 pub mod error;
