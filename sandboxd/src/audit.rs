@@ -33,6 +33,10 @@ pub const RETENTION_DAYS: u32 = 30;
 pub const SWEEP_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
 /// Rows the writer puts in one transaction at most.
 const BATCH: usize = 500;
+/// Rows waiting to be written at most, by default (`SANDBOXD_AUDIT_QUEUE`).
+pub const DEFAULT_QUEUE: usize = 10_000;
+/// The least time between two warnings of dropped rows.
+const DROP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// An operation kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -455,7 +459,40 @@ enum Msg {
 #[derive(Clone, Debug)]
 pub struct Audit {
     store: Option<AuditStore>,
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: mpsc::Sender<Msg>,
+    dropped: Dropped,
+}
+
+/// Rows dropped (the queue full, or the store failing twice): counted for the
+/// `sandboxd_audit_rows_dropped_total` metric, and warned of at most every
+/// [`DROP_WARN_EVERY`] with how many since the last warning.
+#[derive(Clone, Debug)]
+struct Dropped {
+    counter: prometheus_client::metrics::counter::Counter,
+    warned: std::sync::Arc<std::sync::Mutex<(Option<std::time::Instant>, u64)>>,
+}
+
+impl Dropped {
+    fn add(&self, rows: u64, why: &str) {
+        self.counter.inc_by(rows);
+        let mut w = self
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        w.1 += rows;
+        let now = std::time::Instant::now();
+        if w.0
+            .is_none_or(|last| now.duration_since(last) >= DROP_WARN_EVERY)
+        {
+            warn!(
+                rows = w.1,
+                total = self.counter.get(),
+                reason = why,
+                "audit rows dropped"
+            );
+            *w = (Some(now), 0);
+        }
+    }
 }
 
 impl std::fmt::Debug for Msg {
@@ -465,12 +502,26 @@ impl std::fmt::Debug for Msg {
 }
 
 impl Audit {
-    /// Starts the writer over `store`; `None` turns the audit log off (nothing is recorded,
-    /// queries answer empty).
+    /// Starts the writer over `store` with a queue of [`DEFAULT_QUEUE`] rows; `None` turns the
+    /// audit log off (nothing is recorded, queries answer empty).
     pub fn start(store: Option<AuditStore>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        Self::with_queue(store, DEFAULT_QUEUE, Default::default())
+    }
+
+    /// [`Audit::start`] with a queue of `capacity` rows (at least 1): a row recorded while it
+    /// is full is dropped and counted in `dropped`.
+    pub fn with_queue(
+        store: Option<AuditStore>,
+        capacity: usize,
+        dropped: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let dropped = Dropped {
+            counter: dropped,
+            warned: Default::default(),
+        };
         if let Some(s) = store.clone() {
-            tokio::spawn(writer(s, rx));
+            tokio::spawn(writer(s, rx, dropped.clone()));
         } else {
             tokio::spawn(async move {
                 let mut rx = rx;
@@ -481,7 +532,7 @@ impl Audit {
                 }
             });
         }
-        Self { store, tx }
+        Self { store, tx, dropped }
     }
 
     /// The store, when the audit log is on.
@@ -489,7 +540,8 @@ impl Audit {
         self.store.as_ref()
     }
 
-    /// Records a row; never blocks and never fails the request.
+    /// Records a row; never blocks and never fails the request. A row that finds the queue
+    /// full (the store slow or down) is dropped, counted and warned of.
     pub fn record(&self, mut row: NewOperation) {
         if self.store.is_none() {
             return;
@@ -497,13 +549,21 @@ impl Audit {
         row.target = bounded(&row.target, MAX_TARGET_CHARS);
         row.agent = row.agent.map(|a| bounded(&a, MAX_ID_CHARS));
         row.run = row.run.map(|r| bounded(&r, MAX_ID_CHARS));
-        let _ = self.tx.send(Msg::Row(Box::new(row)));
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(Msg::Row(Box::new(row))) {
+            self.dropped
+                .add(1, "the audit queue is full (SANDBOXD_AUDIT_QUEUE)");
+        }
     }
 
-    /// Waits until every row recorded before this call is written.
+    /// Rows dropped since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.counter.get()
+    }
+
+    /// Waits until every row recorded before this call is written (or dropped).
     pub async fn flush(&self) {
         let (done, wait) = oneshot::channel();
-        if self.tx.send(Msg::Flush(done)).is_ok() {
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
     }
@@ -538,7 +598,7 @@ impl Audit {
     }
 }
 
-async fn writer(store: AuditStore, mut rx: mpsc::UnboundedReceiver<Msg>) {
+async fn writer(store: AuditStore, mut rx: mpsc::Receiver<Msg>, dropped: Dropped) {
     while let Some(first) = rx.recv().await {
         let mut batch = Vec::new();
         let mut waiters = Vec::new();
@@ -557,6 +617,7 @@ async fn writer(store: AuditStore, mut rx: mpsc::UnboundedReceiver<Msg>) {
             warn!(error = %e, rows = batch.len(), "audit rows could not be written; retrying once");
             if let Err(e) = store.insert(&batch).await {
                 warn!(error = %e, rows = batch.len(), "audit rows lost");
+                dropped.add(batch.len() as u64, "the audit store failed twice");
             }
         }
         for w in waiters {
@@ -797,6 +858,42 @@ pub(crate) mod tests {
             MAX_TARGET_CHARS + 1
         );
         assert!(page.operations[0].target.ends_with('…'));
+    }
+
+    /// The store cannot keep up (here: the writer gets no turn while 1,000 rows are recorded
+    /// on a single-threaded runtime): the queue holds what it can, every other row is dropped
+    /// and counted, and nothing waits.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_queue_drops_rows_and_counts_them() {
+        let dir = tempfile::tempdir().expect("dir");
+        let counter = prometheus_client::metrics::counter::Counter::default();
+        let audit = Audit::with_queue(
+            Some(AuditStore::open(None, dir.path()).await.expect("sqlite")),
+            16,
+            counter.clone(),
+        );
+        for i in 0..1000 {
+            audit.record(op(i, "s", "t", Op::Write, "f.txt", true));
+        }
+        assert_eq!((audit.dropped(), counter.get()), (984, 984));
+        audit.flush().await;
+        let page = audit
+            .query(&OperationQuery {
+                limit: Some(MAX_PAGE),
+                ..Default::default()
+            })
+            .await
+            .expect("query");
+        assert_eq!(page.operations.len(), 16);
+        // Once the writer caught up, rows are recorded again.
+        audit.record(op(2000, "s", "t", Op::Write, "after.txt", true));
+        audit.flush().await;
+        let page = audit
+            .query(&OperationQuery::default())
+            .await
+            .expect("query");
+        assert_eq!(page.operations[0].target, "after.txt");
+        assert_eq!(counter.get(), 984);
     }
 
     #[test]

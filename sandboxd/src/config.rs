@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 
 use crate::runtimes::Allowlist;
 
+/// The longest header, body or idle timeout of a connection, seconds (a day).
+pub const MAX_CONNECTION_TIMEOUT: u64 = 86_400;
+
 /// What the binary does besides serving.
 #[derive(Subcommand, Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -50,6 +53,23 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_PORT", default_value_t = 8080)]
     pub port: u16,
 
+    /// Seconds a client has, from the first byte of a request, to send all its headers; a
+    /// connection that stalls in them (slowloris) is closed.
+    #[arg(long, env = "SANDBOXD_HEADER_TIMEOUT", default_value_t = 30)]
+    pub header_timeout: u64,
+
+    /// Seconds a request body may go without a byte while sandboxd waits for it (and a
+    /// response may go unread by its client); the request then fails and the connection is
+    /// closed.
+    #[arg(long, env = "SANDBOXD_BODY_TIMEOUT", default_value_t = 60)]
+    pub body_timeout: u64,
+
+    /// Seconds a connection stays open with no request in progress (keep-alive idle). A
+    /// request in progress (a run waiting for its command, or streaming its output) is never
+    /// cut by it.
+    #[arg(long, env = "SANDBOXD_IDLE_TIMEOUT", default_value_t = 90)]
+    pub idle_timeout: u64,
+
     /// What to do instead of serving (`prepare`).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -79,6 +99,11 @@ pub struct Config {
     /// Whether every workspace operation is written to the audit log.
     #[arg(long, env = "SANDBOXD_AUDIT", default_value_t = true, action = clap::ArgAction::Set)]
     pub audit: bool,
+
+    /// Audit rows waiting to be written at most; while the audit store is slow or down, rows
+    /// past this are dropped (counted in `sandboxd_audit_rows_dropped_total`, and logged).
+    #[arg(long, env = "SANDBOXD_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
+    pub audit_queue: usize,
 
     /// Days an audit row is kept; older rows are swept daily (files are never touched).
     #[arg(long, env = "OPERATION_RETENTION_DAYS", default_value_t = 30)]
@@ -344,6 +369,26 @@ impl Config {
         .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
+    /// The timeouts of every HTTP connection.
+    pub fn timeouts(&self) -> crate::connections::Timeouts {
+        crate::connections::Timeouts {
+            header: std::time::Duration::from_secs(self.header_timeout),
+            body: std::time::Duration::from_secs(self.body_timeout),
+            idle: std::time::Duration::from_secs(self.idle_timeout),
+        }
+    }
+
+    /// The live policy this configuration starts with.
+    pub fn policy(&self) -> crate::policy::Policy {
+        crate::policy::Policy {
+            max_sessions: self.max_sessions,
+            max_sessions_per_tenant: self.max_sessions_per_tenant,
+            execute_timeout: self.execute_timeout,
+            max_read_bytes: self.max_read_bytes,
+            max_output_bytes: u64::try_from(self.max_output_bytes).unwrap_or(u64::MAX),
+        }
+    }
+
     /// Checks everything that can be checked before start-up and returns the admin token and
     /// the allowlist.
     pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
@@ -381,6 +426,25 @@ impl Config {
             ));
         }
         self.network_plan()?;
+        for (name, value) in [
+            ("SANDBOXD_HEADER_TIMEOUT", self.header_timeout),
+            ("SANDBOXD_BODY_TIMEOUT", self.body_timeout),
+            ("SANDBOXD_IDLE_TIMEOUT", self.idle_timeout),
+        ] {
+            if !(1..=MAX_CONNECTION_TIMEOUT).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be between 1 and {MAX_CONNECTION_TIMEOUT} seconds, not {value}"
+                )));
+            }
+        }
+        if self.audit_queue == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),
+            ));
+        }
+        if let Err(e) = self.policy().check() {
+            return Err(ConfigError::Invalid(e));
+        }
         if self.operation_retention_days == 0 {
             return Err(ConfigError::Invalid(
                 "OPERATION_RETENTION_DAYS must be at least 1".into(),

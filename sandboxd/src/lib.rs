@@ -9,6 +9,7 @@
 //!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
 //! - [`trash`]: folders moved aside and deleted in the background, iteratively;
+//!   [`connections`]: the HTTP connections and their header, body and idle timeouts;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
@@ -18,6 +19,7 @@ pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod connections;
 pub mod core;
 pub mod docker;
 pub mod error;

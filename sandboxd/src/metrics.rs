@@ -57,6 +57,8 @@ pub struct Metrics {
     /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
     /// or a run folder or socket that is not sandboxd's alone).
     pub agent_untrusted: Counter,
+    /// Audit rows dropped: the queue full (the store slow or down) or the store failing.
+    pub audit_rows_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -88,6 +90,12 @@ impl Default for Metrics {
             "Agent sockets refused as not served by the container's PID 1 (runs went to exec)",
             agent_untrusted.clone(),
         );
+        let audit_rows_dropped = Counter::default();
+        registry.register(
+            "audit_rows_dropped",
+            "Audit rows dropped because the audit queue was full (SANDBOXD_AUDIT_QUEUE) or the audit store failed",
+            audit_rows_dropped.clone(),
+        );
         Self {
             registry,
             opens,
@@ -97,6 +105,7 @@ impl Default for Metrics {
             run_paths,
             agent_deaths,
             agent_untrusted,
+            audit_rows_dropped,
         }
     }
 }

@@ -89,7 +89,71 @@ pub const LIVE_FIELDS: [&str; 5] = [
     "max_output_bytes",
 ];
 
+/// The bounds of every live value: field, the variable that sets it at start, the most it may
+/// be, and its unit. A value past its bound is refused (422 naming the field and the bound):
+/// an execute timeout near `u64::MAX` would overflow the run's deadline, and a read or output
+/// limit is memory sandboxd holds per request.
+pub const BOUNDS: [(&str, &str, u64, &str); 5] = [
+    ("max_sessions", "SANDBOXD_MAX_SESSIONS", 10_000, "sessions"),
+    (
+        "max_sessions_per_tenant",
+        "SANDBOXD_MAX_SESSIONS_PER_TENANT",
+        10_000,
+        "sessions",
+    ),
+    (
+        "execute_timeout",
+        "SANDBOXD_EXECUTE_TIMEOUT",
+        86_400,
+        "seconds",
+    ),
+    (
+        "max_read_bytes",
+        "SANDBOXD_MAX_READ_BYTES",
+        64 * 1024 * 1024,
+        "bytes",
+    ),
+    (
+        "max_output_bytes",
+        "SANDBOXD_MAX_OUTPUT_BYTES",
+        16 * 1024 * 1024,
+        "bytes",
+    ),
+];
+
+/// The most live `field` may be, and its unit (`None` for a field that is not live).
+pub fn upper_bound(field: &str) -> Option<(u64, &'static str)> {
+    BOUNDS
+        .iter()
+        .find(|(f, ..)| *f == field)
+        .map(|(_, _, max, unit)| (*max, *unit))
+}
+
 impl Policy {
+    /// The values by field name, in the order of [`BOUNDS`].
+    fn values(&self) -> [u64; 5] {
+        [
+            u64::from(self.max_sessions),
+            u64::from(self.max_sessions_per_tenant),
+            self.execute_timeout,
+            self.max_read_bytes,
+            self.max_output_bytes,
+        ]
+    }
+
+    /// Whether every value is within its bounds (1 to the most of [`BOUNDS`]); the error names
+    /// the variable that sets it at start.
+    pub fn check(&self) -> Result<(), String> {
+        for ((_, variable, max, unit), value) in BOUNDS.iter().zip(self.values()) {
+            if !(1..=*max).contains(&value) {
+                return Err(format!(
+                    "{variable} must be between 1 and {max} {unit}, not {value}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
     /// listing every refused field (nothing is applied then).
     pub fn apply(&self, body: &Value) -> Result<Policy, ApiError> {
@@ -113,22 +177,24 @@ impl Policy {
                 continue;
             }
             let number = |min: u64| -> Result<u64, String> {
+                let (max, unit) = upper_bound(key).unwrap_or((u64::MAX, ""));
                 match value.as_u64() {
+                    Some(n) if n > max => Err(format!("{key} must be at most {max} {unit}")),
                     Some(n) if n >= min => Ok(n),
+                    // A number past u64 (1e30) is over any bound too.
+                    None if value.as_f64().is_some_and(|f| f > max as f64) => {
+                        Err(format!("{key} must be at most {max} {unit}"))
+                    }
                     _ => Err(format!("{key} must be a whole number of at least {min}")),
                 }
             };
+            // The bounds keep the sessions caps within u32.
+            let small = |n: u64| u32::try_from(n).map_err(|_| format!("{key} is too large"));
             let result = match key.as_str() {
-                "max_sessions" => number(1).and_then(|n| {
-                    u32::try_from(n)
-                        .map(|n| next.max_sessions = n)
-                        .map_err(|_| format!("{key} is too large"))
-                }),
-                "max_sessions_per_tenant" => number(1).and_then(|n| {
-                    u32::try_from(n)
-                        .map(|n| next.max_sessions_per_tenant = n)
-                        .map_err(|_| format!("{key} is too large"))
-                }),
+                "max_sessions" => number(1).and_then(small).map(|n| next.max_sessions = n),
+                "max_sessions_per_tenant" => number(1)
+                    .and_then(small)
+                    .map(|n| next.max_sessions_per_tenant = n),
                 "execute_timeout" => number(1).map(|n| next.execute_timeout = n),
                 "max_read_bytes" => number(1).map(|n| next.max_read_bytes = n),
                 "max_output_bytes" => number(1).map(|n| next.max_output_bytes = n),
@@ -185,6 +251,58 @@ mod tests {
                 next.max_sessions_per_tenant
             ),
             (5, 30, 10)
+        );
+    }
+
+    #[test]
+    fn every_live_value_has_an_upper_bound_named_when_passed() {
+        for (field, _, max, unit) in BOUNDS {
+            let at = P
+                .apply(&json!({ field: max }))
+                .expect("the bound itself is fine");
+            let i = BOUNDS.iter().position(|b| b.0 == field).expect("in BOUNDS");
+            assert_eq!(at.values()[i], max);
+            for over in [json!(max + 1), json!(u64::MAX), json!(1e30)] {
+                let e = P
+                    .apply(&json!({ field: over }))
+                    .expect_err("over the bound");
+                assert_eq!((e.status, e.code), (422, "policy_refused"), "{field}");
+                assert_eq!(
+                    e.message,
+                    format!("The policy was not changed: {field} must be at most {max} {unit}")
+                );
+            }
+        }
+        let e = P
+            .apply(&json!({"execute_timeout": u64::MAX, "max_read_bytes": u64::MAX, "max_sessions": 5}))
+            .expect_err("over the bounds");
+        assert_eq!(
+            e.message,
+            "The policy was not changed: execute_timeout must be at most 86400 seconds; max_read_bytes must be at most 67108864 bytes"
+        );
+    }
+
+    #[test]
+    fn the_starting_policy_is_checked_against_the_same_bounds() {
+        assert_eq!(P.check(), Ok(()));
+        let over = Policy {
+            execute_timeout: u64::MAX,
+            ..P
+        };
+        assert_eq!(
+            over.check(),
+            Err(format!(
+                "SANDBOXD_EXECUTE_TIMEOUT must be between 1 and 86400 seconds, not {}",
+                u64::MAX
+            ))
+        );
+        let zero = Policy {
+            max_output_bytes: 0,
+            ..P
+        };
+        assert_eq!(
+            zero.check(),
+            Err("SANDBOXD_MAX_OUTPUT_BYTES must be between 1 and 16777216 bytes, not 0".into())
         );
     }
 

@@ -1,12 +1,11 @@
 //! Start-up: configuration checked, state opened, Docker connected and reconciled, HTTP served
 //! until SIGTERM or Ctrl-C.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -89,6 +88,7 @@ async fn start_with(
     for rt in runtimes.list().runtimes {
         info!(runtime = %rt.alias, tag = %rt.tag, state = ?rt.state, "runtime allowlisted");
     }
+    let metrics = Arc::new(Metrics::default());
     let audit = if config.audit {
         let store = AuditStore::open(config.audit_database_url.as_deref(), &config.state_dir)
             .await
@@ -101,12 +101,15 @@ async fn start_with(
             },
             "audit log open"
         );
-        Audit::start(Some(store))
+        Audit::with_queue(
+            Some(store),
+            config.audit_queue,
+            metrics.audit_rows_dropped.clone(),
+        )
     } else {
         Audit::start(None)
     };
     audit.spawn_sweeper(config.operation_retention_days);
-    let metrics = Arc::new(Metrics::default());
     let runner: Arc<dyn crate::runner::Runner> = match config.run_backend {
         RunBackend::Agent => Arc::new(
             AgentRunner::new(engine.clone(), &config.workspace_root, metrics.clone())
@@ -169,15 +172,7 @@ async fn start_with(
             .context("the sandbox network of an earlier run is there")?;
     }
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
-    let serve = axum::serve(
-        // Small responses must not wait for delayed ACKs (Nagle's algorithm).
-        listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        }),
-        router(state),
-    )
-    .with_graceful_shutdown(stop)
-    .into_future();
+    let serve = crate::connections::serve(listener, router(state), config.timeouts(), stop);
     Ok((addr, async move {
         let served = serve.await;
         // A deletion under way stops within one entry and goes on at the next start, so that

@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -109,10 +109,7 @@ pub fn router() -> Router<AppState> {
         .route("/sessions/{session_id}/run", post(run))
         .route("/sessions/{session_id}/runs/{run_id}/stop", post(stop_run))
         .route("/sessions/{session_id}/files/read", post(file_read))
-        .route(
-            "/sessions/{session_id}/files/write",
-            post(file_write).layer(DefaultBodyLimit::max(crate::api::MAX_WRITE_BYTES)),
-        )
+        .route("/sessions/{session_id}/files/write", post(file_write))
         .route("/sessions/{session_id}/files/stat", post(file_stat))
         .route("/sessions/{session_id}/files/realpath", post(file_realpath))
         .route("/sessions/{session_id}/files/list", post(file_list))
@@ -268,6 +265,20 @@ fn token(headers: &HeaderMap) -> Option<&str> {
         .get(TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|t| !t.is_empty())
+}
+
+/// Whether the request carries a token this host knows (the service token or a session's),
+/// checked before its body is read; what the token reaches is the route's to decide.
+pub(crate) async fn authenticate(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
+    let t = token(headers).ok_or_else(WireError::unauthorized)?;
+    if state.admin.matches(t) {
+        return Ok(());
+    }
+    match state.core.session_of_token(t).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(WireError::unauthorized()),
+        Err(e) => Err(WireError::new(e.status, e.message)),
+    }
 }
 
 /// Only the service (admin) token.
@@ -489,6 +500,41 @@ const POLICY_LIVE: &[&str] = &[
     "max_read_bytes",
 ];
 
+/// A live value of a `PolicyUpdate` as the protocol validates it (`int`, `gt=0`), within this
+/// host's bound ([`crate::policy::BOUNDS`]): 422 naming the field otherwise.
+fn check_live(key: &str, value: &Value) -> WireResult<()> {
+    let loc = ["body", key];
+    let max = crate::policy::upper_bound(key).map_or(u64::MAX, |(max, _)| max);
+    match value.as_u64() {
+        Some(0) => Err(WireError::invalid(
+            &loc,
+            "greater_than",
+            "Input should be greater than 0",
+        )),
+        Some(n) if n <= max => Ok(()),
+        Some(_) => Err(WireError::invalid(
+            &loc,
+            "less_than_equal",
+            format!("Input should be less than or equal to {max}"),
+        )),
+        None if value.as_i64().is_some() => Err(WireError::invalid(
+            &loc,
+            "greater_than",
+            "Input should be greater than 0",
+        )),
+        None if value.as_f64().is_some_and(|f| f > max as f64) => Err(WireError::invalid(
+            &loc,
+            "less_than_equal",
+            format!("Input should be less than or equal to {max}"),
+        )),
+        None => Err(WireError::invalid(
+            &loc,
+            "int_type",
+            "Input should be a valid integer",
+        )),
+    }
+}
+
 async fn put_policy(State(state): State<AppState>, headers: HeaderMap, raw: Bytes) -> WireResult {
     service(&state, &headers)?;
     let update: serde_json::Map<String, Value> = body(&raw)?;
@@ -506,6 +552,7 @@ async fn put_policy(State(state): State<AppState>, headers: HeaderMap, raw: Byte
             continue;
         }
         if POLICY_LIVE.contains(&key.as_str()) {
+            check_live(key, value)?;
             live.insert(key.clone(), value.clone());
         } else if key == "default_runtime"
             && service_policy(&state.core)["default_runtime"] == *value
@@ -1050,16 +1097,14 @@ async fn file_write(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WriteQuery>,
-    data: Bytes,
+    body: Body,
 ) -> WireResult {
     let ws = workspace_for(&state, &headers, &id).await?;
     let path = q
         .path
         .ok_or_else(|| WireError::invalid(&["query", "path"], "missing", "Field required"))?;
     refuse_outside(&path)?;
-    if data.len() as u64 > state.core.policy().max_read_bytes {
-        return Err(WireError::not_native("larger than a native write"));
-    }
+    let data = bounded_body(&headers, body, state.core.policy().max_read_bytes).await?;
     let started = Instant::now();
     let p = path.clone();
     let written = blocking(move || ws.write(&p, &data)).await?;
@@ -1073,6 +1118,37 @@ async fn file_write(
     );
     written.map_err(|e| file_error(e, true))?;
     Ok(no_content())
+}
+
+/// A request body of at most `limit` bytes, counted as it arrives (the protocol's
+/// `_bounded_body`): a declared length over it is refused before a byte is read, and a body
+/// that grows past it as soon as it does, never holding more than `limit`. Over it, the write
+/// is the sandbox's (409), and the client writes it there.
+async fn bounded_body(headers: &HeaderMap, body: Body, limit: u64) -> WireResult<Vec<u8>> {
+    use futures::StreamExt;
+    let too_large = || WireError::not_native("larger than a native write");
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut data = Vec::with_capacity(declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            WireError::new(
+                400,
+                format!("the body broke off after {} bytes: {e}", data.len()),
+            )
+        })?;
+        if (data.len() + chunk.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        data.extend_from_slice(&chunk);
+    }
+    Ok(data)
 }
 
 /// The last component of a path as Python's `PurePosixPath(path).name`.
