@@ -20,12 +20,14 @@ pub mod core;
 pub mod docker;
 pub mod error;
 pub mod files;
+pub mod identity;
 pub mod metrics;
 pub mod policy;
 pub mod runner;
 pub mod runtimes;
 pub mod server;
 pub mod store;
+pub mod view;
 pub mod wire;
 
 /// The service name sandboxd reports in its index.
