@@ -440,7 +440,10 @@ impl Workspace {
             }
             Ok(meta) if meta.file_type().is_symlink() => {
                 // Swapped in after the walk: refused rather than replaced.
-                return Err(invalid(path, "it changed to a symbolic link while it was written"));
+                return Err(invalid(
+                    path,
+                    "it changed to a symbolic link while it was written",
+                ));
             }
             Ok(_) => return Err(FileError::NotRegularFile { path: shown(path) }),
         };
@@ -715,7 +718,12 @@ impl Workspace {
 
     /// Opens the directory `comps` below `root` (the root itself when empty), following links
     /// as the container would.
-    fn open_dir_followed(&self, root: &Dir, comps: &[String], path: &str) -> Result<Dir, FileError> {
+    fn open_dir_followed(
+        &self,
+        root: &Dir,
+        comps: &[String],
+        path: &str,
+    ) -> Result<Dir, FileError> {
         let place = view::walk(root, comps, true, None).map_err(|r| refused(path, r))?;
         let Some(name) = place.name else {
             return Ok(place.dir);
@@ -1944,7 +1952,10 @@ mod tests {
             b"a"
         );
         let e = f.ws.stat_followed("abs").expect("stat");
-        assert_eq!((e.kind, e.size, e.path.as_str()), (EntryKind::File, 1, "abs"));
+        assert_eq!(
+            (e.kind, e.size, e.path.as_str()),
+            (EntryKind::File, 1, "abs")
+        );
         assert_eq!(f.ws.stat("abs").expect("lstat").kind, EntryKind::Symlink);
         assert_eq!(f.ws.realpath("abs").expect("realpath"), "notes/a.txt");
         assert_eq!(f.ws.realpath("absdir/../new").expect("realpath"), "new");
@@ -1959,7 +1970,8 @@ mod tests {
                 .is_symlink()
         );
         // Through a dangling one, its target is made, owned by the sandbox user.
-        f.ws.write("latest/out.txt", b"v3").expect_err("missing dir behind a link on the way");
+        f.ws.write("latest/out.txt", b"v3")
+            .expect_err("missing dir behind a link on the way");
         f.ws.mkdir("build/v3").expect("mkdir");
         f.ws.write("latest/out.txt", b"v3").expect("write");
         let meta = fs::metadata(f.dir.join("build/v3/out.txt")).expect("meta");
@@ -1972,7 +1984,10 @@ mod tests {
                 f.ws.stat_followed(path).map(drop),
                 f.ws.realpath(path).map(drop),
             ] {
-                assert!(matches!(e, Err(FileError::OutsideWorkspace { .. })), "{path}: {e:?}");
+                assert!(
+                    matches!(e, Err(FileError::OutsideWorkspace { .. })),
+                    "{path}: {e:?}"
+                );
             }
         }
         f.sentinels_intact();
@@ -2002,7 +2017,10 @@ mod tests {
         let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
         assert_eq!(tree.entries.len(), 4);
         let e = f.ws.read("d/loop1", 0, None, 100).expect_err("a loop");
-        assert!(e.to_string().contains("too many levels of symbolic links"), "{e}");
+        assert!(
+            e.to_string().contains("too many levels of symbolic links"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -2014,7 +2032,9 @@ mod tests {
         // A file the agent made unreadable.
         f.file("locked.txt", b"secret");
         chmod("locked.txt", 0o000);
-        let e = f.ws.read("locked.txt", 0, None, 100).expect_err("unreadable");
+        let e =
+            f.ws.read("locked.txt", 0, None, 100)
+                .expect_err("unreadable");
         assert!(matches!(e, FileError::PermissionDenied { .. }), "{e}");
         assert_eq!((e.code(), e.status()), ("permission_denied", 403));
         assert_eq!(
@@ -2036,14 +2056,23 @@ mod tests {
             f.ws.mkdir("ro/sub"),
             f.ws.remove("ro/in.txt", false).map(drop),
         ] {
-            assert!(matches!(e, Err(FileError::PermissionDenied { .. })), "{e:?}");
+            assert!(
+                matches!(e, Err(FileError::PermissionDenied { .. })),
+                "{e:?}"
+            );
         }
         assert_eq!(fs::read(f.dir.join("ro/in.txt")).expect("kept"), b"in");
         // Searchable, not listable: read through it, not list it.
         f.file("xonly/f.txt", b"f");
         chmod("xonly", 0o111);
-        assert_eq!(f.ws.read("xonly/f.txt", 0, None, 100).expect("read").data, b"f");
-        assert!(matches!(f.ws.list("xonly"), Err(FileError::PermissionDenied { .. })));
+        assert_eq!(
+            f.ws.read("xonly/f.txt", 0, None, 100).expect("read").data,
+            b"f"
+        );
+        assert!(matches!(
+            f.ws.list("xonly"),
+            Err(FileError::PermissionDenied { .. })
+        ));
         // A file of root's (not the agent's), private to root.
         fs::write(f.dir.join("roots.txt"), b"root").expect("write");
         chmod("roots.txt", 0o600);
@@ -2054,7 +2083,10 @@ mod tests {
         // What the sandbox user may do still works, and makes the user's files.
         f.ws.write("mine/ok.txt", b"ok").expect("write");
         let meta = fs::metadata(f.dir.join("mine/ok.txt")).expect("meta");
-        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o777), (UID, GID, 0o644));
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o777),
+            (UID, GID, 0o644)
+        );
         chmod("ro", 0o755);
         chmod("xonly", 0o755);
     }

@@ -81,10 +81,7 @@ fn become_user(uid: u32, gid: u32) -> io::Result<()> {
     // The group first: with the fsuid no longer 0, changing the fsgid could be refused.
     setfsgid(Gid::from_raw(gid));
     setfsuid(Uid::from_raw(uid));
-    let (now_uid, now_gid) = (
-        setfsuid(Uid::from_raw(uid)),
-        setfsgid(Gid::from_raw(gid)),
-    );
+    let (now_uid, now_gid) = (setfsuid(Uid::from_raw(uid)), setfsgid(Gid::from_raw(gid)));
     if now_uid.as_raw() != uid || now_gid.as_raw() != gid {
         return Err(io::Error::other(format!(
             "sandboxd could not act as the sandbox user {uid}:{gid} for a file operation \

@@ -247,7 +247,11 @@ pub fn walk(
             FileType::Symlink => {
                 let before = rest.len();
                 w.follow(&handle, &mut rest)?;
-                from_link = if last { 0 } else { from_link + rest.len() - before };
+                from_link = if last {
+                    0
+                } else {
+                    from_link + rest.len() - before
+                };
             }
             FileType::Directory if !last => w.chain.push((comp, Dir::from_std_file(handle))),
             _ if last => return w.place(Some(comp)),
@@ -289,10 +293,11 @@ pub fn realpath(root: &Dir, comps: &[String]) -> Result<Vec<String>, Refusal> {
         }
         let handle = match open_one(w.here(), &comp, OFlags::PATH) {
             Ok(handle) => handle,
-            Err(e) if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
-            ) =>
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+                ) =>
             {
                 kept.push(comp);
                 continue;
@@ -371,10 +376,19 @@ mod tests {
             Err(Refusal::Loop)
         ));
 
-        assert_eq!(realpath(&root, &comps("abs")).expect("rp"), ["notes", "a.txt"]);
-        assert_eq!(realpath(&root, &comps("dotdot")).expect("rp"), Vec::<String>::new());
+        assert_eq!(
+            realpath(&root, &comps("abs")).expect("rp"),
+            ["notes", "a.txt"]
+        );
+        assert_eq!(
+            realpath(&root, &comps("dotdot")).expect("rp"),
+            Vec::<String>::new()
+        );
         // `..` after a link climbs from its target.
-        assert_eq!(realpath(&root, &comps("absdir/..")).expect("rp"), Vec::<String>::new());
+        assert_eq!(
+            realpath(&root, &comps("absdir/..")).expect("rp"),
+            Vec::<String>::new()
+        );
         assert_eq!(
             realpath(&root, &comps("absdir/../notes/x/../y")).expect("rp"),
             ["notes", "y"]

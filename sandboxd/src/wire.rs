@@ -15,8 +15,10 @@
 //!
 //! Where the protocol and this daemon's model differ, the model wins and the difference is
 //! documented in `docs/sandboxd.md`: a path that leads out of the workspace is refused (400,
-//! `ValueError`), a session closed without `purge` keeps its row and tokens (its container is
-//! reclaimed, its files stay), and the caps are the core's.
+//! `ValueError`), file operations have the sandbox user's permissions (what it may not open is
+//! handed back to the sandbox, 409, as the protocol's service does with a `PermissionError`), a
+//! session closed without `purge` keeps its row and tokens (its container is reclaimed, its
+//! files stay), and the caps are the core's.
 
 use std::collections::VecDeque;
 use std::time::Instant;

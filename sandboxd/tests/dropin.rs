@@ -138,18 +138,34 @@ async fn file_operations_have_the_sandbox_users_permissions() {
     );
     let e = s.write(id, "locked", "x").await.expect_err("unwritable");
     assert_eq!(api_code(&e), (403, "permission_denied"));
-    let e = s.write(id, "ro/new.txt", "x").await.expect_err("read-only dir");
+    let e = s
+        .write(id, "ro/new.txt", "x")
+        .await
+        .expect_err("read-only dir");
     assert_eq!(api_code(&e), (403, "permission_denied"));
-    let e = s.remove(id, "ro/in.txt", false).await.expect_err("read-only dir");
+    let e = s
+        .remove(id, "ro/in.txt", false)
+        .await
+        .expect_err("read-only dir");
     assert_eq!(api_code(&e), (403, "permission_denied"));
     // The sandbox itself agrees: the same file is unreadable inside.
-    let inside = s.run(id, "cat locked", None, None, None).await.expect("run");
+    let inside = s
+        .run(id, "cat locked", None, None, None)
+        .await
+        .expect("run");
     assert_ne!(inside.exit_code, 0);
-    assert!(inside.stderr.contains("Permission denied"), "{}", inside.stderr);
+    assert!(
+        inside.stderr.contains("Permission denied"),
+        "{}",
+        inside.stderr
+    );
     // And what the agent may do still works.
     s.write(id, "mine.txt", "ok").await.expect("write");
     agent_does(&s, id, "chmod 644 locked && chmod 755 ro").await;
-    assert_eq!(s.read(id, "locked", 0, None).await.expect("read"), b"secret\n");
+    assert_eq!(
+        s.read(id, "locked", 0, None).await.expect("read"),
+        b"secret\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -164,7 +180,8 @@ async fn reading_a_fifo_answers_at_once() {
         assert!(started.elapsed() < Duration::from_secs(5), "{path} blocked");
         assert_eq!(api_code(&e), (409, "not_a_regular_file"), "{path}");
         assert!(
-            e.to_string().contains("is not a regular file (a FIFO, socket or device)"),
+            e.to_string()
+                .contains("is not a regular file (a FIFO, socket or device)"),
             "{e}"
         );
     }
@@ -172,11 +189,16 @@ async fn reading_a_fifo_answers_at_once() {
 
 /// Waits until the process whose pid the sandbox wrote to `file` is gone.
 async fn until_gone(s: &Client, id: &str, file: &str, deadline: Duration) {
-    let probe = format!("kill -0 \"$(cat /workspace/{file})\" 2>/dev/null && echo alive || echo gone");
-    until(&format!("the process of {file} is gone"), deadline, || async {
-        let r = s.run(id, &probe, None, None, None).await.ok()?;
-        (r.stdout == "gone\n").then_some(())
-    })
+    let probe =
+        format!("kill -0 \"$(cat /workspace/{file})\" 2>/dev/null && echo alive || echo gone");
+    until(
+        &format!("the process of {file} is gone"),
+        deadline,
+        || async {
+            let r = s.run(id, &probe, None, None, None).await.ok()?;
+            (r.stdout == "gone\n").then_some(())
+        },
+    )
     .await;
 }
 
@@ -213,8 +235,14 @@ async fn a_cancelled_run_stops_its_process_tree() {
     let bg = {
         let s = s.clone();
         tokio::spawn(async move {
-            s.run(id, "echo $$ > stopped.pid; sleep 120 & wait", None, None, Some("to-stop"))
-                .await
+            s.run(
+                id,
+                "echo $$ > stopped.pid; sleep 120 & wait",
+                None,
+                None,
+                Some("to-stop"),
+            )
+            .await
         })
     };
     until("the run is in flight", Duration::from_secs(20), || async {
