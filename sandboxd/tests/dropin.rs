@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Daemon, raw, until};
+use common::{Backend, Daemon, raw, until};
 use reqwest::Method;
 use sandboxd::client::{Client, ClientError};
 
@@ -202,9 +202,8 @@ async fn until_gone(s: &Client, id: &str, file: &str, deadline: Duration) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_cancelled_run_stops_its_process_tree() {
-    let d = Daemon::start(&[]);
+async fn a_cancelled_run_stops_its_process_tree(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let id = "cancel";
     let s = session(&d, id).await;
     // Cancelled by dropping the request: the HTTP client gives up after a second.
@@ -260,9 +259,8 @@ async fn a_cancelled_run_stops_its_process_tree() {
     until_gone(&s, id, "stopped.pid", Duration::from_secs(15)).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_destroy_during_a_run_ends_it_with_session_gone() {
-    let d = Daemon::start(&[]);
+async fn a_destroy_during_a_run_ends_it_with_session_gone(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
     let id = "doomed";
     let s = session(&d, id).await;
     let bg = {
@@ -290,4 +288,13 @@ async fn a_destroy_during_a_run_ends_it_with_session_gone() {
         matches!(again, ClientError::NoSuchSession(_)) || api_code(&again).0 == 401,
         "{again}"
     );
+}
+
+// Runs are stopped by the run path, so both are proven on each: the resident agent and Docker
+// exec.
+on_both_backends! {
+    #[tokio::test(flavor = "multi_thread")]
+    a_cancelled_run_stops_its_process_tree,
+    #[tokio::test(flavor = "multi_thread")]
+    a_destroy_during_a_run_ends_it_with_session_gone,
 }
