@@ -230,6 +230,24 @@ async fn a_cancelled_run_stops_its_process_tree(backend: Backend) {
     assert!(started.elapsed() < Duration::from_secs(30));
     let view = s.get(id).await.expect("get");
     assert_eq!(view.runs_in_flight, 0, "a dropped run is not in flight");
+    // A streamed run whose client goes away, though it prints nothing more.
+    let streamed = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/runs?stream=true", d.base))
+        .bearer_auth(&d.admin)
+        .header("content-type", "application/json")
+        .body(r#"{"command": "echo $$ > streamed.pid; echo begun; sleep 120 & wait"}"#)
+        .send()
+        .await
+        .expect("the streamed run starts");
+    assert_eq!(streamed.status().as_u16(), 200);
+    until(
+        "the streamed run's pid file",
+        Duration::from_secs(10),
+        || async { s.read(id, "streamed.pid", 0, None).await.ok().map(drop) },
+    )
+    .await;
+    drop(streamed);
+    until_gone(&s, id, "streamed.pid", Duration::from_secs(15)).await;
     // Cancelled with the stop route, from a second request.
     let bg = {
         let s = s.clone();
