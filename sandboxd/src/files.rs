@@ -2090,4 +2090,67 @@ mod tests {
         chmod("ro", 0o755);
         chmod("xonly", 0o755);
     }
+
+    #[test]
+    fn a_link_swapped_while_it_is_followed_never_leads_out() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let f = fixture();
+        f.file("in/sentinel", b"inside");
+        f.file("real/sentinel", b"inside");
+        // The agent swaps `sw` between a link inside and links out, and the directory `d`
+        // between a real folder and a link out, as fast as it can.
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (dir, base, stop) = (f.dir.clone(), f.base.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let targets = [
+                    PathBuf::from("in"),
+                    PathBuf::from("/workspace/in"),
+                    base.join("outside"),
+                    PathBuf::from("../../../outside"),
+                    PathBuf::from("/workspace/../../outside"),
+                ];
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let tmp = dir.join("sw.tmp");
+                    let _ = fs::remove_file(&tmp);
+                    if symlink(&targets[i % targets.len()], &tmp).is_ok() {
+                        let _ = fs::rename(&tmp, dir.join("sw"));
+                    }
+                    // `d`: a real folder one moment, a link out the next.
+                    let _ = fs::rename(dir.join("d"), dir.join("d.real"));
+                    let _ = symlink(base.join("outside"), dir.join("d"));
+                    let _ = fs::remove_file(dir.join("d"));
+                    let _ = fs::rename(dir.join("d.real"), dir.join("d"));
+                    i += 1;
+                }
+            })
+        };
+        fs::rename(f.dir.join("real"), f.dir.join("d")).expect("d");
+        let mut inside_reads = 0;
+        for i in 0..300 {
+            for path in ["sw/sentinel", "d/sentinel"] {
+                if let Ok(read) = f.ws.read(path, 0, None, 1 << 20) {
+                    assert_eq!(read.data, b"inside", "{path} read from outside");
+                    inside_reads += 1;
+                }
+                let _ = f.ws.write(&format!("{path}.{i}"), b"pwned");
+                let _ = f.ws.mkdir(&format!("{path}.dir"));
+                let _ =
+                    f.ws.remove("sw/sentinel", false)
+                        .map(|_| f.file("in/sentinel", b"inside"));
+                if let Ok(listed) = f.ws.list(path.trim_end_matches("/sentinel")) {
+                    assert!(
+                        listed.iter().all(|e| e.name.starts_with("sentinel")),
+                        "{listed:?}"
+                    );
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().expect("swapper");
+        assert!(inside_reads > 0, "the race never let a read through");
+        f.sentinels_intact();
+    }
 }
