@@ -455,14 +455,33 @@ async fn run(
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let (events_tx, mut events_rx) = mpsc::channel::<crate::runner::RunEvent>(64);
     let core = state.core.clone();
+    let caller_gone = tokio_util::sync::CancellationToken::new();
+    let gone = caller_gone.clone();
     tokio::spawn(async move {
         let run = tokio::spawn(async move {
-            let result = core.run(&id, req, Some(events_tx)).await;
+            // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
+            let result = tokio::select! {
+                result = core.run(&id, req, Some(events_tx)) => result,
+                () = gone.cancelled() => Err(ApiError::new(
+                    499,
+                    "run_cancelled",
+                    "the caller went away; the run was stopped",
+                )),
+            };
             record_run(&core, &id, &who, &command, &result, started);
             result
         });
         let mut client_gone = false;
-        while let Some(event) = events_rx.recv().await {
+        loop {
+            // A client that went away (even from a run that prints nothing) stops the run.
+            let event = tokio::select! {
+                event = events_rx.recv() => event,
+                () = tx.closed() => {
+                    client_gone = true;
+                    break;
+                }
+            };
+            let Some(event) = event else { break };
             let mut chunk = Vec::new();
             ndjson_line(&mut chunk, &event);
             while chunk.len() < STREAM_CHUNK {
@@ -472,12 +491,14 @@ async fn run(
                 }
             }
             if tx.send(Bytes::from(chunk)).await.is_err() {
-                // The client went away; the run goes on, its events are dropped.
                 client_gone = true;
                 break;
             }
         }
         drop(events_rx);
+        if client_gone {
+            caller_gone.cancel();
+        }
         let last = match run.await {
             Ok(Ok(mut outcome)) => {
                 // The output went out as events; the outcome line does not repeat it.

@@ -191,6 +191,32 @@ struct RunEntry {
     cancel: CancellationToken,
 }
 
+/// A run in flight: when it ends, or its caller goes away, it is cancelled and forgotten.
+struct InFlight<'a> {
+    runs: &'a Mutex<HashMap<String, RunEntry>>,
+    run_id: String,
+    cancel: CancellationToken,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Harmless once the run ended; stops it when the caller left before.
+        self.cancel.cancel();
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(&self.run_id);
+        }
+    }
+}
+
+/// A run refused because its session is being destroyed: the session is gone.
+fn gone_if_destroying(id: &str, e: ApiError) -> ApiError {
+    if e.code == "session_destroying" {
+        ApiError::session_gone(id)
+    } else {
+        e
+    }
+}
+
 /// How stale a session's activity time may be: a run within this many milliseconds of the
 /// last recorded activity does not write it again.
 const ACTIVITY_RESOLUTION_MS: i64 = 1000;
@@ -1275,7 +1301,7 @@ impl Core {
             {
                 row
             }
-            _ => self.wake(id).await?,
+            _ => self.wake(id).await.map_err(|e| gone_if_destroying(id, e))?,
         };
         let mut container = row.container_id.clone().ok_or_else(|| {
             ApiError::internal(format!("session '{id}' runs without a container"))
@@ -1304,6 +1330,14 @@ impl Core {
                 },
             );
         }
+        // A caller that goes away mid-run (its request dropped) stops the run: the guard
+        // cancels it and forgets it, and the run itself goes on in a task of its own
+        // (`spawn_run`) just long enough to stop the command's process tree.
+        let _in_flight = InFlight {
+            runs: &self.runs,
+            run_id: run_id.clone(),
+            cancel: cancel.clone(),
+        };
         // The activity time, as the run starts and as it ends. A row touched within the last
         // second (a burst of runs) needs no write: the time it holds is at most that stale, and
         // a run in flight keeps the session awake by itself.
@@ -1328,8 +1362,7 @@ impl Core {
             max_output_bytes: usize::try_from(policy.max_output_bytes).unwrap_or(usize::MAX),
         };
         let mut result = self
-            .runner
-            .run(spec.clone(), events.clone(), cancel.clone())
+            .spawn_run(spec.clone(), events.clone(), cancel.clone())
             .await;
         if matches!(result, Err(RunError::NotRunning)) {
             // The container died under the session (its init was OOM-killed, Docker restarted):
@@ -1346,18 +1379,25 @@ impl Core {
                 Ok(row) => {
                     container = row.container_id.unwrap_or(container);
                     spec.container = container;
-                    result = self.runner.run(spec, events, cancel).await;
+                    result = self.spawn_run(spec, events, cancel).await;
                 }
                 Err(e) => {
                     if let Ok(mut runs) = self.runs.lock() {
                         runs.remove(&run_id);
                     }
-                    return Err(e);
+                    return Err(gone_if_destroying(id, e));
                 }
             }
         }
         if let Ok(mut runs) = self.runs.lock() {
             runs.remove(&run_id);
+        }
+        // A run cut short because its session was destroyed meanwhile ended with the
+        // environment, not with the command: the caller must be able to tell.
+        if (result.is_err() || result.as_ref().is_ok_and(|o| o.stopped))
+            && self.destroyed_or_destroying(id).await
+        {
+            return Err(ApiError::session_gone(id));
         }
         if crate::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
             let _ = self.store.touch(id).await;
@@ -1365,6 +1405,30 @@ impl Core {
         let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
         self.metrics.observe_run(&outcome);
         Ok(outcome)
+    }
+
+    /// Runs `spec` on a task of its own and waits for it: if the caller stops waiting, the task
+    /// still sees `cancel` fire and stops the command, instead of being dropped with the
+    /// command left running in the sandbox.
+    async fn spawn_run(
+        &self,
+        spec: RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let runner = self.runner.clone();
+        tokio::spawn(async move { runner.run(spec, events, cancel).await })
+            .await
+            .unwrap_or_else(|e| Err(RunError::Stream(format!("the run's task failed: {e}"))))
+    }
+
+    /// Whether session `id` is gone or being destroyed.
+    async fn destroyed_or_destroying(&self, id: &str) -> bool {
+        match self.store.get(id).await {
+            Ok(None) => true,
+            Ok(Some(row)) => row.state == State::Destroying,
+            Err(_) => false,
+        }
     }
 
     /// Stops a running run of a session.

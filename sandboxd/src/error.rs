@@ -85,6 +85,15 @@ impl ApiError {
             ),
         )
     }
+    /// 410 `session_gone`: the session was destroyed while a command ran (or as it started):
+    /// the environment is gone, the command did not fail by itself.
+    pub fn session_gone(id: &str) -> Self {
+        Self::new(
+            410,
+            "session_gone",
+            format!("Session '{id}' was destroyed while the command ran: the session is gone"),
+        )
+    }
     /// 500 `internal`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "internal", message)

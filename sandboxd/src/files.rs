@@ -4,9 +4,17 @@
 //! the session's container at `/workspace`. The agent in the container owns everything in it
 //! and may plant hostile entries: symlinks to `/etc`, to `../..`, symlink loops, FIFOs.
 //! sandboxd reads and writes those files directly on the host, so every operation here resolves
-//! its path through a [`cap_std::fs::Dir`] opened on the workspace: resolution can never leave
-//! the workspace, whatever the symlinks say. An escape (`..` past the root, an absolute
-//! symlink, a relative symlink leading out) is refused as [`FileError::OutsideWorkspace`].
+//! its path as the container sees it ([`crate::view`]): one component at a time from a handle
+//! on the workspace directory, with `openat2(2)` refusing to follow links or leave, and links
+//! interpreted with `/workspace` as the workspace root. A link that stays inside is followed
+//! (`latest -> /workspace/build/v3` as well as `latest -> build/v3`); an escape (`..` past the
+//! root, a link to `/etc`, a relative link leading out) is refused as
+//! [`FileError::OutsideWorkspace`].
+//!
+//! Every operation runs with exactly the permissions the sandbox user has inside
+//! ([`crate::identity`]): on a thread of its own whose filesystem uid and gid are the
+//! sandbox's, so root's `CAP_DAC_OVERRIDE` never applies and a file the agent made unreadable
+//! is [`FileError::PermissionDenied`] here too.
 //!
 //! Paths in this API are relative to `/workspace`; the agent's own spelling (`/workspace/x`,
 //! `/workspace`) is accepted and stripped. Any other absolute path is refused. `.` and `..`
@@ -30,9 +38,12 @@ use std::path::{Path, PathBuf};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
 use chrono::{DateTime, Utc};
+use rustix::fs::OFlags;
 use serde::{Deserialize, Serialize};
 
+use crate::identity;
 use crate::trash::Trash;
+use crate::view::{self, Refusal};
 
 /// Names of files and directories left out of [`Workspace::list`] and [`Workspace::tree`]
 /// (entries and counts) wherever they appear: dependency, cache and VCS folders that would
@@ -59,8 +70,6 @@ pub const EXCLUDED_PREFIXES: &[&str] = &["skills/", ".spill/", ".agenticos/"];
 
 /// Where the workspace is mounted inside the container; the agent's absolute paths start here.
 const MOUNT_POINT: &str = "/workspace";
-/// How many symlinks a write follows at the final component before giving up (as Linux).
-const MAX_SYMLINK_HOPS: usize = 40;
 /// Mode of the files sandboxd creates.
 const FILE_MODE: u32 = 0o644;
 /// Mode of the directories sandboxd creates (and of the workspace directory).
@@ -125,6 +134,18 @@ pub enum FileError {
     /// The workspace directory itself is gone: the session is lost.
     #[error("the workspace directory is gone; the session is lost")]
     WorkspaceMissing,
+    /// The sandbox user may not do this (the mode bits say no, as they would inside).
+    #[error("'{path}': permission denied for the sandbox user")]
+    PermissionDenied {
+        /// The path as given.
+        path: String,
+    },
+    /// A file was needed and the path is a FIFO, socket or device.
+    #[error("'{path}' is not a regular file (a FIFO, socket or device)")]
+    NotRegularFile {
+        /// The path as given.
+        path: String,
+    },
     /// Any other I/O failure.
     #[error("'{path}': {source}")]
     Io {
@@ -148,6 +169,8 @@ impl FileError {
             Self::DirectoryNotEmpty { .. } => "directory_not_empty",
             Self::TooLarge { .. } => "too_large",
             Self::WorkspaceMissing => "session_lost",
+            Self::PermissionDenied { .. } => "permission_denied",
+            Self::NotRegularFile { .. } => "not_a_regular_file",
             Self::Io { .. } => "io_error",
         }
     }
@@ -162,6 +185,8 @@ impl FileError {
             Self::DirectoryNotEmpty { .. } => 409,
             Self::TooLarge { .. } => 413,
             Self::WorkspaceMissing => 410,
+            Self::PermissionDenied { .. } => 403,
+            Self::NotRegularFile { .. } => 409,
             Self::Io { .. } => 500,
         }
     }
@@ -343,27 +368,16 @@ impl Workspace {
         limit: Option<u64>,
         max_read_bytes: u64,
     ) -> Result<ReadResult, FileError> {
+        if let Some(hop) = self.hop(|| self.read(path, offset, limit, max_read_bytes)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         if comps.is_empty() {
             return Err(FileError::IsADirectory { path: shown(path) });
         }
         let root = self.open_root()?;
-        let mut options = OpenOptions::new();
-        options.read(true);
-        // Non-blocking, so that a FIFO planted (or swapped in) at the path cannot hang the
-        // daemon in open(2); regular files are unaffected.
-        options._cap_fs_ext_nonblock(true);
-        let file = root
-            .open_with(comps.join("/"), &options)
-            .map_err(|e| map_io(path, e))?;
-        let meta = file.metadata().map_err(|e| map_io(path, e))?;
-        if meta.is_dir() {
-            return Err(FileError::IsADirectory { path: shown(path) });
-        }
-        if !meta.is_file() {
-            return Err(invalid(path, "it is not a regular file"));
-        }
-        let size = meta.len();
+        let file = open_regular(&root, &comps, path)?;
+        let size = file.metadata().map_err(|e| map_io(path, e))?.len();
         let start = offset.min(size);
         let available = size - start;
         let wanted = limit.map_or(available, |limit| limit.min(available));
@@ -373,7 +387,7 @@ impl Workspace {
                 limit: max_read_bytes,
             });
         }
-        let mut file = file.into_std();
+        let mut file = file;
         file.seek(SeekFrom::Start(start))
             .map_err(|e| map_io(path, e))?;
         let mut data = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
@@ -405,7 +419,10 @@ impl Workspace {
     /// it; a pending write dropped before its commit leaves nothing behind. For bodies that
     /// arrive in pieces, written as they come.
     pub fn begin_write(&self, path: &str) -> Result<PendingWrite, FileError> {
-        let mut comps = normalize(path)?;
+        if let Some(hop) = self.hop(|| self.begin_write(path)) {
+            return hop;
+        }
+        let comps = normalize(path)?;
         if comps.is_empty() {
             return Err(invalid(
                 path,
@@ -413,48 +430,55 @@ impl Workspace {
             ));
         }
         let root = self.open_root()?;
-        for _ in 0..MAX_SYMLINK_HOPS {
-            let Some((name, parents)) = comps.split_last() else {
+        // Through every link, a link at the end too (written through, as open(2) does), with
+        // the directories on the way created.
+        let create = |dir: &Dir, name: &str| self.create_owned_dir(dir, name);
+        let place = view::walk(&root, &comps, true, Some(&create)).map_err(|r| refused(path, r))?;
+        let Some(name) = place.name else {
+            return Err(FileError::IsADirectory { path: shown(path) });
+        };
+        let parent = place.dir;
+        let mode = match parent.symlink_metadata(&name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => FILE_MODE,
+            Err(e) => return Err(map_io(path, e)),
+            Ok(meta) if meta.is_dir() => {
+                return Err(FileError::IsADirectory { path: shown(path) });
+            }
+            Ok(meta) if meta.is_file() => {
+                // Replaced by a rename, so the file's own write permission is asked here, as
+                // open(2) would ask it (no truncation: nothing is written through this handle).
+                view::open_one(&parent, &name, OFlags::WRONLY | OFlags::NONBLOCK)
+                    .map_err(|e| map_io(path, e))?;
+                meta.mode() & 0o777
+            }
+            Ok(meta) if meta.file_type().is_symlink() => {
+                // Swapped in after the walk: refused rather than replaced.
                 return Err(invalid(
                     path,
-                    "a file path is needed, not the workspace root",
+                    "it changed to a symbolic link while it was written",
                 ));
-            };
-            let parent = self.ensure_dirs(&root, parents, path)?;
-            let mode = match parent.symlink_metadata(name) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => FILE_MODE,
-                Err(e) => return Err(map_io(path, e)),
-                Ok(meta) if meta.is_dir() => {
-                    return Err(FileError::IsADirectory { path: shown(path) });
-                }
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    comps = symlink_target(&root, &parent, parents, name, path)?;
-                    continue;
-                }
-                Ok(meta) if meta.is_file() => meta.mode() & 0o777,
-                Ok(_) => FILE_MODE,
-            };
-            let temp = format!(".sandboxd-write-{:016x}.tmp", rand::random::<u64>());
-            let mut options = OpenOptions::new();
-            options.write(true).create_new(true).mode(mode);
-            let file = parent
-                .open_with(&temp, &options)
-                .map_err(|e| map_io(path, e))?
-                .into_std();
-            return Ok(PendingWrite {
-                name: name.clone(),
-                dir: parent,
-                temp,
-                file,
-                mode,
-                uid: self.uid,
-                gid: self.gid,
-                path: path.to_owned(),
-                size: 0,
-                done: false,
-            });
-        }
-        Err(invalid(path, "too many levels of symbolic links"))
+            }
+            Ok(_) => return Err(FileError::NotRegularFile { path: shown(path) }),
+        };
+        let temp = format!(".sandboxd-write-{:016x}.tmp", rand::random::<u64>());
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true).mode(mode);
+        let file = parent
+            .open_with(&temp, &options)
+            .map_err(|e| map_io(path, e))?
+            .into_std();
+        Ok(PendingWrite {
+            name,
+            dir: parent,
+            temp,
+            file,
+            mode,
+            uid: self.uid,
+            gid: self.gid,
+            path: path.to_owned(),
+            size: 0,
+            done: false,
+        })
     }
 
     /// Removes the file, symlink (the link itself, never its target) or empty directory at
@@ -463,25 +487,40 @@ impl Workspace {
     /// one ([`Workspace::with_trash`]), and deleted with a bounded number of descriptors,
     /// without recursion ([`crate::trash`]). The workspace root itself cannot be removed.
     pub fn remove(&self, path: &str, recursive: bool) -> Result<RemoveResult, FileError> {
+        if let Some(hop) = self.hop(|| self.remove(path, recursive)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let Some((name, parents)) = comps.split_last() else {
             return Err(invalid(path, "the workspace root cannot be removed"));
         };
         let root = self.open_root()?;
-        let parent = open_dir_at(&root, parents).map_err(|e| map_io(path, e))?;
+        let parent = self.open_dir_followed(&root, parents, path)?;
         let meta = parent.symlink_metadata(name).map_err(|e| map_io(path, e))?;
         let kind = kind_of(&meta);
         let removed = match kind {
             EntryKind::Dir if recursive => match &self.trash {
-                Some(trash) => trash
-                    .discard_at(parent.as_fd(), OsStr::new(name), "removed")
-                    .and_then(|moved| {
-                        if moved {
-                            Ok(())
-                        } else {
-                            Err(io::ErrorKind::NotFound.into())
-                        }
-                    }),
+                // The sandbox user must be allowed to remove it (write and search on its
+                // folder); the move into the trash, a folder of sandboxd's own, is the daemon's.
+                Some(trash) => rustix::fs::accessat(
+                    parent.as_fd(),
+                    ".",
+                    rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+                    rustix::fs::AtFlags::EACCESS,
+                )
+                .map_err(io::Error::from)
+                .and_then(|()| {
+                    identity::as_daemon(|| {
+                        trash.discard_at(parent.as_fd(), OsStr::new(name), "removed")
+                    })
+                })
+                .and_then(|moved| {
+                    if moved {
+                        Ok(())
+                    } else {
+                        Err(io::ErrorKind::NotFound.into())
+                    }
+                }),
                 None => crate::trash::remove_tree_at(parent.as_fd(), OsStr::new(name)),
             },
             EntryKind::Dir => parent.remove_dir(name),
@@ -498,6 +537,9 @@ impl Workspace {
     /// created is owned by uid:gid with mode 0755. An existing directory is fine; an existing
     /// file on the way is [`FileError::NotADirectory`].
     pub fn mkdir(&self, path: &str) -> Result<(), FileError> {
+        if let Some(hop) = self.hop(|| self.mkdir(path)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let root = self.open_root()?;
         self.ensure_dirs(&root, &comps, path)?;
@@ -506,13 +548,16 @@ impl Workspace {
 
     /// Describes the file, directory or link at `path`, not following a symlink at its end.
     pub fn stat(&self, path: &str) -> Result<Entry, FileError> {
+        if let Some(hop) = self.hop(|| self.stat(path)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let root = self.open_root()?;
         let Some((name, parents)) = comps.split_last() else {
             let meta = root.dir_metadata().map_err(|e| map_io(path, e))?;
             return Ok(entry_of(String::new(), String::new(), &meta));
         };
-        let parent = open_dir_at(&root, parents).map_err(|e| map_io(path, e))?;
+        let parent = self.open_dir_followed(&root, parents, path)?;
         let meta = parent.symlink_metadata(name).map_err(|e| map_io(path, e))?;
         Ok(entry_of(name.clone(), comps.join("/"), &meta))
     }
@@ -520,10 +565,13 @@ impl Workspace {
     /// Lists the directory at `path` (one level), sorted by name, without the excluded names
     /// and prefixes ([`EXCLUDED_NAMES`], [`EXCLUDED_PREFIXES`]).
     pub fn list(&self, path: &str) -> Result<Vec<Entry>, FileError> {
+        if let Some(hop) = self.hop(|| self.list(path)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let rel = comps.join("/");
         let root = self.open_root()?;
-        let dir = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let dir = self.open_dir_followed(&root, &comps, path)?;
         let listed = list_dir(&dir, &rel, &rel).map_err(|e| map_io(path, e))?;
         Ok(listed.into_iter().map(|item| item.entry).collect())
     }
@@ -532,12 +580,15 @@ impl Workspace {
     /// that leads out is [`FileError::OutsideWorkspace`], a dangling one
     /// [`FileError::NotFound`]).
     pub fn stat_followed(&self, path: &str) -> Result<Entry, FileError> {
+        if let Some(hop) = self.hop(|| self.stat_followed(path)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let root = self.open_root()?;
-        let meta = if comps.is_empty() {
-            root.dir_metadata()
-        } else {
-            root.metadata(comps.join("/"))
+        let place = view::walk(&root, &comps, true, None).map_err(|r| refused(path, r))?;
+        let meta = match &place.name {
+            None => place.dir.dir_metadata(),
+            Some(name) => place.dir.symlink_metadata(name),
         }
         .map_err(|e| map_io(path, e))?;
         let name = comps.last().cloned().unwrap_or_default();
@@ -547,10 +598,13 @@ impl Workspace {
     /// Lists the directory at `path` (one level), sorted by name, with nothing left out (as
     /// `ls -A`); a symlink is listed as itself.
     pub fn list_all(&self, path: &str) -> Result<Vec<Entry>, FileError> {
+        if let Some(hop) = self.hop(|| self.list_all(path)) {
+            return hop;
+        }
         let comps = normalize(path)?;
         let rel = comps.join("/");
         let root = self.open_root()?;
-        let dir = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let dir = self.open_dir_followed(&root, &comps, path)?;
         let mut entries = Vec::new();
         for item in dir.entries().map_err(|e| map_io(path, e))? {
             let item = item.map_err(|e| map_io(path, e))?;
@@ -568,64 +622,19 @@ impl Workspace {
     }
 
     /// The real path of `path` below the workspace root (`/`-separated, empty for the root),
-    /// every symlink on it resolved as the kernel would, like `realpath -m`: what does not exist
-    /// is kept as written, and so is everything below a file. A symlink that leads out (an
-    /// absolute target, or `..` past the root) is [`FileError::OutsideWorkspace`]; `.` and `..`
-    /// in `path` itself are resolved lexically first, as everywhere here.
+    /// resolved as `os.path.realpath(strict=False)` resolves it in the container: every link
+    /// followed (an absolute target against the container's `/`, where `/workspace` is the
+    /// root), `..` climbing from where a link led, and what does not exist (or lies below a
+    /// file, or cannot be searched) kept as written. A path or link that leads out is
+    /// [`FileError::OutsideWorkspace`]; a loop is [`FileError::InvalidPath`].
     pub fn realpath(&self, path: &str) -> Result<String, FileError> {
-        let mut rest: VecDeque<String> = normalize(path)?.into();
-        let root = self.open_root()?;
-        let mut resolved: Vec<String> = Vec::new();
-        let mut hops = 0;
-        while let Some(comp) = rest.pop_front() {
-            let candidate = child_path(&resolved.join("/"), &comp);
-            let meta = match root.symlink_metadata(&candidate) {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    resolved.push(comp);
-                    resolved.extend(rest.drain(..));
-                    break;
-                }
-                Err(e) => return Err(map_io(path, e)),
-            };
-            if meta.file_type().is_symlink() {
-                hops += 1;
-                if hops > MAX_SYMLINK_HOPS {
-                    return Err(invalid(path, "too many levels of symbolic links"));
-                }
-                let target = root
-                    .read_link_contents(&candidate)
-                    .map_err(|e| map_io(path, e))?;
-                let target = target.to_str().ok_or_else(|| {
-                    invalid(path, "a symlink on it has a target that is not UTF-8")
-                })?;
-                if target.starts_with('/') {
-                    return Err(FileError::OutsideWorkspace { path: shown(path) });
-                }
-                let mut ahead: Vec<String> = Vec::new();
-                for part in target.split('/') {
-                    match part {
-                        "" | "." => {}
-                        ".." => {
-                            if ahead.pop().is_none() && resolved.pop().is_none() {
-                                return Err(FileError::OutsideWorkspace { path: shown(path) });
-                            }
-                        }
-                        other => ahead.push(other.to_owned()),
-                    }
-                }
-                for part in ahead.into_iter().rev() {
-                    rest.push_front(part);
-                }
-                continue;
-            }
-            resolved.push(comp);
-            if !meta.is_dir() {
-                resolved.extend(rest.drain(..));
-                break;
-            }
+        if let Some(hop) = self.hop(|| self.realpath(path)) {
+            return hop;
         }
-        Ok(resolved.join("/"))
+        let comps = components(path)?;
+        let root = self.open_root()?;
+        let real = view::realpath(&root, &comps).map_err(|r| refused(path, r))?;
+        Ok(real.join("/"))
     }
 
     /// Walks the directory at `path` breadth-first, at most `limits.max_depth` levels and
@@ -633,6 +642,9 @@ impl Workspace {
     /// descending into symlinked directories. A subdirectory that cannot be read is skipped and
     /// reported in [`Tree::skipped`]; only an unreadable starting directory is an error.
     pub fn tree(&self, path: &str, limits: TreeLimits) -> Result<Tree, FileError> {
+        if let Some(hop) = self.hop(|| self.tree(path, limits)) {
+            return hop;
+        }
         self.tree_with(path, limits, &|root: &Dir, rel: &str| root.open_dir(rel))
     }
 
@@ -647,7 +659,7 @@ impl Workspace {
         let comps = normalize(path)?;
         let start_rel = comps.join("/");
         let root = self.open_root()?;
-        let start = open_dir_at(&root, &comps).map_err(|e| map_io(path, e))?;
+        let start = self.open_dir_followed(&root, &comps, path)?;
         let first = list_dir(&start, &start_rel, &start_rel).map_err(|e| map_io(path, e))?;
         drop(start);
 
@@ -714,7 +726,8 @@ impl Workspace {
 
     /// Opens the workspace directory; its absence means the session is lost.
     fn open_root(&self) -> Result<Dir, FileError> {
-        match Dir::open_ambient_dir(&self.dir, ambient_authority()) {
+        // With the daemon's identity: the folders above the workspace are the daemon's.
+        match identity::as_daemon(|| Dir::open_ambient_dir(&self.dir, ambient_authority())) {
             Ok(dir) => Ok(dir),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(FileError::WorkspaceMissing),
             Err(source) => Err(FileError::Io {
@@ -724,19 +737,57 @@ impl Workspace {
         }
     }
 
-    /// Opens the directory `comps` below `root`, creating (owned by uid:gid) what is missing.
+    /// Opens the directory `comps` below `root`, following links as the container would and
+    /// creating (owned by uid:gid) what is missing.
     fn ensure_dirs(&self, root: &Dir, comps: &[String], path: &str) -> Result<Dir, FileError> {
-        let mut dir = root.open_dir(".").map_err(|e| map_io(path, e))?;
-        for comp in comps {
-            dir = match dir.open_dir(comp) {
-                Ok(next) => next,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => self
-                    .create_owned_dir(&dir, comp)
-                    .map_err(|e| map_io(path, e))?,
-                Err(e) => return Err(map_io(path, e)),
-            };
+        let create = |dir: &Dir, name: &str| self.create_owned_dir(dir, name);
+        let place = view::walk(root, comps, true, Some(&create)).map_err(|r| refused(path, r))?;
+        let Some(name) = place.name else {
+            return Ok(place.dir);
+        };
+        match view::open_one(&place.dir, &name, OFlags::PATH | OFlags::DIRECTORY) {
+            Ok(dir) => Ok(Dir::from_std_file(dir)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self
+                .create_owned_dir(&place.dir, &name)
+                .map_err(|e| map_io(path, e)),
+            Err(e) => Err(map_io(path, e)),
         }
-        Ok(dir)
+    }
+
+    /// Opens the directory `comps` below `root` (the root itself when empty), following links
+    /// as the container would.
+    fn open_dir_followed(
+        &self,
+        root: &Dir,
+        comps: &[String],
+        path: &str,
+    ) -> Result<Dir, FileError> {
+        let place = view::walk(root, comps, true, None).map_err(|r| refused(path, r))?;
+        let Some(name) = place.name else {
+            return Ok(place.dir);
+        };
+        view::open_one(&place.dir, &name, OFlags::PATH | OFlags::DIRECTORY)
+            .map(Dir::from_std_file)
+            .map_err(|e| map_io(path, e))
+    }
+
+    /// Runs `op` as the sandbox user ([`identity`]) and returns what it did, unless this thread
+    /// already acts as that user: then `None`, and the caller goes on itself.
+    fn hop<T: Send>(
+        &self,
+        op: impl FnOnce() -> Result<T, FileError> + Send,
+    ) -> Option<Result<T, FileError>> {
+        if identity::acting_as(self.uid, self.gid) {
+            return None;
+        }
+        Some(
+            identity::run_as(self.uid, self.gid, op).unwrap_or_else(|source| {
+                Err(FileError::Io {
+                    path: ROOT_SHOWN.to_owned(),
+                    source,
+                })
+            }),
+        )
     }
 
     /// Creates directory `name` in `dir`, owned by uid:gid with mode 0755, and opens it. The
@@ -818,6 +869,15 @@ impl PendingWrite {
 
     /// Gives the file the sandbox's uid and the mode, and puts it in place atomically.
     pub fn commit(mut self) -> Result<WriteResult, FileError> {
+        if !identity::acting_as(self.uid, self.gid) {
+            let (uid, gid) = (self.uid, self.gid);
+            return identity::run_as(uid, gid, move || self.commit()).unwrap_or_else(|source| {
+                Err(FileError::Io {
+                    path: ROOT_SHOWN.to_owned(),
+                    source,
+                })
+            });
+        }
         let placed = (|| {
             fchown(&self.file, Some(self.uid), Some(self.gid))?;
             self.file
@@ -963,67 +1023,46 @@ fn entry_of(name: String, path: String, meta: &Metadata) -> Entry {
     }
 }
 
-/// Opens the directory `comps` below `root` (the root itself when empty), following symlinks
-/// that stay inside.
-fn open_dir_at(root: &Dir, comps: &[String]) -> io::Result<Dir> {
-    if comps.is_empty() {
-        root.open_dir(".")
-    } else {
-        root.open_dir(comps.join("/"))
-    }
-}
-
-/// Where the symlink `name` in `parent` (at `parents` below the root) leads, as components
-/// below the root; refused when it leads out.
-fn symlink_target(
-    root: &Dir,
-    parent: &Dir,
-    parents: &[String],
-    name: &str,
-    path: &str,
-) -> Result<Vec<String>, FileError> {
-    let target = parent
-        .read_link_contents(name)
-        .map_err(|e| map_io(path, e))?;
-    if target.is_absolute() {
-        return Err(FileError::OutsideWorkspace { path: shown(path) });
-    }
-    let target = target
-        .to_str()
-        .ok_or_else(|| invalid(path, "a symlink on it has a target that is not UTF-8"))?;
-    // Where the link's directory really is (no symlinks left), so that `..` in the target
-    // is resolved as the kernel would.
-    let parent_real = if parents.is_empty() {
-        PathBuf::new()
-    } else {
-        root.canonicalize(parents.join("/"))
-            .map_err(|e| map_io(path, e))?
-    };
-    let parent_real = parent_real
-        .to_str()
-        .ok_or_else(|| invalid(path, "a directory on it has a name that is not UTF-8"))?;
-    let mut comps = Vec::new();
-    for comp in parent_real.split('/').chain(target.split('/')) {
-        match comp {
-            "" | "." => {}
-            ".." => {
-                if comps.pop().is_none() {
-                    return Err(FileError::OutsideWorkspace { path: shown(path) });
-                }
-            }
-            other => comps.push(other.to_owned()),
-        }
-    }
-    if comps.is_empty() {
+/// Opens the regular file `comps` below `root` for reading, following links as the container
+/// would. A directory is [`FileError::IsADirectory`]; a FIFO, socket or device is
+/// [`FileError::NotRegularFile`], answered without opening it (so without blocking).
+fn open_regular(root: &Dir, comps: &[String], path: &str) -> Result<std::fs::File, FileError> {
+    let place = view::walk(root, comps, true, None).map_err(|r| refused(path, r))?;
+    let Some(name) = place.name else {
         return Err(FileError::IsADirectory { path: shown(path) });
-    }
-    Ok(comps)
+    };
+    let check = |file: &std::fs::File| -> Result<(), FileError> {
+        let meta = file.metadata().map_err(|e| map_io(path, e))?;
+        if meta.is_dir() {
+            Err(FileError::IsADirectory { path: shown(path) })
+        } else if !meta.is_file() {
+            Err(FileError::NotRegularFile { path: shown(path) })
+        } else {
+            Ok(())
+        }
+    };
+    check(&view::open_one(&place.dir, &name, OFlags::PATH).map_err(|e| map_io(path, e))?)?;
+    // Opened for reading only once it is known to be a regular file; non-blocking, so that a
+    // FIFO swapped in meanwhile cannot hang the open, and checked again.
+    let file = view::open_one(&place.dir, &name, OFlags::RDONLY | OFlags::NONBLOCK)
+        .map_err(|e| map_io(path, e))?;
+    check(&file)?;
+    Ok(file)
 }
 
-/// The components of `path` below the workspace root, with `.` and `..` resolved lexically.
-/// Accepts the agent's `/workspace/...` spelling; refuses NUL bytes, other absolute paths and
-/// `..` that climbs out.
-fn normalize(path: &str) -> Result<Vec<String>, FileError> {
+/// The [`FileError`] for a walk of `path` that stopped.
+fn refused(path: &str, r: Refusal) -> FileError {
+    match r {
+        Refusal::Outside => FileError::OutsideWorkspace { path: shown(path) },
+        Refusal::Loop => invalid(path, "too many levels of symbolic links (a symlink loop?)"),
+        Refusal::Io(e) => map_io(path, e),
+    }
+}
+
+/// The components of `path` below the workspace root, `..` kept (for a walk that resolves it
+/// where links led). Accepts the agent's `/workspace/...` spelling; refuses NUL bytes and other
+/// absolute paths.
+fn components(path: &str) -> Result<Vec<String>, FileError> {
     if path.contains('\0') {
         return Err(invalid(path, "it contains a NUL byte"));
     }
@@ -1037,16 +1076,25 @@ fn normalize(path: &str) -> Result<Vec<String>, FileError> {
     } else {
         path
     };
+    Ok(relative
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The components of `path` below the workspace root, with `.` and `..` resolved lexically.
+/// Accepts the agent's `/workspace/...` spelling; refuses NUL bytes, other absolute paths and
+/// `..` that climbs out.
+fn normalize(path: &str) -> Result<Vec<String>, FileError> {
     let mut comps: Vec<String> = Vec::new();
-    for comp in relative.split('/') {
-        match comp {
-            "" | "." => {}
-            ".." => {
-                if comps.pop().is_none() {
-                    return Err(FileError::OutsideWorkspace { path: shown(path) });
-                }
+    for comp in components(path)? {
+        if comp == ".." {
+            if comps.pop().is_none() {
+                return Err(FileError::OutsideWorkspace { path: shown(path) });
             }
-            other => comps.push(other.to_owned()),
+        } else {
+            comps.push(comp);
         }
     }
     Ok(comps)
@@ -1095,6 +1143,7 @@ fn map_io(path: &str, e: io::Error) -> FileError {
         io::ErrorKind::NotADirectory => FileError::NotADirectory { path },
         io::ErrorKind::IsADirectory => FileError::IsADirectory { path },
         io::ErrorKind::DirectoryNotEmpty => FileError::DirectoryNotEmpty { path },
+        io::ErrorKind::PermissionDenied => FileError::PermissionDenied { path },
         _ => FileError::Io { path, source: e },
     }
 }
@@ -1136,16 +1185,29 @@ mod tests {
     }
 
     impl Fixture {
+        /// A file the agent made: owned by the sandbox user, as are the directories made for it.
         fn file(&self, rel: &str, data: &[u8]) {
             let path = self.dir.join(rel);
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).expect("parents");
             }
             fs::write(path, data).expect("write fixture file");
+            self.own(rel);
         }
 
+        /// A link the agent made.
         fn link(&self, rel: &str, target: impl AsRef<Path>) {
             symlink(target, self.dir.join(rel)).expect("symlink");
+            self.own(rel);
+        }
+
+        /// Gives `rel` and the directories above it (below the workspace) to the sandbox user.
+        fn own(&self, rel: &str) {
+            let mut path = self.dir.join(rel);
+            while path != self.dir {
+                std::os::unix::fs::lchown(&path, Some(UID), Some(GID)).expect("lchown");
+                path.pop();
+            }
         }
 
         fn sentinels_intact(&self) {
@@ -1298,6 +1360,16 @@ mod tests {
             ),
             (FileError::TooLarge { size: 2, limit: 1 }, "too_large", 413),
             (FileError::WorkspaceMissing, "session_lost", 410),
+            (
+                FileError::PermissionDenied { path: p() },
+                "permission_denied",
+                403,
+            ),
+            (
+                FileError::NotRegularFile { path: p() },
+                "not_a_regular_file",
+                409,
+            ),
             (
                 FileError::Io {
                     path: p(),
@@ -1483,9 +1555,22 @@ mod tests {
         if !status.is_ok_and(|s| s.success()) {
             return; // no mkfifo here
         }
+        let e = f.ws.read("pipe", 0, None, 100).expect_err("a FIFO");
+        assert!(matches!(e, FileError::NotRegularFile { .. }), "{e}");
+        assert_eq!((e.code(), e.status()), ("not_a_regular_file", 409));
+        assert_eq!(
+            e.to_string(),
+            "'pipe' is not a regular file (a FIFO, socket or device)"
+        );
+        // Through a link, and when written over, the same.
+        f.link("to-pipe", "/workspace/pipe");
         assert!(matches!(
-            f.ws.read("pipe", 0, None, 100),
-            Err(FileError::InvalidPath { .. })
+            f.ws.read("to-pipe", 0, None, 100),
+            Err(FileError::NotRegularFile { .. })
+        ));
+        assert!(matches!(
+            f.ws.write("pipe", b"x"),
+            Err(FileError::NotRegularFile { .. })
         ));
         assert_eq!(f.ws.stat("pipe").expect("stat").kind, EntryKind::Other);
     }
@@ -1986,5 +2071,225 @@ mod tests {
         );
         ws.prepare().expect("prepare again");
         assert_eq!(ws.dir(), dir);
+    }
+
+    #[test]
+    fn links_are_resolved_as_the_container_sees_them() {
+        let f = fixture();
+        f.file("notes/a.txt", b"a");
+        f.link("abs", "/workspace/notes/a.txt");
+        f.link("absdir", "/workspace/notes");
+        f.link("latest", "/workspace/build/v3");
+        f.link("out", "/etc/passwd");
+        f.link("around", "/workspace/../etc");
+        // Read, stat, realpath and list through a link whose target is the container's path.
+        assert_eq!(f.ws.read("abs", 0, None, 100).expect("read").data, b"a");
+        assert_eq!(
+            f.ws.read("/workspace/absdir/a.txt", 0, None, 100)
+                .expect("read")
+                .data,
+            b"a"
+        );
+        let e = f.ws.stat_followed("abs").expect("stat");
+        assert_eq!(
+            (e.kind, e.size, e.path.as_str()),
+            (EntryKind::File, 1, "abs")
+        );
+        assert_eq!(f.ws.stat("abs").expect("lstat").kind, EntryKind::Symlink);
+        assert_eq!(f.ws.realpath("abs").expect("realpath"), "notes/a.txt");
+        assert_eq!(f.ws.realpath("absdir/../new").expect("realpath"), "new");
+        assert_eq!(names(&f.ws.list("absdir").expect("list")), ["absdir/a.txt"]);
+        // A write goes through the link to its target, which stays a link.
+        f.ws.write("abs", b"new").expect("write through");
+        assert_eq!(fs::read(f.dir.join("notes/a.txt")).expect("read"), b"new");
+        assert!(
+            fs::symlink_metadata(f.dir.join("abs"))
+                .expect("meta")
+                .file_type()
+                .is_symlink()
+        );
+        // Through a dangling one, its target is made, owned by the sandbox user.
+        f.ws.write("latest/out.txt", b"v3")
+            .expect_err("missing dir behind a link on the way");
+        f.ws.mkdir("build/v3").expect("mkdir");
+        f.ws.write("latest/out.txt", b"v3").expect("write");
+        let meta = fs::metadata(f.dir.join("build/v3/out.txt")).expect("meta");
+        assert_eq!((meta.uid(), meta.gid()), (UID, GID));
+        // Links that lead out are still refused, whatever the spelling.
+        for path in ["out", "around", "around/passwd"] {
+            for e in [
+                f.ws.read(path, 0, None, 100).map(drop),
+                f.ws.write(path, b"pwned").map(drop),
+                f.ws.stat_followed(path).map(drop),
+                f.ws.realpath(path).map(drop),
+            ] {
+                assert!(
+                    matches!(e, Err(FileError::OutsideWorkspace { .. })),
+                    "{path}: {e:?}"
+                );
+            }
+        }
+        f.sentinels_intact();
+    }
+
+    #[test]
+    fn a_symlink_loop_is_an_entry_of_its_own() {
+        let f = fixture();
+        f.file("d/a.txt", b"a");
+        f.link("d/loop1", "loop2");
+        f.link("d/loop2", "/workspace/d/loop1");
+        let listed: Vec<_> =
+            f.ws.list("d")
+                .expect("list")
+                .into_iter()
+                .map(|e| (e.name, e.kind))
+                .collect();
+        assert_eq!(
+            listed,
+            [
+                ("a.txt".to_owned(), EntryKind::File),
+                ("loop1".to_owned(), EntryKind::Symlink),
+                ("loop2".to_owned(), EntryKind::Symlink),
+            ]
+        );
+        assert_eq!(f.ws.list_all("d").expect("list_all").len(), 3);
+        let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
+        assert_eq!(tree.entries.len(), 4);
+        let e = f.ws.read("d/loop1", 0, None, 100).expect_err("a loop");
+        assert!(
+            e.to_string().contains("too many levels of symbolic links"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn permissions_are_the_sandbox_users() {
+        let f = fixture();
+        let chmod = |rel: &str, mode: u32| {
+            fs::set_permissions(f.dir.join(rel), fs::Permissions::from_mode(mode)).expect("chmod");
+        };
+        // A file the agent made unreadable.
+        f.file("locked.txt", b"secret");
+        chmod("locked.txt", 0o000);
+        let e =
+            f.ws.read("locked.txt", 0, None, 100)
+                .expect_err("unreadable");
+        assert!(matches!(e, FileError::PermissionDenied { .. }), "{e}");
+        assert_eq!((e.code(), e.status()), ("permission_denied", 403));
+        assert_eq!(
+            e.to_string(),
+            "'locked.txt': permission denied for the sandbox user"
+        );
+        assert!(matches!(
+            f.ws.write("locked.txt", b"x"),
+            Err(FileError::PermissionDenied { .. })
+        ));
+        chmod("locked.txt", 0o600);
+        assert_eq!(fs::read(f.dir.join("locked.txt")).expect("kept"), b"secret");
+        // A read-only directory: nothing made, replaced or removed in it.
+        f.file("ro/in.txt", b"in");
+        chmod("ro", 0o555);
+        for e in [
+            f.ws.write("ro/new.txt", b"x").map(drop),
+            f.ws.write("ro/in.txt", b"x").map(drop),
+            f.ws.mkdir("ro/sub"),
+            f.ws.remove("ro/in.txt", false).map(drop),
+        ] {
+            assert!(
+                matches!(e, Err(FileError::PermissionDenied { .. })),
+                "{e:?}"
+            );
+        }
+        assert_eq!(fs::read(f.dir.join("ro/in.txt")).expect("kept"), b"in");
+        // Searchable, not listable: read through it, not list it.
+        f.file("xonly/f.txt", b"f");
+        chmod("xonly", 0o111);
+        assert_eq!(
+            f.ws.read("xonly/f.txt", 0, None, 100).expect("read").data,
+            b"f"
+        );
+        assert!(matches!(
+            f.ws.list("xonly"),
+            Err(FileError::PermissionDenied { .. })
+        ));
+        // A file of root's (not the agent's), private to root.
+        fs::write(f.dir.join("roots.txt"), b"root").expect("write");
+        chmod("roots.txt", 0o600);
+        assert!(matches!(
+            f.ws.read("roots.txt", 0, None, 100),
+            Err(FileError::PermissionDenied { .. })
+        ));
+        // What the sandbox user may do still works, and makes the user's files.
+        f.ws.write("mine/ok.txt", b"ok").expect("write");
+        let meta = fs::metadata(f.dir.join("mine/ok.txt")).expect("meta");
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o777),
+            (UID, GID, 0o644)
+        );
+        chmod("ro", 0o755);
+        chmod("xonly", 0o755);
+    }
+
+    #[test]
+    fn a_link_swapped_while_it_is_followed_never_leads_out() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let f = fixture();
+        f.file("in/sentinel", b"inside");
+        f.file("real/sentinel", b"inside");
+        // The agent swaps `sw` between a link inside and links out, and the directory `d`
+        // between a real folder and a link out, as fast as it can.
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (dir, base, stop) = (f.dir.clone(), f.base.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let targets = [
+                    PathBuf::from("in"),
+                    PathBuf::from("/workspace/in"),
+                    base.join("outside"),
+                    PathBuf::from("../../../outside"),
+                    PathBuf::from("/workspace/../../outside"),
+                ];
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let tmp = dir.join("sw.tmp");
+                    let _ = fs::remove_file(&tmp);
+                    if symlink(&targets[i % targets.len()], &tmp).is_ok() {
+                        let _ = fs::rename(&tmp, dir.join("sw"));
+                    }
+                    // `d`: a real folder one moment, a link out the next.
+                    let _ = fs::rename(dir.join("d"), dir.join("d.real"));
+                    let _ = symlink(base.join("outside"), dir.join("d"));
+                    let _ = fs::remove_file(dir.join("d"));
+                    let _ = fs::rename(dir.join("d.real"), dir.join("d"));
+                    i += 1;
+                }
+            })
+        };
+        fs::rename(f.dir.join("real"), f.dir.join("d")).expect("d");
+        let mut inside_reads = 0;
+        for i in 0..300 {
+            for path in ["sw/sentinel", "d/sentinel"] {
+                if let Ok(read) = f.ws.read(path, 0, None, 1 << 20) {
+                    assert_eq!(read.data, b"inside", "{path} read from outside");
+                    inside_reads += 1;
+                }
+                let _ = f.ws.write(&format!("{path}.{i}"), b"pwned");
+                let _ = f.ws.mkdir(&format!("{path}.dir"));
+                let _ =
+                    f.ws.remove("sw/sentinel", false)
+                        .map(|_| f.file("in/sentinel", b"inside"));
+                if let Ok(listed) = f.ws.list(path.trim_end_matches("/sentinel")) {
+                    assert!(
+                        listed.iter().all(|e| e.name.starts_with("sentinel")),
+                        "{listed:?}"
+                    );
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().expect("swapper");
+        assert!(inside_reads > 0, "the race never let a read through");
+        f.sentinels_intact();
     }
 }

@@ -24,6 +24,7 @@ pub mod core;
 pub mod docker;
 pub mod error;
 pub mod files;
+pub mod identity;
 pub mod metrics;
 pub mod network;
 pub mod policy;
@@ -32,6 +33,7 @@ pub mod runtimes;
 pub mod server;
 pub mod store;
 pub mod trash;
+pub mod view;
 pub mod wire;
 
 /// The service name sandboxd reports in its index.

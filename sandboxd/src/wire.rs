@@ -15,8 +15,10 @@
 //!
 //! Where the protocol and this daemon's model differ, the model wins and the difference is
 //! documented in `docs/sandboxd.md`: a path that leads out of the workspace is refused (400,
-//! `ValueError`), a session closed without `purge` keeps its row and tokens (its container is
-//! reclaimed, its files stay), and the caps are the core's.
+//! `ValueError`), file operations have the sandbox user's permissions (what it may not open is
+//! handed back to the sandbox, 409, as the protocol's service does with a `PermissionError`), a
+//! session closed without `purge` keeps its row and tokens (its container is reclaimed, its
+//! files stay), and the caps are the core's.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -986,8 +988,15 @@ struct PathBody {
 
 /// A file error as the native routes answer it. `refuse_outside`: a path that leads out of
 /// the workspace is refused (400 `ValueError`); otherwise it is the sandbox's to resolve (409).
+/// What the seed's service hands back to the sandbox is answered the same way (409): a path
+/// the sandbox user may not open (the client's shell path then raises `PermissionError`, as
+/// the sandbox's own tools see it), a FIFO, socket or device (`OSError` "not a regular
+/// file"), a symlink loop (the shell's answer for it).
 fn file_error(e: FileError, refuse_outside: bool) -> WireError {
     let message = e.to_string();
+    if is_loop(&e) {
+        return WireError::not_native(message);
+    }
     match e {
         FileError::NotFound { .. } => WireError::path(404, "FileNotFoundError", message),
         FileError::IsADirectory { .. } => WireError::path(400, "IsADirectoryError", message),
@@ -1001,11 +1010,19 @@ fn file_error(e: FileError, refuse_outside: bool) -> WireError {
         }
         FileError::TooLarge { .. } => WireError::not_native(message),
         FileError::WorkspaceMissing => WireError::new(410, message),
+        FileError::PermissionDenied { .. } | FileError::NotRegularFile { .. } => {
+            WireError::not_native(message)
+        }
         FileError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             WireError::not_native(message)
         }
         FileError::Io { .. } => WireError::new(500, message),
     }
+}
+
+/// Whether `e` is a symlink loop.
+fn is_loop(e: &FileError) -> bool {
+    matches!(e, FileError::InvalidPath { reason, .. } if reason.starts_with("too many levels of symbolic links"))
 }
 
 /// Whether an absolute `path` lies outside the work directory.
@@ -1241,7 +1258,20 @@ async fn file_list(
             if e.kind == EntryKind::Symlink {
                 match ws.stat_followed(&e.path) {
                     Ok(target) => out.push((e.name, target)),
-                    Err(FileError::NotFound { .. }) => out.push((
+                    // Dangling, a loop, or not the sandbox user's to follow: an entry of its
+                    // own that is no directory, as `test -d` in the sandbox says.
+                    Err(
+                        FileError::NotFound { .. }
+                        | FileError::PermissionDenied { .. }
+                        | FileError::NotADirectory { .. },
+                    ) => out.push((
+                        e.name.clone(),
+                        Entry {
+                            kind: EntryKind::Other,
+                            ..e
+                        },
+                    )),
+                    Err(other) if is_loop(&other) => out.push((
                         e.name.clone(),
                         Entry {
                             kind: EntryKind::Other,

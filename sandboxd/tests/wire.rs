@@ -87,3 +87,27 @@ async fn pydantic_ai_backend_client_drives_sandboxd() {
         "pytest summary: {summary}"
     );
 }
+
+/// The drop-in cases against the seed's own service (`python -m
+/// pydantic_ai_backends.remote.server` from the pinned release, started by the script on the
+/// project's dockerd) and against ours, side by side: the script prints both columns and fails
+/// when ours misses a case or the two differ where no difference is documented.
+#[tokio::test(flavor = "multi_thread")]
+async fn seed_and_ours_side_by_side() {
+    let python = python();
+    let d = Daemon::start(&[]);
+    let out = Command::new(&python)
+        .arg(repo().join("sandboxd/tests/python/dropin_side_by_side.py"))
+        .args(["--ours", &d.base, "--ours-token", &d.admin])
+        .args(["--image", &common::base_image()])
+        .env("PYDANTIC_AI_BACKEND_VERSION", pin())
+        .output()
+        .expect("the side-by-side script runs");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the side-by-side script found cases off ({}); see its table above",
+        out.status
+    );
+}
