@@ -17,6 +17,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod core;
+pub mod disk;
 pub mod docker;
 pub mod error;
 pub mod files;
