@@ -691,8 +691,13 @@ impl Core {
                 return Err(e);
             }
         };
-        let limits = req.limits.clone().unwrap_or_default();
+        let mut limits = req.limits.clone().unwrap_or_default();
         self.check_limits(&limits)?;
+        // The row records the workspace size the session gets (its disk's size): a session
+        // with one whose disk is gone is lost, never given a new empty disk.
+        limits.workspace_size = self
+            .workspace_size_of(&runtime, &limits)
+            .map(|b| b.to_string());
         let token = auth::new_session_token();
         let hash = auth::hash(&token);
         let limits_json =
@@ -711,6 +716,7 @@ impl Core {
         let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
         match claim {
             Claim::Inserted => {
+                let had_disk = self.disks.size(&req.name).is_some();
                 if let Ok(mut m) = self.opening.lock() {
                     m.insert(req.name.clone(), done_rx);
                 }
@@ -735,7 +741,10 @@ impl Core {
                         })
                     }
                     Err(e) => {
-                        // A failed open uses no capacity.
+                        // A failed open uses no capacity, nor the disk it made.
+                        if !had_disk && let Err(err) = self.disks.release(&req.name) {
+                            warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
+                        }
                         let _ = self.store.delete(&req.name).await;
                         self.forget_tokens(&req.name);
                         self.metrics
@@ -881,6 +890,12 @@ impl Core {
         if row.state == State::Lost {
             return Err(ApiError::lost(&row.id));
         }
+        let has_disk = self.disks.size(&row.id).is_some();
+        if !has_disk && row.state != State::Opening && Self::limits_of(row).workspace_size.is_some()
+        {
+            warn!(session = %row.id, "the workspace's disk image vanished");
+            return self.mark_lost(row).await;
+        }
         // A session's disk that is not mounted (the node restarted) is mounted first: its
         // empty mount point must never pass for the workspace.
         if self.disks.size(&row.id).is_some() && !self.disks.is_mounted(&row.id) {
@@ -895,6 +910,11 @@ impl Core {
             return Ok(());
         }
         warn!(session = %row.id, "workspace vanished; session is lost");
+        self.mark_lost(row).await
+    }
+
+    /// Makes a session lost (its container removed); returns the 410 to answer with.
+    async fn mark_lost(&self, row: &SessionRow) -> Result<(), ApiError> {
         if self
             .store
             .transition(

@@ -67,7 +67,7 @@ pub fn human(bytes: u64) -> String {
     for (unit, shift) in UNITS {
         let one = 1u64 << shift;
         if bytes >= one {
-            return if bytes % one == 0 {
+            return if bytes.is_multiple_of(one) {
                 format!("{} {unit}", bytes >> shift)
             } else {
                 format!("{:.1} {unit}", bytes as f64 / one as f64)
@@ -263,6 +263,20 @@ impl Disks {
                 .arg(&image)
                 .arg(&mount_point),
         )
+    }
+
+    /// Unmounts a session's disk and removes its image, which frees its space; the session
+    /// folder stays.
+    pub fn release(&self, id: &str) -> Result<(), DiskError> {
+        self.unmount(id)?;
+        let image = self.image(id);
+        match std::fs::remove_file(&image) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DiskError::Io {
+                path: image.display().to_string(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Unmounts a session's disk (before its folder is removed); not mounted is fine.
