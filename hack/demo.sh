@@ -136,6 +136,7 @@ else
     SANDBOXD_RUNTIMES_FILE="$DEMO_DIR/runtimes.json" \
     SANDBOXD_WORKSPACE_ROOT="$DEMO_DIR/workspaces" SANDBOXD_STATE_DIR="$DEMO_DIR/state" \
     SANDBOXD_MEM_LIMIT=512m RUST_LOG="${RUST_LOG:-info}" \
+    SANDBOXD_WORKSPACE_QUOTA="${SANDBOXD_WORKSPACE_QUOTA:-off}" \
     setsid "$BIN_DIR/sandboxd" >>"$DEMO_DIR/sandboxd.log" 2>&1 </dev/null &
   echo $! >"$DEMO_DIR/sandboxd.pid"
   WAIT_PID=$! wait_for "sandboxd on port $PORT (see .dev/demo/sandboxd.log)" 30 curl -sf "http://127.0.0.1:$PORT/"

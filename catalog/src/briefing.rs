@@ -9,7 +9,7 @@ use crate::CatalogEntry;
 /// What every run is told about how to work in a sandbox, whatever the runtime.
 pub const HOW_TO_WORK: [&str; 4] = [
     "Commands run under POSIX /bin/sh, not bash: brace expansion such as {a,b}, [[ ]] and arrays do not work.",
-    "Keep project files in /workspace, the shared files; ~ is outside them, so what you save there is not shared.",
+    "Keep project files in /workspace, the shared files; the rest of the sandbox is read-only but for ~ and /tmp, which are small, not shared, and emptied when the sandbox sleeps.",
     "Each command is a new process: variables, cd and shell state do not carry over to the next command, so chain steps with && in one command.",
     "Check the result of what you did (run it, list the file, read it back) before you report success.",
 ];
@@ -73,10 +73,10 @@ Read PDFs and images with `lit` (liteparse): text or Markdown, OCR included; for
 Do not read a large file to look through it: extract it once into a text file, find the places that matter with `rg -n`, and read one with `sed -n '400,460p'`. \
 OCR runs only on pages without a text layer and costs about 9 s per scanned page, so a long scan will not finish within the 300 s command limit: limit it with `lit --target-pages 1-40` and work through it in parts. `--no-ocr` on a scan succeeds with an almost empty result, which is the worse failure; check the size of what you extracted. \
 LibreOffice runs headless: `soffice --headless --convert-to pdf deck.pptx` renders a deck, document or sheet you built, `--convert-to png` turns a slide into an image you can look at, and it reads the old .doc, .xls and .ppt formats. \
-There is no C compiler; packages that need one to build will not install. With the network, `uv pip install` adds pure-Python or wheel packages. \
+There is no C compiler; packages that need one to build will not install. With the network, `uv pip install --no-cache --target /workspace/.packages NAME` adds a pure-Python or wheel package (the image's own folders are read-only); run Python with `PYTHONPATH=/workspace/.packages` to use it. \
 It has a network: you can fetch pages and install packages. \
 Commands run under POSIX /bin/sh, not bash: brace expansion such as {a,b}, [[ ]] and arrays do not work. \
-Keep project files in /workspace, the shared files; ~ is outside them, so what you save there is not shared. \
+Keep project files in /workspace, the shared files; the rest of the sandbox is read-only but for ~ and /tmp, which are small, not shared, and emptied when the sandbox sleeps. \
 Each command is a new process: variables, cd and shell state do not carry over to the next command, so chain steps with && in one command. \
 Check the result of what you did (run it, list the file, read it back) before you report success."
         );

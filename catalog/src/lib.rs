@@ -46,13 +46,16 @@ pub struct CatalogEntry {
     /// Memory limit in Docker's syntax.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<String>,
+    /// Workspace size in Docker's syntax (at most the host's SANDBOXD_WORKSPACE_SIZE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<String>,
     /// Whether a session gets a network.
     #[serde(default)]
     pub needs_network: bool,
 }
 
 /// The fields an entry may have.
-pub const FIELDS: [&str; 10] = [
+pub const FIELDS: [&str; 11] = [
     "alias",
     "description",
     "image",
@@ -62,6 +65,7 @@ pub const FIELDS: [&str; 10] = [
     "env_vars",
     "briefing",
     "mem_limit",
+    "workspace_size",
     "needs_network",
 ];
 
@@ -208,7 +212,13 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
             None => err("alias", "must be a string".into()),
         },
     }
-    for field in ["description", "image", "base_image", "mem_limit"] {
+    for field in [
+        "description",
+        "image",
+        "base_image",
+        "mem_limit",
+        "workspace_size",
+    ] {
         if let Some(v) = map.get(field) {
             match v.as_str() {
                 None => err(field, "must be a string".into()),
@@ -275,6 +285,15 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
     {
         err("mem_limit", format!("'{limit}' is not {}", memory::ALLOWED));
     }
+    if let Some(size) = map.get("workspace_size").and_then(Value::as_str)
+        && !size.is_empty()
+        && memory::parse(size).is_none()
+    {
+        err(
+            "workspace_size",
+            format!("'{size}' is not {}", memory::ALLOWED),
+        );
+    }
     if let Some(v) = map.get("needs_network")
         && !v.is_boolean()
     {
@@ -322,7 +341,7 @@ mod tests {
                 "entry 1 (Bad_Alias): packages: is allowed only with base_image: an image entry installs nothing",
                 "entry 2 (both): image: image and base_image exclude each other: image is used as is, base_image is built",
                 "entry 2 (both): mem_limit: '2 gigs' is not a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
-                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, needs_network",
+                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network",
                 "entry 3 (none): image: one of image (a ready image) and base_image (built on the host) is required",
                 "entry 3 (none): needs_network: must be true or false",
                 "entry 4 (both): env_vars: '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",

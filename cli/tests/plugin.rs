@@ -113,6 +113,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     };
     let mut sandboxd = Command::new(bin("sandboxd"))
         .env("SANDBOXD_TOKEN", &token)
+        .env("SANDBOXD_WORKSPACE_QUOTA", "off")
         .env("SANDBOXD_PORT", port.to_string())
         .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
         .env("SANDBOXD_INSTANCE", &procs.instance)

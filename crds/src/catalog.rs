@@ -19,6 +19,7 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             env_vars: entry.env_vars.clone(),
             briefing: entry.briefing.clone(),
             mem_limit: entry.mem_limit.clone(),
+            workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
             default,
         },

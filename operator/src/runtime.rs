@@ -39,6 +39,7 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
         env_vars: rt.spec.env_vars.clone(),
         briefing: rt.spec.briefing.clone(),
         mem_limit: rt.spec.mem_limit.clone(),
+        workspace_size: rt.spec.workspace_size.clone(),
         needs_network: rt.spec.needs_network,
     }
 }

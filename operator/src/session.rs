@@ -478,6 +478,7 @@ async fn advance(
             cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
             mem_limit: r.mem_limit.clone(),
             pids_limit: r.pids_limit,
+            workspace_size: r.workspace_size.clone(),
         });
         match client
             .open(&name, &s.spec.tenant, alias.as_deref(), limits.as_ref())

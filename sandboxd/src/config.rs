@@ -33,6 +33,15 @@ pub enum RunBackend {
     Exec,
 }
 
+/// How workspace sizes are held.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkspaceQuota {
+    /// Each workspace is a loop-mounted ext4 image of its size.
+    Loop,
+    /// No limit.
+    Off,
+}
+
 /// Everything sandboxd is configured with.
 #[derive(Parser, Clone)]
 #[command(
@@ -165,6 +174,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_TMPFS_SIZE", default_value = "64m")]
     pub tmpfs_size: String,
 
+    /// Size of the tmpfs at a sandbox's home when its image puts HOME in a folder of the image
+    /// (the image's root is read-only), in Docker's syntax. Counts against its memory limit.
+    #[arg(long, env = "SANDBOXD_HOME_SIZE", default_value = "256m")]
+    pub home_size: String,
+
     /// Memory limit of a sandbox whose runtime names none, in Docker's syntax.
     #[arg(long, env = "SANDBOXD_MEM_LIMIT", default_value = "1g")]
     pub mem_limit: String,
@@ -177,6 +191,18 @@ pub struct Config {
         default_value = "/var/lib/sandboxd/workspaces"
     )]
     pub workspace_root: PathBuf,
+
+    /// Size of a session's workspace, in Docker's syntax: the default and the ceiling (a runtime
+    /// or a session may ask for less). Each workspace is a filesystem of its own of this size,
+    /// allocated on the node's disk when the session is created.
+    #[arg(long, env = "SANDBOXD_WORKSPACE_SIZE", default_value = "10g")]
+    pub workspace_size: String,
+
+    /// How workspace sizes are held: `loop` (each workspace is an ext4 image of its size,
+    /// loop-mounted; needs root and loop devices, and sandboxd refuses to start without them)
+    /// or `off` (no limit: a sandbox can fill the node's disk; sandboxd warns at start).
+    #[arg(long, env = "SANDBOXD_WORKSPACE_QUOTA", value_enum, default_value_t = WorkspaceQuota::Loop)]
+    pub workspace_quota: WorkspaceQuota,
 
     /// Folder of sandboxd's own state (the SQLite database).
     #[arg(
@@ -217,6 +243,8 @@ impl std::fmt::Debug for Config {
             .field("max_sessions", &self.max_sessions)
             .field("max_sessions_per_tenant", &self.max_sessions_per_tenant)
             .field("workspace_root", &self.workspace_root)
+            .field("workspace_size", &self.workspace_size)
+            .field("workspace_quota", &self.workspace_quota)
             .field("state_dir", &self.state_dir)
             .field("instance", &self.instance)
             .finish_non_exhaustive()
@@ -258,6 +286,8 @@ pub struct RuntimeImage {
     pub needs_network: bool,
     /// Its memory limit, if it names one.
     pub mem_limit: Option<String>,
+    /// Its workspace size, if it names one (at most the host's).
+    pub workspace_size: Option<String>,
     /// Environment of its containers.
     pub env: BTreeMap<String, String>,
 }
@@ -296,6 +326,7 @@ pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
             image: image.to_owned(),
             needs_network: false,
             mem_limit: None,
+            workspace_size: None,
             env: BTreeMap::new(),
         });
     }
@@ -405,13 +436,22 @@ impl Config {
         }
         for (name, value) in [
             ("SANDBOXD_TMPFS_SIZE", &self.tmpfs_size),
+            ("SANDBOXD_HOME_SIZE", &self.home_size),
             ("SANDBOXD_MEM_LIMIT", &self.mem_limit),
+            ("SANDBOXD_WORKSPACE_SIZE", &self.workspace_size),
         ] {
             if parse_bytes(value).is_none() {
                 return Err(ConfigError::Invalid(format!(
                     "{name} '{value}' is not a size in Docker's syntax (for example 64m or 2g)"
                 )));
             }
+        }
+        if parse_bytes(&self.workspace_size).is_some_and(|b| b < crate::disk::MIN_SIZE as i64) {
+            return Err(ConfigError::Invalid(format!(
+                "SANDBOXD_WORKSPACE_SIZE '{}' is below the smallest workspace of {}",
+                self.workspace_size,
+                crate::disk::human(crate::disk::MIN_SIZE)
+            )));
         }
         if self.cpus.is_nan() || self.cpus <= 0.0 {
             return Err(ConfigError::Invalid("SANDBOXD_CPUS must be above 0".into()));
@@ -477,6 +517,10 @@ mod tests {
             (2.0, 512, "64m")
         );
         assert_eq!((c.host.to_string(), c.port), ("127.0.0.1".to_owned(), 8080));
+        assert_eq!(
+            (c.workspace_size.as_str(), c.workspace_quota),
+            ("10g", WorkspaceQuota::Loop)
+        );
         assert!(c.validate().is_ok());
     }
 
@@ -540,7 +584,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, needs_network\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
+                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
                 path.display()
             )
         );

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::audit::{Audit, NewOperation, Op};
 use crate::auth;
 use crate::config::{Config, RuntimeImage, parse_bytes};
+use crate::disk::{DiskError, Disks, human};
 use crate::docker::{Engine, SandboxSpec};
 use crate::error::ApiError;
 use crate::files::Workspace;
@@ -54,10 +55,15 @@ pub struct Settings {
     pub pids_limit: i64,
     /// tmpfs size at /tmp.
     pub tmpfs_size: String,
+    /// tmpfs size at a home in the image.
+    pub home_size: String,
     /// OCI runtime.
     pub oci_runtime: Option<String>,
     /// Keep closed containers.
     pub persist_containers: bool,
+    /// Workspace size (default and ceiling), bytes; `None`: workspaces are not limited
+    /// (SANDBOXD_WORKSPACE_QUOTA=off).
+    pub workspace_size: Option<u64>,
 }
 
 impl Settings {
@@ -81,8 +87,17 @@ impl Settings {
             memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
             pids_limit: c.pids_limit,
             tmpfs_size: c.tmpfs_size.clone(),
+            home_size: c.home_size.clone(),
             oci_runtime: c.oci_runtime.clone(),
             persist_containers: c.persist_containers,
+            workspace_size: match c.workspace_quota {
+                crate::config::WorkspaceQuota::Loop => Some(
+                    parse_bytes(&c.workspace_size)
+                        .and_then(|b| u64::try_from(b).ok())
+                        .unwrap_or(10 << 30),
+                ),
+                crate::config::WorkspaceQuota::Off => None,
+            },
         }
     }
 }
@@ -100,6 +115,9 @@ pub struct Limits {
     /// Processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<i64>,
+    /// Workspace size in Docker's syntax: writing past it fails with "No space left on device".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<String>,
 }
 
 /// A request to open a session by name.
@@ -244,6 +262,7 @@ pub struct Core {
     /// `settings.runtime_network` as it is (unit tests only).
     network: Option<Arc<SandboxNetwork>>,
     trash: Trash,
+    disks: Disks,
 }
 
 /// The one open (or wake) in flight of a session in this process. It is taken before the row
@@ -322,6 +341,14 @@ fn rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// A disk failure of session `id` as the API answers it: 507 when the node has no room.
+fn disk_error(id: &str, e: DiskError) -> ApiError {
+    match e {
+        DiskError::NoRoom { .. } => ApiError::new(507, "host_disk_full", e.to_string()),
+        other => ApiError::internal(format!("the workspace disk of session '{id}': {other}")),
+    }
+}
+
 fn db(e: sqlx::Error) -> ApiError {
     ApiError::internal(format!("sandboxd's state store failed: {e}"))
 }
@@ -344,7 +371,9 @@ impl Core {
             max_read_bytes: settings.max_read_bytes,
             max_output_bytes: settings.max_output_bytes as u64,
         };
+        let disks = Disks::new(&settings.workspace_root, settings.uid);
         Self {
+            disks,
             store,
             engine,
             runner,
@@ -428,6 +457,7 @@ impl Core {
                 memory: s.memory,
                 pids_limit: s.pids_limit,
                 tmpfs_size: s.tmpfs_size.clone(),
+                workspace_size: s.workspace_size,
             },
         }
     }
@@ -494,6 +524,8 @@ impl Core {
     /// background; returns whether there was one.
     fn discard_folder(&self, id: &str) -> Result<bool, ApiError> {
         let folder = self.settings.workspace_root.join(id);
+        // The workspace disk goes first: unmounted, its image is one file in the folder.
+        self.disks.unmount(id).map_err(|e| disk_error(id, e))?;
         self.trash.discard(&folder, id).map_err(|e| {
             ApiError::internal(format!(
                 "could not move {} into the trash {}: {e}",
@@ -641,7 +673,48 @@ impl Core {
                 s.pids_limit
             )));
         }
+        if let Some(w) = &limits.workspace_size {
+            let Some(ceiling) = s.workspace_size else {
+                return Err(ApiError::bad_request(format!(
+                    "limits.workspace_size '{w}' cannot be held: this host does not limit workspaces (SANDBOXD_WORKSPACE_QUOTA=off)"
+                )));
+            };
+            match parse_bytes(w).and_then(|b| u64::try_from(b).ok()) {
+                Some(b) if (crate::disk::MIN_SIZE..=ceiling).contains(&b) => {}
+                Some(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "limits.workspace_size '{w}' must be between {} and {} (this host's ceiling)",
+                        human(crate::disk::MIN_SIZE),
+                        human(ceiling)
+                    )));
+                }
+                None => {
+                    return Err(ApiError::bad_request(format!(
+                        "limits.workspace_size '{w}' is not a size in Docker's syntax (for example 512m or 2g)"
+                    )));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The workspace size a new session gets: its own limit, else its runtime's, within the
+    /// host's ceiling; `None` on a host that does not limit workspaces.
+    fn workspace_size_of(&self, runtime: &RuntimeImage, limits: &Limits) -> Option<u64> {
+        let ceiling = self.settings.workspace_size?;
+        let asked = limits
+            .workspace_size
+            .as_deref()
+            .or(runtime.workspace_size.as_deref())
+            .and_then(parse_bytes)
+            .and_then(|b| u64::try_from(b).ok())
+            .unwrap_or(ceiling);
+        Some(asked.clamp(crate::disk::MIN_SIZE, ceiling))
+    }
+
+    /// The disks of the sessions.
+    pub fn disks(&self) -> &Disks {
+        &self.disks
     }
 
     fn cap_error(&self, claim: &Claim, tenant: &str) -> ApiError {
@@ -704,8 +777,13 @@ impl Core {
                 return Err(e);
             }
         };
-        let limits = req.limits.clone().unwrap_or_default();
+        let mut limits = req.limits.clone().unwrap_or_default();
         self.check_limits(&limits)?;
+        // The row records the workspace size the session gets (its disk's size): a session
+        // with one whose disk is gone is lost, never given a new empty disk.
+        limits.workspace_size = self
+            .workspace_size_of(&runtime, &limits)
+            .map(|b| b.to_string());
         let token = auth::new_session_token();
         let hash = auth::hash(&token);
         let limits_json =
@@ -735,10 +813,11 @@ impl Core {
         let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
         match claim {
             Claim::Inserted => {
-                // A folder this open makes is removed again if it fails, so that no later open
-                // of the same name (by another tenant) inherits it.
+                // A folder (or disk) this open makes is removed again if it fails, so that no
+                // later open of the same name (by another tenant) inherits it.
                 let folder = self.settings.workspace_root.join(&req.name);
                 let had_folder = std::fs::symlink_metadata(&folder).is_ok();
+                let had_disk = self.disks.size(&req.name).is_some();
                 let result = self
                     .create_container(&req.name, &req.tenant, &runtime, &limits)
                     .await;
@@ -756,10 +835,13 @@ impl Core {
                         })
                     }
                     Err(e) => {
+                        // A failed open uses no capacity, nor the disk or folder it made.
+                        if !had_disk && let Err(err) = self.disks.release(&req.name) {
+                            warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
+                        }
                         if !had_folder && let Err(left) = self.discard_folder(&req.name) {
                             warn!(session = %req.name, error = %left.message, "a failed open could not remove the folder it made");
                         }
-                        // A failed open uses no capacity.
                         let _ = self.store.delete(&req.name).await;
                         self.forget_tokens(&req.name);
                         drop(slot);
@@ -899,6 +981,16 @@ impl Core {
             })?,
         };
         let workspace = self.workspace(id);
+        if let Some(size) = self.workspace_size_of(runtime, limits) {
+            let disks = self.disks.clone();
+            let made = tokio::task::spawn_blocking({
+                let id = id.to_owned();
+                move || disks.create(&id, size)
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?;
+            made.map_err(|e| disk_error(id, e))?;
+        }
         workspace.prepare()?;
         let memory = limits
             .mem_limit
@@ -917,6 +1009,7 @@ impl Core {
             memory,
             pids_limit: limits.pids_limit.unwrap_or(s.pids_limit),
             tmpfs_size: s.tmpfs_size.clone(),
+            home_size: s.home_size.clone(),
             oci_runtime: s.oci_runtime.clone(),
             env: runtime
                 .env
@@ -963,10 +1056,31 @@ impl Core {
         if row.state == State::Lost {
             return Err(ApiError::lost(&row.id));
         }
+        let has_disk = self.disks.size(&row.id).is_some();
+        if !has_disk && row.state != State::Opening && Self::limits_of(row).workspace_size.is_some()
+        {
+            warn!(session = %row.id, "the workspace's disk image vanished");
+            return self.mark_lost(row).await;
+        }
+        // A session's disk that is not mounted (the node restarted) is mounted first: its
+        // empty mount point must never pass for the workspace.
+        if self.disks.size(&row.id).is_some() && !self.disks.is_mounted(&row.id) {
+            let disks = self.disks.clone();
+            let id = row.id.clone();
+            tokio::task::spawn_blocking(move || disks.mount(&id))
+                .await
+                .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?
+                .map_err(|e| disk_error(&row.id, e))?;
+        }
         if self.workspace(&row.id).exists() {
             return Ok(());
         }
         warn!(session = %row.id, "workspace vanished; session is lost");
+        self.mark_lost(row).await
+    }
+
+    /// Makes a session lost (its container removed); returns the 410 to answer with.
+    async fn mark_lost(&self, row: &SessionRow) -> Result<(), ApiError> {
         if self
             .store
             .transition(
@@ -1080,6 +1194,7 @@ impl Core {
                         image: row.image.clone(),
                         needs_network: false,
                         mem_limit: None,
+                        workspace_size: None,
                         env,
                     }
                 });
@@ -1514,7 +1629,7 @@ impl Core {
         }
         self.check_workspace(&row).await?;
         let _ = self.store.touch(id).await;
-        Ok(self.workspace(id))
+        Ok(self.workspace(id).with_size_limit(self.disks.size(id)))
     }
 
     /// Brings the rows in line with what Docker reports, after a crash at any point: no
@@ -1527,6 +1642,13 @@ impl Core {
             .await
             .map_err(|e| ApiError::docker(e.to_string()))?;
         let rows = self.store.list().await.map_err(db)?;
+        for row in &rows {
+            if row.state != State::Destroying
+                && let Err(e) = self.disks.mount(&row.id)
+            {
+                warn!(session = %row.id, error = %e, "cannot mount the workspace disk");
+            }
+        }
         for c in &owned {
             let row = rows.iter().find(|r| r.id == c.session);
             let keep = row.is_some_and(|r| {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
     RemoveContainerOptionsBuilder, StatsOptionsBuilder, StopContainerOptionsBuilder,
@@ -29,6 +29,20 @@ pub const WORKSPACE_MOUNT: &str = "/workspace";
 
 /// The container's PID-2 process: waits forever and exits on TERM. POSIX sh, so any image works.
 const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done";
+
+/// The home folder a sandbox needs a writable mount at: the last `HOME` of `env`, unless it
+/// is /tmp or in the workspace, which are writable already.
+fn home_mount(env: &[String]) -> Option<String> {
+    let home = env.iter().rev().find_map(|e| e.strip_prefix("HOME="))?;
+    let home = home.trim_end_matches('/');
+    let writable = home.is_empty()
+        || home == "/tmp"
+        || home.starts_with("/tmp/")
+        || home == WORKSPACE_MOUNT
+        || home.starts_with(&format!("{WORKSPACE_MOUNT}/"))
+        || !home.starts_with('/');
+    (!writable).then(|| home.to_owned())
+}
 
 /// How a sandbox runs the resident agent as its PID 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +79,8 @@ pub struct SandboxSpec {
     pub pids_limit: i64,
     /// tmpfs size at /tmp, in Docker's syntax.
     pub tmpfs_size: String,
+    /// tmpfs size at HOME when it is a folder of the image, in Docker's syntax.
+    pub home_size: String,
     /// OCI runtime, if not Docker's default.
     pub oci_runtime: Option<String>,
     /// Environment.
@@ -277,8 +293,36 @@ impl Engine {
             ),
             None => (format!("{0}:{0}", spec.uid), None),
         };
+        // The image's root is read-only: a sandbox writes only to its workspace (a disk of its
+        // own size), /tmp and its home (tmpfs of SANDBOXD_TMPFS_SIZE and SANDBOXD_HOME_SIZE,
+        // in its memory), so it cannot fill the node's disk through the container's writable
+        // layer.
+        let mut env = vec!["HOME=/tmp".to_owned()];
+        env.extend(spec.env.iter().cloned());
+        let mut tmpfs = HashMap::from([(
+            "/tmp".to_owned(),
+            format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),
+        )]);
+        if let Some(home) = home_mount(&env) {
+            tmpfs.insert(
+                home,
+                format!(
+                    "rw,nosuid,nodev,size={},mode=0700,uid={1},gid={1}",
+                    spec.home_size, spec.uid
+                ),
+            );
+        }
         let host = HostConfig {
             binds: Some(binds),
+            readonly_rootfs: Some(true),
+            // What PID 1 prints goes to the node's disk too: bounded.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("json-file".to_owned()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), "1m".to_owned()),
+                    ("max-file".to_owned(), "1".to_owned()),
+                ])),
+            }),
             init: Some(spec.agent.is_none()),
             privileged: Some(false),
             cap_drop: Some(vec!["ALL".to_owned()]),
@@ -288,16 +332,11 @@ impl Engine {
             memory: Some(spec.memory),
             memory_swap: Some(spec.memory),
             pids_limit: Some(spec.pids_limit),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_owned(),
-                format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),
-            )])),
+            tmpfs: Some(tmpfs),
             network_mode: Some(spec.network_mode.clone()),
             runtime: spec.oci_runtime.clone(),
             ..Default::default()
         };
-        let mut env = vec!["HOME=/tmp".to_owned()];
-        env.extend(spec.env.iter().cloned());
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             entrypoint,
@@ -552,10 +591,24 @@ mod tests {
             memory: 1 << 30,
             pids_limit: 512,
             tmpfs_size: "64m".to_owned(),
+            home_size: "256m".to_owned(),
             oci_runtime: None,
             env: vec![],
             agent: None,
         }
+    }
+
+    #[test]
+    fn a_home_outside_tmp_and_the_workspace_gets_a_mount() {
+        let env = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(home_mount(&env(&["HOME=/tmp"])), None);
+        assert_eq!(
+            home_mount(&env(&["HOME=/tmp", "HOME=/home/sandbox/"])),
+            Some("/home/sandbox".to_owned())
+        );
+        assert_eq!(home_mount(&env(&["HOME=/workspace/me"])), None);
+        assert_eq!(home_mount(&env(&["HOME=/"])), None);
+        assert_eq!(home_mount(&env(&["PATH=/bin"])), None);
     }
 
     #[tokio::test]

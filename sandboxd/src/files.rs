@@ -131,6 +131,17 @@ pub enum FileError {
         /// The read limit.
         limit: u64,
     },
+    /// The workspace's disk is full (the session's workspace size, or the disk under it).
+    #[error(
+        "No space left on device: the workspace is full{}; '{path}' was not written. Remove files to make room",
+        .limit.map(|l| format!(" (it holds at most {})", crate::disk::human(l))).unwrap_or_default()
+    )]
+    NoSpace {
+        /// The path as given.
+        path: String,
+        /// The workspace size, when it has one.
+        limit: Option<u64>,
+    },
     /// The workspace directory itself is gone: the session is lost.
     #[error("the workspace directory is gone; the session is lost")]
     WorkspaceMissing,
@@ -158,6 +169,17 @@ pub enum FileError {
 }
 
 impl FileError {
+    /// The error with the workspace size named, when it is a full disk.
+    fn within(self, size_limit: Option<u64>) -> Self {
+        match self {
+            Self::NoSpace { path, limit } => Self::NoSpace {
+                path,
+                limit: limit.or(size_limit),
+            },
+            other => other,
+        }
+    }
+
     /// A stable snake_case code for API clients.
     pub fn code(&self) -> &'static str {
         match self {
@@ -168,6 +190,7 @@ impl FileError {
             Self::NotADirectory { .. } => "not_a_directory",
             Self::DirectoryNotEmpty { .. } => "directory_not_empty",
             Self::TooLarge { .. } => "too_large",
+            Self::NoSpace { .. } => "workspace_full",
             Self::WorkspaceMissing => "session_lost",
             Self::PermissionDenied { .. } => "permission_denied",
             Self::NotRegularFile { .. } => "not_a_regular_file",
@@ -184,6 +207,7 @@ impl FileError {
             Self::IsADirectory { .. } | Self::NotADirectory { .. } => 409,
             Self::DirectoryNotEmpty { .. } => 409,
             Self::TooLarge { .. } => 413,
+            Self::NoSpace { .. } => 507,
             Self::WorkspaceMissing => 410,
             Self::PermissionDenied { .. } => 403,
             Self::NotRegularFile { .. } => 409,
@@ -297,6 +321,7 @@ pub struct Workspace {
     uid: u32,
     gid: u32,
     trash: Option<Trash>,
+    size_limit: Option<u64>,
 }
 
 impl Workspace {
@@ -308,6 +333,7 @@ impl Workspace {
             uid,
             gid,
             trash: None,
+            size_limit: None,
         }
     }
 
@@ -316,6 +342,12 @@ impl Workspace {
     /// recursive remove deletes in place (iteratively all the same).
     pub fn with_trash(mut self, trash: Trash) -> Self {
         self.trash = Some(trash);
+        self
+    }
+
+    /// The workspace with its size, named when a write finds it full.
+    pub fn with_size_limit(mut self, size_limit: Option<u64>) -> Self {
+        self.size_limit = size_limit;
         self
     }
 
@@ -417,11 +449,17 @@ impl Workspace {
     /// Starts a write to `path` (resolved and confined as [`Workspace::write`] does): the bytes
     /// go to a temporary file beside the target, which [`PendingWrite::commit`] renames over
     /// it; a pending write dropped before its commit leaves nothing behind. For bodies that
-    /// arrive in pieces, written as they come.
+    /// arrive in pieces, written as they come. A full disk is [`FileError::NoSpace`], naming
+    /// the workspace size.
     pub fn begin_write(&self, path: &str) -> Result<PendingWrite, FileError> {
         if let Some(hop) = self.hop(|| self.begin_write(path)) {
             return hop;
         }
+        self.start_write(path)
+            .map_err(|e| e.within(self.size_limit))
+    }
+
+    fn start_write(&self, path: &str) -> Result<PendingWrite, FileError> {
         let comps = normalize(path)?;
         if comps.is_empty() {
             return Err(invalid(
@@ -477,6 +515,7 @@ impl Workspace {
             gid: self.gid,
             path: path.to_owned(),
             size: 0,
+            size_limit: self.size_limit,
             done: false,
         })
     }
@@ -542,7 +581,8 @@ impl Workspace {
         }
         let comps = normalize(path)?;
         let root = self.open_root()?;
-        self.ensure_dirs(&root, &comps, path)?;
+        self.ensure_dirs(&root, &comps, path)
+            .map_err(|e| e.within(self.size_limit))?;
         Ok(())
     }
 
@@ -844,6 +884,7 @@ pub struct PendingWrite {
     gid: u32,
     path: String,
     size: u64,
+    size_limit: Option<u64>,
     done: bool,
 }
 
@@ -856,7 +897,7 @@ impl PendingWrite {
         for piece in data.chunks(WRITE_PIECE) {
             (&self.file)
                 .write_all(piece)
-                .map_err(|e| map_io(&self.path, e))?;
+                .map_err(|e| map_io(&self.path, e).within(self.size_limit))?;
         }
         self.size += data.len() as u64;
         Ok(())
@@ -884,7 +925,7 @@ impl PendingWrite {
                 .set_permissions(std::fs::Permissions::from_mode(self.mode))?;
             self.dir.rename(&self.temp, &self.dir, &self.name)
         })();
-        placed.map_err(|e| map_io(&self.path, e))?;
+        placed.map_err(|e| map_io(&self.path, e).within(self.size_limit))?;
         self.done = true;
         Ok(WriteResult { size: self.size })
     }
@@ -1138,6 +1179,10 @@ fn map_io(path: &str, e: io::Error) -> FileError {
             reason: "too many levels of symbolic links (a symlink loop?)".to_owned(),
         };
     }
+    // ENOSPC, and EDQUOT for a disk under a quota.
+    if matches!(e.raw_os_error(), Some(28 | 122)) {
+        return FileError::NoSpace { path, limit: None };
+    }
     match e.kind() {
         io::ErrorKind::NotFound => FileError::NotFound { path },
         io::ErrorKind::NotADirectory => FileError::NotADirectory { path },
@@ -1337,6 +1382,21 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_named_with_the_workspace_size() {
+        let e = map_io("big.bin", io::Error::from_raw_os_error(28)).within(Some(64 << 20));
+        assert_eq!((e.code(), e.status()), ("workspace_full", 507));
+        assert_eq!(
+            e.to_string(),
+            "No space left on device: the workspace is full (it holds at most 64 MiB); 'big.bin' was not written. Remove files to make room"
+        );
+        let e = map_io("q", io::Error::from_raw_os_error(122));
+        assert_eq!(
+            e.to_string(),
+            "No space left on device: the workspace is full; 'q' was not written. Remove files to make room"
+        );
+    }
+
+    #[test]
     fn codes_and_statuses() {
         let p = || "p".to_owned();
         let cases = [
@@ -1347,6 +1407,14 @@ mod tests {
                 403,
             ),
             (FileError::NotFound { path: p() }, "not_found", 404),
+            (
+                FileError::NoSpace {
+                    path: p(),
+                    limit: None,
+                },
+                "workspace_full",
+                507,
+            ),
             (FileError::IsADirectory { path: p() }, "is_a_directory", 409),
             (
                 FileError::NotADirectory { path: p() },

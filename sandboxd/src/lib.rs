@@ -21,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod connections;
 pub mod core;
+pub mod disk;
 pub mod docker;
 pub mod error;
 pub mod files;

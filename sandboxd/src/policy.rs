@@ -51,6 +51,10 @@ pub struct Fixed {
     pub pids_limit: i64,
     /// Size of the tmpfs at /tmp.
     pub tmpfs_size: String,
+    /// Workspace size per sandbox (default and ceiling), bytes; absent when workspaces are not
+    /// limited (SANDBOXD_WORKSPACE_QUOTA=off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<u64>,
 }
 
 /// The body of `GET /v1/policy` and of a successful `PUT /v1/policy`.
@@ -64,7 +68,7 @@ pub struct PolicyView {
 }
 
 /// The fields that are refused, and the variable a restart would change them with.
-pub const FIXED_FIELDS: [(&str, &str); 13] = [
+pub const FIXED_FIELDS: [(&str, &str); 14] = [
     ("runtimes", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
     ("allowlist", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
     ("network_mode", "SANDBOXD_NETWORK_MODE"),
@@ -78,6 +82,7 @@ pub const FIXED_FIELDS: [(&str, &str); 13] = [
     ("memory", "SANDBOXD_MEM_LIMIT"),
     ("pids_limit", "SANDBOXD_PIDS_LIMIT"),
     ("tmpfs_size", "SANDBOXD_TMPFS_SIZE"),
+    ("workspace_size", "SANDBOXD_WORKSPACE_SIZE"),
 ];
 
 /// The fields that change live.

@@ -163,6 +163,7 @@ impl Allowlist {
                     env_vars: BTreeMap::new(),
                     briefing: vec![],
                     mem_limit: None,
+                    workspace_size: None,
                     needs_network: false,
                 })
                 .collect(),
@@ -753,6 +754,7 @@ impl Runtimes {
             image: tag,
             needs_network: entry.needs_network,
             mem_limit: entry.mem_limit.clone(),
+            workspace_size: entry.workspace_size.clone(),
             env,
         }
     }

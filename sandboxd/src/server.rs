@@ -13,8 +13,9 @@ use crate::agent_runner::{self, AgentRunner};
 use crate::api::{AppState, router};
 use crate::audit::{Audit, AuditStore};
 use crate::auth::AdminToken;
-use crate::config::{Config, RunBackend};
+use crate::config::{Config, RunBackend, WorkspaceQuota};
 use crate::core::{Core, Settings};
+use crate::disk::Disks;
 use crate::docker::Engine;
 use crate::metrics::Metrics;
 use crate::network::SandboxNetwork;
@@ -64,6 +65,21 @@ async fn start_with(
             config.workspace_root.display()
         )
     })?;
+    match config.workspace_quota {
+        WorkspaceQuota::Loop => {
+            if let Err(missing) = Disks::new(&config.workspace_root, config.sandbox_uid).check() {
+                anyhow::bail!(
+                    "SANDBOXD_WORKSPACE_QUOTA=loop gives every workspace a disk of its own of SANDBOXD_WORKSPACE_SIZE ({}), and this host lacks what that needs: {missing}. Provide it, or run with SANDBOXD_WORKSPACE_QUOTA=off to let sandboxes write without a limit (one can then fill the node's disk)",
+                    config.workspace_size
+                );
+            }
+            info!(workspace_size = %config.workspace_size, "every workspace is a loop-mounted disk of its own size");
+        }
+        WorkspaceQuota::Off => warn!(
+            workspace_root = %config.workspace_root.display(),
+            "WORKSPACE SIZES ARE NOT LIMITED (SANDBOXD_WORKSPACE_QUOTA=off): a sandbox can fill the disk under the workspace root, and with it the node's; sessions asking for limits.workspace_size are refused"
+        ),
+    }
     let store = Store::open(&config.state_dir).await.with_context(|| {
         format!(
             "cannot open the state database in {}",
@@ -296,6 +312,8 @@ mod tests {
             &path("state"),
             "--sandbox-uid",
             &uid.to_string(),
+            "--workspace-quota",
+            "off",
         ])
         .expect("a config");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1009,6 +1009,7 @@ fn file_error(e: FileError, refuse_outside: bool) -> WireError {
             WireError::path(400, "ValueError", message)
         }
         FileError::TooLarge { .. } => WireError::not_native(message),
+        FileError::NoSpace { .. } => WireError::path(507, "OSError", message),
         FileError::WorkspaceMissing => WireError::new(410, message),
         FileError::PermissionDenied { .. } | FileError::NotRegularFile { .. } => {
             WireError::not_native(message)

@@ -267,9 +267,20 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     );
     assert_eq!(mount("workspaces"), host_path("workspaces"));
     assert_eq!(mount("docker-socket"), host_path("docker-socket"));
+    // Workspace disks (workspaceQuota: loop, the default) are loop mounts: privileged, the
+    // node's /dev, and the workspace root shared back to the host where dockerd sees it.
     assert_eq!(
         c.security_context.as_ref().and_then(|s| s.privileged),
-        Some(false)
+        Some(true)
+    );
+    assert_eq!(host_path("dev").as_deref(), Some("/dev"));
+    assert_eq!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "workspaces")
+            .and_then(|m| m.mount_propagation.as_deref()),
+        Some("Bidirectional")
     );
     assert_eq!(pod.automount_service_account_token, Some(false));
     // In the node's network namespace, with what the sandbox network's iptables rules need

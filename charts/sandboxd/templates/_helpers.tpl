@@ -64,6 +64,10 @@ app.kubernetes.io/component: sandboxd
   value: {{ .Values.sandboxd.executeTimeout | quote }}
 - name: SANDBOXD_MEM_LIMIT
   value: {{ .Values.sandboxd.memLimit | quote }}
+- name: SANDBOXD_WORKSPACE_SIZE
+  value: {{ .Values.sandboxd.workspaceSize | quote }}
+- name: SANDBOXD_WORKSPACE_QUOTA
+  value: {{ .Values.sandboxd.workspaceQuota | quote }}
 - name: SANDBOXD_CPUS
   value: {{ .Values.sandboxd.cpus | quote }}
 - name: SANDBOXD_PIDS_LIMIT
@@ -93,7 +97,12 @@ app.kubernetes.io/component: sandboxd
 {{/* The sandboxd container's volumes: the Docker socket, the workspace root at its host path, the state. */}}
 {{- define "sandboxd.volumeMounts" -}}
 - {name: docker-socket, mountPath: /var/run/docker.sock}
-- {name: workspaces, mountPath: {{ .Values.sandboxd.workspaceRoot | quote }}}
+- name: workspaces
+  mountPath: {{ .Values.sandboxd.workspaceRoot | quote }}
+  {{- if eq .Values.sandboxd.workspaceQuota "loop" }}
+  # The workspace disks sandboxd mounts must reach the host, where dockerd bind-mounts them.
+  mountPropagation: Bidirectional
+  {{- end }}
 - {name: state, mountPath: {{ .Values.sandboxd.stateDir | quote }}}
 - {name: runtimes, mountPath: /etc/sandboxd, readOnly: true}
 {{- end -}}

@@ -69,6 +69,12 @@ pub struct RuntimeSpec {
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.memLimit must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
     pub mem_limit: Option<String>,
 
+    /// Workspace size of a session in Docker's syntax (for example 2g); at most the host's
+    /// SANDBOXD_WORKSPACE_SIZE; unset takes the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.workspaceSize must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
+    pub workspace_size: Option<String>,
+
     /// Whether a session on this runtime gets a network. A build always has one.
     #[serde(default)]
     pub needs_network: bool,

@@ -147,6 +147,12 @@ pub struct SessionResources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16))]
     pub pids_limit: Option<i64>,
+
+    /// Workspace size in Docker's syntax, for example 2g: writing past it fails with "No space
+    /// left on device". At most the host's; unset takes the runtime's, else the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.resources.workspaceSize must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
+    pub workspace_size: Option<String>,
 }
 
 /// Where a session is in its life.

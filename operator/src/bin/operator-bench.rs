@@ -142,6 +142,9 @@ impl Host {
             &cap,
             "--max-sessions-per-tenant",
             &cap,
+            // The no-op engine's workspaces are empty folders: no disks to make.
+            "--workspace-quota",
+            "off",
         ])?;
         // What the environment might set for a sandboxd of its own stays out of the bench's.
         config.runtimes_file = None;

@@ -94,6 +94,7 @@ impl Host {
     pub fn spawn(&mut self) {
         let mut cmd = Command::new(bin("sandboxd"));
         cmd.env("SANDBOXD_TOKEN", &self.token)
+            .env("SANDBOXD_WORKSPACE_QUOTA", "off")
             .env("SANDBOXD_PORT", self.port.to_string())
             .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
             .env("SANDBOXD_INSTANCE", &self.instance)

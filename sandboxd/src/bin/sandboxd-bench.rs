@@ -82,7 +82,10 @@ async fn main() -> Result<()> {
     let instance = format!("bench{}", std::process::id());
     let admin_token = "bench-admin-token";
     // Two sandboxds in this process: the default (the resident agent) and the Docker exec path.
-    let config_for = |backend: &str| {
+    // The agent's sandboxd gives every workspace its disk (the default, SANDBOXD_WORKSPACE_QUOTA
+    // =loop, 10g); a third one without disks shows what they cost an open.
+    let config_for = |backend: &str, quota: &str| {
+        let name = format!("{backend}-{quota}");
         Config::try_parse_from([
             "sandboxd",
             "--token",
@@ -92,17 +95,16 @@ async fn main() -> Result<()> {
             "--runtimes",
             &format!("base={image}"),
             "--instance",
-            &format!("{instance}{backend}"),
+            &format!("{instance}{}", if quota == "off" { backend } else { &name }),
             "--workspace-root",
-            &dir.path()
-                .join(format!("ws-{backend}"))
-                .display()
-                .to_string(),
+            &dir.path().join(format!("ws-{name}")).display().to_string(),
             "--state-dir",
             &dir.path()
-                .join(format!("state-{backend}"))
+                .join(format!("state-{name}"))
                 .display()
                 .to_string(),
+            "--workspace-quota",
+            quota,
             "--max-sessions",
             "100",
             "--max-sessions-per-tenant",
@@ -111,13 +113,16 @@ async fn main() -> Result<()> {
             backend,
         ])
     };
-    let config = config_for("agent")?;
+    let config = config_for("agent", "off")?;
     let settings = sandboxd::core::Settings::from_config(&config);
     let (addr, serve) = sandboxd::server::start(config).await?;
     tokio::spawn(serve);
-    let (exec_addr, exec_serve) = sandboxd::server::start(config_for("exec")?).await?;
+    let (exec_addr, exec_serve) = sandboxd::server::start(config_for("exec", "off")?).await?;
     tokio::spawn(exec_serve);
+    let (disk_addr, disk_serve) = sandboxd::server::start(config_for("agent", "loop")?).await?;
+    tokio::spawn(disk_serve);
     let admin = Client::new(&format!("http://{addr}"), admin_token);
+    let disk_admin = Client::new(&format!("http://{disk_addr}"), admin_token);
     let exec_admin = Client::new(&format!("http://{exec_addr}"), admin_token);
     let engine = Engine::connect(&format!("{instance}raw")).await?;
 
@@ -128,6 +133,10 @@ async fn main() -> Result<()> {
     };
     let mut open_sbx = Stats {
         name: "cold open: sandboxd POST /v1/sessions",
+        samples: vec![],
+    };
+    let mut open_disk = Stats {
+        name: "cold open: sandboxd POST /v1/sessions, 10 GiB workspace disk",
         samples: vec![],
     };
     for i in 0..args.opens {
@@ -144,6 +153,7 @@ async fn main() -> Result<()> {
             memory: settings.memory,
             pids_limit: settings.pids_limit,
             tmpfs_size: settings.tmpfs_size.clone(),
+            home_size: settings.home_size.clone(),
             oci_runtime: None,
             env: vec![],
             agent: None,
@@ -158,6 +168,12 @@ async fn main() -> Result<()> {
             .await?;
         open_sbx.samples.push(t.elapsed());
         admin.destroy(&format!("open-{i}")).await?;
+        let t = Instant::now();
+        disk_admin
+            .open(&format!("open-{i}"), "bench", None, None)
+            .await?;
+        open_disk.samples.push(t.elapsed());
+        disk_admin.destroy(&format!("open-{i}")).await?;
     }
 
     // Trivial runs on warm sessions, interleaved: sandboxd on the agent path and on the Docker
@@ -350,6 +366,7 @@ async fn main() -> Result<()> {
     for s in [
         &open_raw,
         &open_sbx,
+        &open_disk,
         &run_raw,
         &run_exec,
         &run_sbx,
@@ -402,6 +419,10 @@ async fn main() -> Result<()> {
     println!(
         "cold open p50: sandboxd - raw = {:+.1} ms (target <= +100 ms)",
         Stats::ms(open_sbx.pct(0.5)) - Stats::ms(open_raw.pct(0.5))
+    );
+    println!(
+        "cold open p50 with a 10 GiB workspace disk: {:+.1} ms over one without",
+        Stats::ms(open_disk.pct(0.5)) - Stats::ms(open_sbx.pct(0.5))
     );
     let mbps = |s: &Stats| 8.0 * 1024.0 * 1024.0 / s.pct(0.5).as_secs_f64() / 1e9;
     println!(

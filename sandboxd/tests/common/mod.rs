@@ -123,6 +123,9 @@ impl Daemon {
             .env("SANDBOXD_WORKSPACE_ROOT", self.workspace_root())
             .env("SANDBOXD_STATE_DIR", self.dir.path().join("state"))
             .env("SANDBOXD_MEM_LIMIT", "512m")
+            // Workspaces without disks of their own, unless a test asks for them (the disk
+            // tests: SANDBOXD_WORKSPACE_QUOTA=loop).
+            .env("SANDBOXD_WORKSPACE_QUOTA", "off")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -232,6 +235,10 @@ impl Drop for Daemon {
                 );
             }
         }
+        // Workspace disks left mounted (SANDBOXD_WORKSPACE_QUOTA=loop) go before their folders.
+        for mount in self.mounts() {
+            let _ = Command::new("umount").arg("-l").arg(&mount).output();
+        }
         // Workspaces are owned by the sandbox uid; the temp dir removes them as root, however
         // deep a sandbox made them (iteratively, as sandboxd does).
         let path = self.dir.path();
@@ -286,6 +293,26 @@ impl Daemon {
 
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
+    }
+
+    /// The mount points under this daemon's folder (its sessions' workspace disks), from
+    /// /proc/self/mountinfo.
+    pub fn mounts(&self) -> Vec<PathBuf> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let under = self.dir.path();
+        info.lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            // mountinfo escapes space, tab, newline and backslash in octal.
+            .map(|p| {
+                PathBuf::from(
+                    p.replace("\\040", " ")
+                        .replace("\\011", "\t")
+                        .replace("\\012", "\n")
+                        .replace("\\134", "\\"),
+                )
+            })
+            .filter(|p| p.starts_with(under))
+            .collect()
     }
 }
 

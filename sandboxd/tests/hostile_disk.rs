@@ -1,0 +1,439 @@
+//! A hostile sandbox against the node's disk, on the real dockerd: a sandbox that writes
+//! without end fills its own workspace disk ("No space left on device" inside, 507 through
+//! both HTTP surfaces) and nothing else; the image's root is read-only and its home and /tmp
+//! are bounded; other sessions and sandboxd's own state keep working; destroy frees the disk.
+//!
+//! Every workspace here is a loop-mounted disk of its own (SANDBOXD_WORKSPACE_QUOTA=loop):
+//! the tests need root and loop devices, and fail (never skip) without them.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Daemon, base_image, raw};
+use sandboxd::audit::{Op, OperationQuery};
+use sandboxd::core::Limits;
+
+/// Bytes the files under `path` take on its own filesystem (not crossing into mounts): what
+/// a session folder takes from the node's disk.
+fn node_bytes(path: &Path) -> u64 {
+    let out = Command::new("du")
+        .args(["-x", "-s", "-B1"])
+        .arg(path)
+        .output()
+        .expect("du runs");
+    let used: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("du {} answered {out:?}", path.display()));
+    // Less a MiB for the folders themselves and the agent's socket folder.
+    used.saturating_sub(1 << 20)
+}
+
+fn limits(size: &str) -> Limits {
+    Limits {
+        workspace_size: Some(size.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A /v1 write of `bytes` bytes: the status and the body.
+async fn v1_write(d: &Daemon, token: &str, id: &str, path: &str, bytes: usize) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .put(format!("{}/v1/sessions/{id}/files/{path}", d.base))
+        .bearer_auth(token)
+        .body(vec![7u8; bytes])
+        .send()
+        .await
+        .expect("sandboxd answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+/// A write over the pydantic-ai-backend wire surface: the status and the body.
+async fn wire_write(
+    d: &Daemon,
+    token: &str,
+    id: &str,
+    path: &str,
+    bytes: usize,
+) -> (u16, serde_json::Value) {
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "{}/sessions/{id}/files/write?path={}",
+            d.base,
+            urlencoding::encode(path)
+        ))
+        .header("x-sandbox-token", token)
+        .body(vec![7u8; bytes])
+        .send()
+        .await
+        .expect("sandboxd answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+fn disk_daemon(extra: &[(&str, &str)]) -> Daemon {
+    let mut env = vec![
+        ("SANDBOXD_WORKSPACE_QUOTA", "loop"),
+        ("SANDBOXD_WORKSPACE_SIZE", "256m"),
+    ];
+    env.extend_from_slice(extra);
+    Daemon::start(&env)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dd_fills_only_its_own_workspace() {
+    let mut d = disk_daemon(&[]);
+    let admin = d.admin();
+    let big = admin
+        .open("disk-big", "org-disk", None, Some(&limits("64m")))
+        .await
+        .expect("open the attacker");
+    let big_token = big.token.expect("token");
+    let other = admin
+        .open("disk-other", "org-disk", None, None)
+        .await
+        .expect("open the bystander");
+    let other_token = other.token.expect("token");
+    let b = d.client(&big_token);
+    let o = d.client(&other_token);
+
+    // Both disks are allocated in full when the session opens: what the attack writes next
+    // takes nothing more from the node.
+    let image = d.workspace_root().join("disk-big/workspace.img");
+    assert_eq!(
+        std::fs::metadata(&image).expect("the disk image").len(),
+        64 << 20
+    );
+
+    // The attack.
+    let dd = b
+        .run(
+            "disk-big",
+            "dd if=/dev/zero of=/workspace/x bs=1M count=200; echo \"dd exit $?\"; df -B1 --output=size /workspace | tail -1",
+            Some(120),
+            None,
+            None,
+        )
+        .await
+        .expect("the run answers");
+    assert!(
+        dd.stderr.contains("No space left on device"),
+        "dd must fail on the workspace's own disk: {dd:?}"
+    );
+    assert!(!dd.stdout.contains("dd exit 0"), "{dd:?}");
+    let size_inside: u64 = dd
+        .stdout
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df inside: {dd:?}"));
+    assert!(
+        size_inside <= 64 << 20,
+        "the sandbox sees its disk's size: {size_inside}"
+    );
+    // What the session takes from the node's disk is its disk, and not a byte more (the
+    // machine's free space is no measure: other builds share it).
+    let taken = node_bytes(&d.workspace_root().join("disk-big"));
+    assert!(
+        taken <= 64 << 20,
+        "the session takes {taken} bytes of the node's disk"
+    );
+
+    // Through the API: 507 and what to do.
+    let (status, body) = v1_write(&d, &big_token, "disk-big", "more.bin", 4 << 20).await;
+    assert_eq!(status, 507, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+    assert_eq!(body["code"], "workspace_full");
+    assert_eq!(
+        body["message"],
+        "No space left on device: the workspace is full (it holds at most 64 MiB); 'more.bin' was not written. Remove files to make room"
+    );
+    let (status, body) =
+        wire_write(&d, &big_token, "disk-big", "/workspace/wire.bin", 4 << 20).await;
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["detail"]["error"], "OSError");
+    assert!(
+        body["detail"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(
+                "No space left on device: the workspace is full (it holds at most 64 MiB)"
+            )),
+        "{body}"
+    );
+    // A failed write leaves no temporary file behind.
+    let left = b.ls("disk-big", "").await.expect("ls");
+    assert_eq!(
+        left.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        ["x"]
+    );
+
+    // The bystander writes and runs; sandboxd's state and audit keep working.
+    let (status, body) = v1_write(&d, &other_token, "disk-other", "fine.bin", 4 << 20).await;
+    assert_eq!(status, 200, "{body}");
+    let ok = o
+        .run(
+            "disk-other",
+            "echo ok > /workspace/o && cat /workspace/o",
+            Some(30),
+            None,
+            None,
+        )
+        .await
+        .expect("the bystander runs");
+    assert_eq!((ok.exit_code, ok.stdout.as_str()), (0, "ok\n"));
+    let third = admin
+        .open("disk-third", "org-disk", None, Some(&limits("32m")))
+        .await
+        .expect("a new session opens");
+    assert!(third.created);
+    let page = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let page = admin
+                .operations(&OperationQuery {
+                    session: Some("disk-big".into()),
+                    op: Some(Op::Write),
+                    failed: true,
+                    ..Default::default()
+                })
+                .await
+                .expect("the audit answers");
+            if page.operations.len() >= 2 {
+                return page;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the failed writes reach the audit log");
+    assert!(
+        page.operations
+            .iter()
+            .all(|r| r.error.as_deref() == Some("workspace_full")),
+        "{:?}",
+        page.operations
+    );
+
+    // Room again once the file is gone.
+    let rm = b
+        .run("disk-big", "rm /workspace/x", Some(30), None, None)
+        .await
+        .expect("rm");
+    assert_eq!(rm.exit_code, 0, "{rm:?}");
+    let (status, body) = v1_write(&d, &big_token, "disk-big", "more.bin", 4 << 20).await;
+    assert_eq!(status, 200, "{body}");
+
+    // The disk outlives sandboxd and the mount (a node restart): mounted again at start,
+    // files intact, never an empty folder in its place.
+    d.kill9();
+    let mount = d.workspace_root().join("disk-big/workspace");
+    let status = Command::new("umount").arg(&mount).status().expect("umount");
+    assert!(status.success());
+    d.spawn();
+    let back = d
+        .client(&big_token)
+        .read("disk-big", "more.bin", 0, None)
+        .await
+        .expect("the file is back");
+    assert_eq!(back.len(), 4 << 20);
+
+    // A disk whose image is gone is a lost session, never an empty disk in its place.
+    let third_token = third.token.as_deref().expect("token");
+    let mount = d.workspace_root().join("disk-third/workspace");
+    assert!(
+        Command::new("umount")
+            .arg(&mount)
+            .status()
+            .expect("umount")
+            .success()
+    );
+    std::fs::remove_file(d.workspace_root().join("disk-third/workspace.img"))
+        .expect("rm the image");
+    let (status, body) = v1_write(&d, third_token, "disk-third", "a.txt", 10).await;
+    assert_eq!(status, 410, "{body}");
+    assert!(body.contains("session_lost"), "{body}");
+    assert_eq!(
+        d.admin().get("disk-third").await.expect("get").state,
+        sandboxd::store::State::Lost
+    );
+
+    // Destroy frees the disk: no mount, no image.
+    let admin = d.admin();
+    for id in ["disk-big", "disk-other", "disk-third"] {
+        assert!(admin.destroy(id).await.expect("destroy").destroyed);
+        assert!(!d.workspace_root().join(id).exists(), "{id} left files");
+    }
+    assert_eq!(d.mounts(), Vec::<std::path::PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_root_is_read_only_and_home_is_bounded() {
+    // A runtime whose image says HOME is a folder of the image, as the built runtimes do.
+    let catalog = serde_json::json!([
+        {"alias": "base", "image": base_image()},
+        {"alias": "homed", "image": base_image(), "env_vars": {"HOME": "/home/sandbox"}},
+    ])
+    .to_string();
+    let d = disk_daemon(&[("SANDBOXD_RUNTIMES", &catalog)]);
+    let opened = d
+        .admin()
+        .open("disk-root", "org-disk", Some("homed"), Some(&limits("32m")))
+        .await
+        .expect("open");
+    let c = d.client(opened.token.as_deref().expect("token"));
+    let container = d
+        .containers()
+        .into_iter()
+        .find(|(_, s, _)| s == "disk-root")
+        .expect("the container")
+        .0;
+
+    // /var/tmp is world-writable in the image: without a read-only root it fills the node.
+    for target in ["/x", "/var/tmp/x", "/usr/x"] {
+        let out = c
+            .run(
+                "disk-root",
+                &format!("dd if=/dev/zero of={target} bs=1M count=100 conv=notrunc"),
+                Some(60),
+                None,
+                None,
+            )
+            .await
+            .expect("the run answers");
+        assert_ne!(out.exit_code, 0, "{target}: {out:?}");
+        assert!(
+            out.stderr.contains("Read-only file system"),
+            "{target} must be read-only: {out:?}"
+        );
+    }
+    // Docker's own files in the container are root's, and mounted read-only too.
+    let hosts = c
+        .run("disk-root", "echo x >> /etc/hosts", Some(30), None, None)
+        .await
+        .expect("the run answers");
+    assert_ne!(hosts.exit_code, 0, "{hosts:?}");
+    for target in ["$HOME/x", "/tmp/x", "/dev/shm/x"] {
+        let out = c
+            .run(
+                "disk-root",
+                &format!("echo \"home=$HOME\"; dd if=/dev/zero of={target} bs=1M count=300; echo \"dd exit $?\"; rm -f {target}"),
+                Some(60),
+                None,
+                None,
+            )
+            .await
+            .expect("the run answers");
+        assert!(out.stdout.contains("home=/home/sandbox"), "{out:?}");
+        assert!(
+            out.stderr.contains("No space left on device") && !out.stdout.contains("dd exit 0"),
+            "{target} must be bounded: {out:?}"
+        );
+    }
+    let home = c
+        .run(
+            "disk-root",
+            "cd && touch kept && ls -ld . && ls",
+            Some(30),
+            None,
+            None,
+        )
+        .await
+        .expect("home is writable");
+    assert_eq!(home.exit_code, 0, "{home:?}");
+    assert!(home.stdout.contains("kept"), "{home:?}");
+
+    // Nothing reached the container's writable layer, and the node's disk is as it was.
+    let size_rw = Command::new("docker")
+        .args(["inspect", "--size", "-f", "{{.SizeRw}}", &container])
+        .output()
+        .expect("docker inspect");
+    let size_rw: u64 = String::from_utf8_lossy(&size_rw.stdout)
+        .trim()
+        .parse()
+        .expect("SizeRw");
+    assert!(
+        size_rw < 1 << 20,
+        "the writable layer grew to {size_rw} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_are_checked_and_an_unlimited_host_says_so() {
+    let d = disk_daemon(&[]);
+    for (size, want) in [
+        (
+            "1g",
+            "limits.workspace_size '1g' must be between 16 MiB and 256 MiB (this host's ceiling)",
+        ),
+        (
+            "lots",
+            "limits.workspace_size 'lots' is not a size in Docker's syntax (for example 512m or 2g)",
+        ),
+    ] {
+        let e = d
+            .admin()
+            .open("disk-size", "org-disk", None, Some(&limits(size)))
+            .await
+            .expect_err("refused");
+        assert_eq!(e.to_string(), format!("bad_request (400): {want}"));
+    }
+    let policy = d.admin().policy().await.expect("policy");
+    assert_eq!(policy.fixed.workspace_size, Some(256 << 20));
+    let (status, _) = raw(
+        reqwest::Method::GET,
+        &format!("{}/v1/policy", d.base),
+        Some(&d.admin),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // A host without disks (SANDBOXD_WORKSPACE_QUOTA=off) refuses a size it cannot hold.
+    let off = Daemon::start(&[("SANDBOXD_WORKSPACE_QUOTA", "off")]);
+    let e = off
+        .admin()
+        .open("disk-size", "org-disk", None, Some(&limits("64m")))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        e.to_string(),
+        "bad_request (400): limits.workspace_size '64m' cannot be held: this host does not limit workspaces (SANDBOXD_WORKSPACE_QUOTA=off)"
+    );
+    assert_eq!(
+        off.admin()
+            .policy()
+            .await
+            .expect("policy")
+            .fixed
+            .workspace_size,
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_open_leaves_no_disk_behind() {
+    // Docker refuses to create the container (no such OCI runtime): the open fails after its
+    // disk was made, and the disk goes with it.
+    let d = disk_daemon(&[("SANDBOXD_OCI_RUNTIME", "no-such-runtime")]);
+    let e = d
+        .admin()
+        .open("disk-failed", "org-disk", None, None)
+        .await
+        .expect_err("the open fails");
+    assert!(e.to_string().contains("no-such-runtime"), "{e}");
+    assert!(
+        !d.workspace_root()
+            .join("disk-failed/workspace.img")
+            .exists(),
+        "the failed open's disk image is left"
+    );
+    assert_eq!(d.mounts(), Vec::<std::path::PathBuf>::new());
+    assert!(d.admin().list().await.expect("list").is_empty());
+}
