@@ -19,7 +19,7 @@ use crate::audit::{Op, OperationQuery};
 use crate::auth::{AdminToken, bearer};
 use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest};
 use crate::error::ApiError;
-use crate::files::TreeLimits;
+use crate::files::{MAX_LIST_ENTRIES, TreeLimits};
 use crate::metrics::{Metrics, StateLabel};
 
 /// Every route this server serves, as the index lists them.
@@ -742,16 +742,22 @@ async fn ls(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let entries = tokio::task::spawn_blocking(move || ws.list(&p))
+    let listed = tokio::task::spawn_blocking(move || ws.list(&p, MAX_LIST_ENTRIES))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(ApiError::from);
-    let o = outcome(&entries, |_| None);
+    let o = outcome(&listed, |_| None);
     state
         .core
         .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
-    let entries = entries?;
-    Ok(Json(json!({"path": q.path, "entries": entries})).into_response())
+    let listed = listed?;
+    Ok(Json(json!({
+        "path": q.path,
+        "entries": listed.entries,
+        "truncated": listed.truncated,
+        "max_entries": MAX_LIST_ENTRIES,
+    }))
+    .into_response())
 }
 
 async fn tree(
