@@ -166,8 +166,9 @@ fn kind_mark(e: &Entry) -> &'static str {
 /// `ls`: one folder.
 pub async fn ls(t: &Target, name: &str, path: &str) -> Result<(), Error> {
     let (client, id) = t.sandbox(name).await?;
-    let entries = client.ls(&id, path).await?;
-    let rows: Vec<Vec<String>> = entries
+    let listing = client.listing(&id, path).await?;
+    let rows: Vec<Vec<String>> = listing
+        .entries
         .iter()
         .map(|e| {
             vec![
@@ -190,6 +191,12 @@ pub async fn ls(t: &Target, name: &str, path: &str) -> Result<(), Error> {
         print!(
             "{}",
             render::table(&["MODE", "SIZE", "MODIFIED", "NAME"], &rows)
+        );
+    }
+    if listing.truncated {
+        println!(
+            "incomplete: the folder holds more than {} entries; the first ones it yields are listed",
+            rows.len()
         );
     }
     Ok(())

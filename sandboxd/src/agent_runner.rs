@@ -47,7 +47,7 @@ use tracing::{debug, warn};
 use crate::docker::{AgentMount, Engine};
 use crate::metrics::Metrics;
 use crate::runner::{
-    Capture, ExecRunner, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner,
+    ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner,
 };
 
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
@@ -117,22 +117,36 @@ struct Conn {
 }
 
 impl Conn {
-    async fn send(&mut self, msg: &Msg) -> io::Result<()> {
-        self.w.write_all(&proto::encode_msg(msg)).await
-    }
-
     async fn recv(&mut self) -> Result<Option<Frame>, proto::FrameError> {
-        let mut header = [0u8; 4];
-        match self.r.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        let len = proto::frame_len(header)?;
-        let mut body = vec![0u8; len];
-        self.r.read_exact(&mut body).await?;
-        proto::decode(body).map(Some)
+        read_frame(&mut self.r).await
     }
+}
+
+/// Reads one frame; `None` at the end of the stream. Not cancel-safe: a frame half read is
+/// lost with the future (see [`next_frame`]).
+async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> Result<Option<Frame>, proto::FrameError> {
+    let mut header = [0u8; 4];
+    match r.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = proto::frame_len(header)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    proto::decode(body).map(Some)
+}
+
+/// Reads one frame with a reader of its own, handing the reader back: kept as one future
+/// across the branches of a run's loop, so a branch that wins mid-frame never cuts a frame.
+async fn next_frame(
+    mut r: BufReader<OwnedReadHalf>,
+) -> (
+    BufReader<OwnedReadHalf>,
+    Result<Option<Frame>, proto::FrameError>,
+) {
+    let frame = read_frame(&mut r).await;
+    (r, frame)
 }
 
 impl AgentRunner {
@@ -481,23 +495,30 @@ impl AgentRunner {
 
     async fn run_agent(
         &self,
-        mut conn: Conn,
+        conn: Conn,
         started: Instant,
         spec: RunSpec,
         events: Option<mpsc::Sender<RunEvent>>,
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         // The run request went with the hello (see `reach`).
-        let mut out = Capture::new(spec.max_output_bytes);
-        let mut err = Capture::new(spec.max_output_bytes);
+        let mut output = Output::new(spec.max_output_bytes, events);
         let backstop = tokio::time::sleep(spec.timeout + BACKSTOP);
         tokio::pin!(backstop);
         let mut stop_sent = false;
+        let Conn { r, mut w } = conn;
+        let stop = proto::encode_msg(&Msg::Stop { run_id: None });
+        // One frame is read at a time, by one future that lives until the frame is whole
+        // (the other branches win often: a reader that came back for more output).
+        let reading = next_frame(r);
+        tokio::pin!(reading);
         let exit: RunExit = loop {
             tokio::select! {
-                frame = conn.recv() => match frame {
-                    Ok(Some(Frame::Stdout(b))) => out.push(&b, &events, |data| RunEvent::Stdout { data }).await,
-                    Ok(Some(Frame::Stderr(b))) => err.push(&b, &events, |data| RunEvent::Stderr { data }).await,
+                (r, frame) = &mut reading => {
+                    reading.set(next_frame(r));
+                    match frame {
+                    Ok(Some(Frame::Stdout(b))) => output.stdout(&b),
+                    Ok(Some(Frame::Stderr(b))) => output.stderr(&b),
                     Ok(Some(Frame::Msg(Msg::Exit(exit)))) => break exit,
                     Ok(Some(Frame::Msg(Msg::Started { .. }))) => {}
                     Ok(Some(Frame::Msg(Msg::Error { code, message }))) => {
@@ -507,10 +528,14 @@ impl AgentRunner {
                         return Err(RunError::Stream(format!("the agent sent {other:?} mid-run")));
                     }
                     Ok(None) | Err(_) => return Err(self.lost_mid_run(&spec, frame.err()).await),
+                    }
                 },
+                // Output that waited for a slow consumer goes out when it has room; the loop
+                // itself never waits for it.
+                () = output.room(), if output.waiting() => output.send_waiting(),
                 () = cancel.cancelled(), if !stop_sent => {
                     stop_sent = true;
-                    if conn.send(&Msg::Stop { run_id: None }).await.is_err() {
+                    if w.write_all(&stop).await.is_err() {
                         return Err(self.lost_mid_run(&spec, None).await);
                     }
                 }
@@ -519,19 +544,19 @@ impl AgentRunner {
                         return Err(RunError::Stream("the agent did not end the run after a stop".into()));
                     }
                     stop_sent = true;
-                    let _ = conn.send(&Msg::Stop { run_id: None }).await;
+                    let _ = w.write_all(&stop).await;
                     backstop.as_mut().reset(tokio::time::Instant::now() + BACKSTOP);
                 }
             }
         };
-        out.flush(&events, |data| RunEvent::Stdout { data }).await;
-        err.flush(&events, |data| RunEvent::Stderr { data }).await;
+        let truncated = exit.truncated || output.truncated();
+        let (stdout, stderr) = output.finish();
         Ok(RunOutcome {
             run_id: spec.run_id,
             exit_code: exit.exit_code,
-            truncated: exit.truncated || out.truncated || err.truncated,
-            stdout: out.text(),
-            stderr: err.text(),
+            truncated,
+            stdout,
+            stderr,
             timed_out: exit.timed_out,
             stopped: exit.stopped,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),

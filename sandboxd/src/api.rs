@@ -14,13 +14,12 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::audit::{Op, OperationQuery};
 use crate::auth::{AdminToken, bearer};
 use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest};
 use crate::error::ApiError;
-use crate::files::TreeLimits;
+use crate::files::{MAX_LIST_ENTRIES, TreeLimits};
 use crate::metrics::{Metrics, StateLabel};
 
 /// Every route this server serves, as the index lists them.
@@ -452,11 +451,20 @@ async fn run(
     // NDJSON: one event per line as output comes, then the outcome (or the error). One task
     // forwards the events in order and only then the outcome (the run's events channel closes
     // when the run is over), and writes whatever events are ready as one chunk.
+    //
+    // The run never waits for this client (its output waits, capped, in the run; see
+    // `runner::Output`), so stop, timeout and destroy end it however slowly the client reads.
+    // Once the run is over, the client has `STREAM_DRAIN` to read the rest; a client that
+    // does not is cut off (the response ends with an error, the connection is closed), so a
+    // stalled reader holds nothing of sandboxd's past that.
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let (events_tx, mut events_rx) = mpsc::channel::<crate::runner::RunEvent>(64);
     let core = state.core.clone();
     let caller_gone = tokio_util::sync::CancellationToken::new();
     let gone = caller_gone.clone();
+    let over = tokio_util::sync::CancellationToken::new();
+    let cut = tokio_util::sync::CancellationToken::new();
+    let (run_over, cut_off) = (over.clone(), cut.clone());
     tokio::spawn(async move {
         let run = tokio::spawn(async move {
             // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
@@ -469,17 +477,25 @@ async fn run(
                 )),
             };
             record_run(&core, &id, &who, &command, &result, started);
+            run_over.cancel();
             result
         });
+        let drained = async {
+            over.cancelled().await;
+            tokio::time::sleep(STREAM_DRAIN).await;
+        };
+        tokio::pin!(drained);
         let mut client_gone = false;
         loop {
-            // A client that went away (even from a run that prints nothing) stops the run.
+            // A client that went away (even from a run that prints nothing) stops the run; one
+            // that did not read what the run left in time after it ended is let go.
             let event = tokio::select! {
                 event = events_rx.recv() => event,
                 () = tx.closed() => {
                     client_gone = true;
                     break;
                 }
+                () = &mut drained => { client_gone = true; break; }
             };
             let Some(event) = event else { break };
             let mut chunk = Vec::new();
@@ -490,7 +506,13 @@ async fn run(
                     Err(_) => break,
                 }
             }
-            if tx.send(Bytes::from(chunk)).await.is_err() {
+            let sent = tokio::select! {
+                sent = tx.send(Bytes::from(chunk)) => sent.is_ok(),
+                () = &mut drained => false,
+            };
+            if !sent {
+                // The client went away, or did not read what the run left in time: the run
+                // goes on (or is over), its events are dropped.
                 client_gone = true;
                 break;
             }
@@ -515,17 +537,43 @@ async fn run(
             Ok(Err(e)) => json!({"type": "error", "code": e.code, "message": e.message}),
             Err(e) => json!({"type": "error", "code": "internal", "message": e.to_string()}),
         };
-        if !client_gone {
-            let _ = tx.send(Bytes::from(format!("{last}\n"))).await;
+        if client_gone {
+            cut_off.cancel();
+            return;
+        }
+        tokio::select! {
+            _ = tx.send(Bytes::from(format!("{last}\n"))) => {}
+            () = &mut drained => cut_off.cancel(),
         }
     });
-    let stream = ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
+    // The body: the forwarded chunks, or an error once the client is cut off (hyper then
+    // closes the connection, and with the body drops what it still held).
+    let stream = futures::stream::unfold((rx, Some(cut)), |(mut rx, cut)| async move {
+        let cut = cut?;
+        let next = tokio::select! {
+            biased;
+            () = cut.cancelled() => None,
+            chunk = rx.recv() => Some(chunk),
+        };
+        match next {
+            None => Some((
+                Err(std::io::Error::other(
+                    "the client did not read the run's stream in time",
+                )),
+                (rx, None),
+            )),
+            Some(chunk) => chunk.map(|c| (Ok(c), (rx, Some(cut)))),
+        }
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
     )
         .into_response())
 }
+
+/// How long a streamed run's client has, once the run is over, to read what is left of it.
+const STREAM_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The most a streamed chunk gathers from events already waiting.
 const STREAM_CHUNK: usize = 512 * 1024;
@@ -808,16 +856,22 @@ async fn ls(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let entries = tokio::task::spawn_blocking(move || ws.list(&p))
+    let listed = tokio::task::spawn_blocking(move || ws.list(&p, MAX_LIST_ENTRIES))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(ApiError::from);
-    let o = outcome(&entries, |_| None);
+    let o = outcome(&listed, |_| None);
     state
         .core
         .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
-    let entries = entries?;
-    Ok(Json(json!({"path": q.path, "entries": entries})).into_response())
+    let listed = listed?;
+    Ok(Json(json!({
+        "path": q.path,
+        "entries": listed.entries,
+        "truncated": listed.truncated,
+        "max_entries": MAX_LIST_ENTRIES,
+    }))
+    .into_response())
 }
 
 async fn tree(

@@ -15,7 +15,7 @@ use crate::api::{AGENT_HEADER, Index, RUN_HEADER};
 use crate::audit::{OperationPage, OperationQuery};
 use crate::core::{Destroyed, Limits, SessionView};
 use crate::error::ErrorBody;
-use crate::files::{Entry, Tree};
+use crate::files::{Entry, Listing, Tree};
 use crate::policy::PolicyView;
 use crate::runner::{RunEvent, RunOutcome};
 use crate::runtimes::RuntimeList;
@@ -540,25 +540,25 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Lists one folder.
+    /// Lists one folder (at most [`crate::files::MAX_LIST_ENTRIES`] entries; see
+    /// [`Client::listing`] for whether that was all of them).
     pub async fn ls(&self, id: &str, path: &str) -> Result<Vec<Entry>, ClientError> {
-        #[derive(serde::Deserialize)]
-        struct L {
-            entries: Vec<Entry>,
-        }
-        Ok(self
-            .json::<L>(
-                Method::GET,
-                "GET /v1/sessions/{id}/ls",
-                &format!(
-                    "/v1/sessions/{}/ls?path={}",
-                    enc(id),
-                    urlencoding::encode(path)
-                ),
-                None,
-            )
-            .await?
-            .entries)
+        Ok(self.listing(id, path).await?.entries)
+    }
+
+    /// Lists one folder, with whether the listing was cut at its limit.
+    pub async fn listing(&self, id: &str, path: &str) -> Result<Listing, ClientError> {
+        self.json::<Listing>(
+            Method::GET,
+            "GET /v1/sessions/{id}/ls",
+            &format!(
+                "/v1/sessions/{}/ls?path={}",
+                enc(id),
+                urlencoding::encode(path)
+            ),
+            None,
+        )
+        .await
     }
 
     /// The allowlist and each runtime's build state (`GET /v1/runtimes`).

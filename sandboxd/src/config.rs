@@ -138,6 +138,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_MAX_OUTPUT_BYTES", default_value_t = 1024 * 1024)]
     pub max_output_bytes: usize,
 
+    /// Runs one session may have in flight at once (each holds up to two output buffers of
+    /// SANDBOXD_MAX_OUTPUT_BYTES); the next is refused with 429 until one ends.
+    #[arg(long, env = "SANDBOXD_MAX_RUNS_PER_SESSION", default_value_t = 16)]
+    pub max_runs_per_session: u32,
+
     /// The uid (and gid) sandboxes run as and workspaces are owned by. Never 0.
     #[arg(long, env = "SANDBOXD_SANDBOX_UID", default_value_t = 10001)]
     pub sandbox_uid: u32,
@@ -453,6 +458,11 @@ impl Config {
                 crate::disk::human(crate::disk::MIN_SIZE)
             )));
         }
+        if self.max_runs_per_session == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_MAX_RUNS_PER_SESSION must be at least 1".into(),
+            ));
+        }
         if self.cpus.is_nan() || self.cpus <= 0.0 {
             return Err(ConfigError::Invalid("SANDBOXD_CPUS must be above 0".into()));
         }
@@ -511,6 +521,7 @@ mod tests {
         assert_eq!(c.execute_timeout, 300);
         assert_eq!(c.max_read_bytes, 8 * 1024 * 1024);
         assert_eq!(c.sandbox_uid, 10001);
+        assert_eq!(c.max_runs_per_session, 16);
         assert_eq!(c.network_mode, "none");
         assert_eq!(
             (c.cpus, c.pids_limit, c.tmpfs_size.as_str()),

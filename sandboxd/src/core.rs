@@ -41,6 +41,8 @@ pub struct Settings {
     pub max_read_bytes: u64,
     /// Bytes kept per output stream.
     pub max_output_bytes: usize,
+    /// Runs one session may have in flight at once.
+    pub max_runs_per_session: usize,
     /// Sandbox uid and gid.
     pub uid: u32,
     /// Network of sessions whose runtime needs none.
@@ -78,6 +80,7 @@ impl Settings {
             execute_timeout: Duration::from_secs(c.execute_timeout),
             max_read_bytes: c.max_read_bytes,
             max_output_bytes: c.max_output_bytes,
+            max_runs_per_session: usize::try_from(c.max_runs_per_session).unwrap_or(usize::MAX),
             uid: c.sandbox_uid,
             network_mode: c.network_mode.clone(),
             runtime_network: c
@@ -540,6 +543,23 @@ impl Core {
             .lock()
             .map(|r| r.values().filter(|e| e.session == id).count())
             .unwrap_or(0)
+    }
+
+    /// 429 `run_cap` when session `id` already has `held` runs in flight, the most
+    /// `SANDBOXD_MAX_RUNS_PER_SESSION` allows. The count is sandboxd's own run table, never
+    /// what the sandbox says.
+    fn check_run_cap(&self, id: &str, held: usize) -> Result<(), ApiError> {
+        let max = self.settings.max_runs_per_session;
+        if held < max {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            429,
+            "run_cap",
+            format!(
+                "Session '{id}' already has {held} of {max} runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one."
+            ),
+        ))
     }
 
     async fn view(&self, row: &SessionRow, with_cpu: bool) -> SessionView {
@@ -1405,6 +1425,9 @@ impl Core {
             }
             env.push(format!("{k}={v}"));
         }
+        // Refused before anything is woken or asked of Docker; checked again, atomically, as
+        // the run is entered in the table below.
+        self.check_run_cap(id, self.runs_in_flight(id))?;
         // A running session goes straight to a run path that finds a stopped container by
         // itself (the agent's handshake fails, and `NotRunning` below starts it again): no
         // Docker round trip per run. Anything else is woken first.
@@ -1437,6 +1460,7 @@ impl Core {
                     format!("Run '{run_id}' is already running"),
                 ));
             }
+            self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
             runs.insert(
                 run_id.clone(),
                 RunEntry {

@@ -68,6 +68,12 @@ pub const EXCLUDED_NAMES: &[&str] = &[
 /// the listing was asked for that directory (or something under it) explicitly.
 pub const EXCLUDED_PREFIXES: &[&str] = &["skills/", ".spill/", ".agenticos/"];
 
+/// The most entries one listing returns ([`Workspace::list`], the wire surface's listings): a
+/// folder with more is listed in part (the first entries the directory yields, sorted by name)
+/// and the listing is marked truncated. Only as many entries as are returned are read and
+/// described, so a folder of a million files costs what one of ten thousand does.
+pub const MAX_LIST_ENTRIES: usize = 10_000;
+
 /// Where the workspace is mounted inside the container; the agent's absolute paths start here.
 const MOUNT_POINT: &str = "/workspace";
 /// Mode of the files sandboxd creates.
@@ -245,6 +251,16 @@ pub struct Entry {
     pub modified: Option<DateTime<Utc>>,
     /// Its permission bits (`0o7777` at most; the file type is in `kind`).
     pub mode: u32,
+}
+
+/// One folder's entries, as [`Workspace::list`] and [`Workspace::list_all`] return them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    /// The entries, sorted by name.
+    pub entries: Vec<Entry>,
+    /// The folder holds more entries than were listed (the entry limit was reached).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// The bytes [`Workspace::read`] returned.
@@ -603,17 +619,22 @@ impl Workspace {
     }
 
     /// Lists the directory at `path` (one level), sorted by name, without the excluded names
-    /// and prefixes ([`EXCLUDED_NAMES`], [`EXCLUDED_PREFIXES`]).
-    pub fn list(&self, path: &str) -> Result<Vec<Entry>, FileError> {
-        if let Some(hop) = self.hop(|| self.list(path)) {
+    /// and prefixes ([`EXCLUDED_NAMES`], [`EXCLUDED_PREFIXES`]): at most `max_entries`
+    /// entries, the listing marked truncated when there were more.
+    pub fn list(&self, path: &str, max_entries: usize) -> Result<Listing, FileError> {
+        if let Some(hop) = self.hop(|| self.list(path, max_entries)) {
             return hop;
         }
         let comps = normalize(path)?;
         let rel = comps.join("/");
         let root = self.open_root()?;
         let dir = self.open_dir_followed(&root, &comps, path)?;
-        let listed = list_dir(&dir, &rel, &rel).map_err(|e| map_io(path, e))?;
-        Ok(listed.into_iter().map(|item| item.entry).collect())
+        let (listed, truncated) =
+            list_dir(&dir, &rel, &rel, max_entries).map_err(|e| map_io(path, e))?;
+        Ok(Listing {
+            entries: listed.into_iter().map(|item| item.entry).collect(),
+            truncated,
+        })
     }
 
     /// Describes what `path` leads to, following symlinks that stay inside the workspace (one
@@ -636,29 +657,22 @@ impl Workspace {
     }
 
     /// Lists the directory at `path` (one level), sorted by name, with nothing left out (as
-    /// `ls -A`); a symlink is listed as itself.
-    pub fn list_all(&self, path: &str) -> Result<Vec<Entry>, FileError> {
-        if let Some(hop) = self.hop(|| self.list_all(path)) {
+    /// `ls -A`); a symlink is listed as itself. At most `max_entries` entries, the listing
+    /// marked truncated when there were more.
+    pub fn list_all(&self, path: &str, max_entries: usize) -> Result<Listing, FileError> {
+        if let Some(hop) = self.hop(|| self.list_all(path, max_entries)) {
             return hop;
         }
         let comps = normalize(path)?;
         let rel = comps.join("/");
         let root = self.open_root()?;
         let dir = self.open_dir_followed(&root, &comps, path)?;
-        let mut entries = Vec::new();
-        for item in dir.entries().map_err(|e| map_io(path, e))? {
-            let item = item.map_err(|e| map_io(path, e))?;
-            let name = item.file_name().to_string_lossy().into_owned();
-            let meta = match item.metadata() {
-                Ok(meta) => meta,
-                // Removed between readdir and stat: it is gone, leave it out.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(map_io(path, e)),
-            };
-            entries.push(entry_of(name.clone(), child_path(&rel, &name), &meta));
-        }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(entries)
+        let (listed, truncated) =
+            read_dir_bounded(&dir, &rel, max_entries, |_, _| false).map_err(|e| map_io(path, e))?;
+        Ok(Listing {
+            entries: listed.into_iter().map(|item| item.entry).collect(),
+            truncated,
+        })
     }
 
     /// The real path of `path` below the workspace root (`/`-separated, empty for the root),
@@ -700,7 +714,11 @@ impl Workspace {
         let start_rel = comps.join("/");
         let root = self.open_root()?;
         let start = self.open_dir_followed(&root, &comps, path)?;
-        let first = list_dir(&start, &start_rel, &start_rel).map_err(|e| map_io(path, e))?;
+        // Each folder is read only as far as the entries still to list (and one more, to know
+        // whether the limit was reached): a huge folder costs no more than the limit.
+        let budget = limits.max_entries.saturating_add(1);
+        let (first, _) =
+            list_dir(&start, &start_rel, &start_rel, budget).map_err(|e| map_io(path, e))?;
         drop(start);
 
         let mut tree = Tree {
@@ -724,11 +742,15 @@ impl Workspace {
             let listed = match next {
                 Pending::Listed(listed) => listed,
                 Pending::Dir { rel, id } => {
+                    let budget = limits
+                        .max_entries
+                        .saturating_sub(tree.entries.len())
+                        .saturating_add(1);
                     let read = open_subdir(&root, &rel)
                         .and_then(|dir| same_dir(dir, id))
-                        .and_then(|dir| list_dir(&dir, &rel, &start_rel));
+                        .and_then(|dir| list_dir(&dir, &rel, &start_rel, budget));
                     match read {
-                        Ok(listed) => listed,
+                        Ok((listed, _)) => listed,
                         Err(_) => {
                             tree.skipped.push(rel);
                             continue;
@@ -987,15 +1009,41 @@ fn has_entries(
 }
 
 /// Lists `dir` (at `dir_rel` below the workspace root), sorted by name, leaving out what is
-/// excluded for a listing asked for at `start_rel`.
-fn list_dir(dir: &Dir, dir_rel: &str, start_rel: &str) -> io::Result<Vec<Listed>> {
+/// excluded for a listing asked for at `start_rel`: at most `max` entries, and whether there
+/// were more.
+fn list_dir(
+    dir: &Dir,
+    dir_rel: &str,
+    start_rel: &str,
+    max: usize,
+) -> io::Result<(Vec<Listed>, bool)> {
+    read_dir_bounded(dir, dir_rel, max, |path, name| {
+        is_excluded(start_rel, path, name)
+    })
+}
+
+/// Reads `dir` (at `dir_rel`) lazily, leaving out what `skip(path, name)` says: at most `max`
+/// entries, each described (`fstatat`), sorted by name, and whether there were more. Reading
+/// stops at the first entry past `max`, so neither the names nor the descriptions of a huge
+/// folder are ever all gathered.
+fn read_dir_bounded(
+    dir: &Dir,
+    dir_rel: &str,
+    max: usize,
+    skip: impl Fn(&str, &str) -> bool,
+) -> io::Result<(Vec<Listed>, bool)> {
     let mut listed = Vec::new();
+    let mut more = false;
     for item in dir.entries()? {
         let item = item?;
         let name = item.file_name().to_string_lossy().into_owned();
         let path = child_path(dir_rel, &name);
-        if is_excluded(start_rel, &path, &name) {
+        if skip(&path, &name) {
             continue;
+        }
+        if listed.len() == max {
+            more = true;
+            break;
         }
         let meta = match item.metadata() {
             Ok(meta) => meta,
@@ -1009,7 +1057,7 @@ fn list_dir(dir: &Dir, dir_rel: &str, start_rel: &str) -> io::Result<Vec<Listed>
         });
     }
     listed.sort_by(|a, b| a.entry.name.cmp(&b.entry.name));
-    Ok(listed)
+    Ok((listed, more))
 }
 
 /// Whether the entry `name` at `path` is left out of a listing asked for at `start_rel`.
@@ -1313,7 +1361,12 @@ mod tests {
                 ("write", f.ws.write(path, b"pwned").map(drop)),
                 ("mkdir", f.ws.mkdir(path)),
                 ("remove", f.ws.remove(path, true).map(drop)),
-                ("list", f.ws.list(path).map(drop)),
+                (
+                    "list",
+                    f.ws.list(path, MAX_LIST_ENTRIES)
+                        .map(|l| l.entries)
+                        .map(drop),
+                ),
                 ("stat", f.ws.stat(path).map(drop)),
                 ("tree", f.ws.tree(path, TreeLimits::default()).map(drop)),
             ];
@@ -1350,11 +1403,11 @@ mod tests {
         ));
         // Listing a link leading out is refused; a stat of the link itself is fine.
         assert!(matches!(
-            f.ws.list("link"),
+            f.ws.list("link", MAX_LIST_ENTRIES).map(|l| l.entries),
             Err(FileError::OutsideWorkspace { .. })
         ));
         assert!(matches!(
-            f.ws.list("up"),
+            f.ws.list("up", MAX_LIST_ENTRIES).map(|l| l.entries),
             Err(FileError::OutsideWorkspace { .. })
         ));
         assert_eq!(f.ws.stat("pw").expect("stat pw").kind, EntryKind::Symlink);
@@ -1563,7 +1616,12 @@ mod tests {
         );
         assert_eq!(stat.kind, EntryKind::File);
         assert_eq!(
-            names(&f.ws.list("/workspace").expect("list")),
+            names(
+                &f.ws
+                    .list("/workspace", MAX_LIST_ENTRIES)
+                    .map(|l| l.entries)
+                    .expect("list")
+            ),
             ["notes.txt"]
         );
         // An odd file name, not a traversal.
@@ -1848,7 +1906,10 @@ mod tests {
         f.file("a/inner.txt", b"x");
         f.link("c", "a");
         f.link("d", "/etc");
-        let list = f.ws.list("").expect("list");
+        let list =
+            f.ws.list("", MAX_LIST_ENTRIES)
+                .map(|l| l.entries)
+                .expect("list");
         let kinds: Vec<_> = list.iter().map(|e| (e.name.as_str(), e.kind)).collect();
         assert_eq!(
             kinds,
@@ -1862,11 +1923,19 @@ mod tests {
         assert_eq!(list[1].size, 5);
         assert!(list[1].modified.is_some());
         // Listing through a link inside lists its target, under the path as asked.
-        assert_eq!(names(&f.ws.list("c").expect("list c")), ["c/inner.txt"]);
+        assert_eq!(
+            names(
+                &f.ws
+                    .list("c", MAX_LIST_ENTRIES)
+                    .map(|l| l.entries)
+                    .expect("list c")
+            ),
+            ["c/inner.txt"]
+        );
         let stat = f.ws.stat("").expect("stat root");
         assert_eq!((stat.kind, stat.path.as_str()), (EntryKind::Dir, ""));
         assert!(matches!(
-            f.ws.list("b.txt"),
+            f.ws.list("b.txt", MAX_LIST_ENTRIES).map(|l| l.entries),
             Err(FileError::NotADirectory { .. })
         ));
         assert!(matches!(f.ws.stat("nope"), Err(FileError::NotFound { .. })));
@@ -1925,7 +1994,8 @@ mod tests {
         ));
         // Nothing is left out of list_all: toolchain folders and links are listed as themselves.
         let all: Vec<_> =
-            f.ws.list_all("")
+            f.ws.list_all("", MAX_LIST_ENTRIES)
+                .map(|l| l.entries)
                 .expect("list_all")
                 .into_iter()
                 .map(|e| (e.name, e.kind))
@@ -1939,7 +2009,7 @@ mod tests {
             "{all:?}"
         );
         assert!(matches!(
-            f.ws.list_all("abs"),
+            f.ws.list_all("abs", MAX_LIST_ENTRIES).map(|l| l.entries),
             Err(FileError::OutsideWorkspace { .. })
         ));
         f.sentinels_intact();
@@ -1962,7 +2032,15 @@ mod tests {
         ] {
             f.file(rel, b"x");
         }
-        assert_eq!(names(&f.ws.list("").expect("list")), ["skillsfoo", "src"]);
+        assert_eq!(
+            names(
+                &f.ws
+                    .list("", MAX_LIST_ENTRIES)
+                    .map(|l| l.entries)
+                    .expect("list")
+            ),
+            ["skillsfoo", "src"]
+        );
         let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
         assert_eq!(
             names(&tree.entries),
@@ -1988,9 +2066,22 @@ mod tests {
             .expect("tree");
         assert!(!exact.entry_limit_reached && !exact.incomplete);
         // Asked for explicitly, an excluded directory is listed.
-        assert_eq!(names(&f.ws.list("skills").expect("list")), ["skills/s.md"]);
         assert_eq!(
-            names(&f.ws.list("node_modules").expect("list")),
+            names(
+                &f.ws
+                    .list("skills", MAX_LIST_ENTRIES)
+                    .map(|l| l.entries)
+                    .expect("list")
+            ),
+            ["skills/s.md"]
+        );
+        assert_eq!(
+            names(
+                &f.ws
+                    .list("node_modules", MAX_LIST_ENTRIES)
+                    .map(|l| l.entries)
+                    .expect("list")
+            ),
             ["node_modules/x.js"]
         );
     }
@@ -2057,7 +2148,31 @@ mod tests {
                 .expect("tree");
         assert_eq!(tree.entries.len(), 2000);
         assert!(tree.entry_limit_reached && tree.incomplete && !tree.depth_limit_reached);
-        assert_eq!(tree.entries[0].path, "f0000");
+        // The first entries the folder yields (it is read no further), sorted by name.
+        assert!(tree.entries.windows(2).all(|w| w[0].name < w[1].name));
+    }
+
+    #[test]
+    fn listings_stop_at_their_limit() {
+        let f = fixture();
+        for i in 0..50 {
+            f.file(&format!("f{i:02}"), b"");
+        }
+        f.file("node_modules/x.js", b"");
+        let listed = f.ws.list("", 10).expect("list");
+        assert_eq!(listed.entries.len(), 10);
+        assert!(listed.truncated);
+        assert!(listed.entries.windows(2).all(|w| w[0].name < w[1].name));
+        assert!(listed.entries.iter().all(|e| e.name != "node_modules"));
+        // Exactly at the limit is complete: excluded names do not count.
+        let exact = f.ws.list("", 50).expect("list");
+        assert_eq!((exact.entries.len(), exact.truncated), (50, false));
+        let all = f.ws.list_all("", 50).expect("list_all");
+        assert_eq!((all.entries.len(), all.truncated), (50, true));
+        let all = f.ws.list_all("", 51).expect("list_all");
+        assert_eq!((all.entries.len(), all.truncated), (51, false));
+        let none = f.ws.list("", 0).expect("list");
+        assert!(none.entries.is_empty() && none.truncated);
     }
 
     #[test]
@@ -2129,7 +2244,10 @@ mod tests {
             ws.write("x", b"x"),
             Err(FileError::WorkspaceMissing)
         ));
-        assert!(matches!(ws.list(""), Err(FileError::WorkspaceMissing)));
+        assert!(matches!(
+            ws.list("", MAX_LIST_ENTRIES).map(|l| l.entries),
+            Err(FileError::WorkspaceMissing)
+        ));
         ws.prepare().expect("prepare");
         assert!(ws.exists());
         let meta = fs::metadata(&dir).expect("meta");
@@ -2166,7 +2284,10 @@ mod tests {
         assert_eq!(f.ws.stat("abs").expect("lstat").kind, EntryKind::Symlink);
         assert_eq!(f.ws.realpath("abs").expect("realpath"), "notes/a.txt");
         assert_eq!(f.ws.realpath("absdir/../new").expect("realpath"), "new");
-        assert_eq!(names(&f.ws.list("absdir").expect("list")), ["absdir/a.txt"]);
+        assert_eq!(
+            names(&f.ws.list("absdir", MAX_LIST_ENTRIES).expect("list").entries),
+            ["absdir/a.txt"]
+        );
         // A write goes through the link to its target, which stays a link.
         f.ws.write("abs", b"new").expect("write through");
         assert_eq!(fs::read(f.dir.join("notes/a.txt")).expect("read"), b"new");
@@ -2207,8 +2328,9 @@ mod tests {
         f.link("d/loop1", "loop2");
         f.link("d/loop2", "/workspace/d/loop1");
         let listed: Vec<_> =
-            f.ws.list("d")
+            f.ws.list("d", MAX_LIST_ENTRIES)
                 .expect("list")
+                .entries
                 .into_iter()
                 .map(|e| (e.name, e.kind))
                 .collect();
@@ -2220,7 +2342,13 @@ mod tests {
                 ("loop2".to_owned(), EntryKind::Symlink),
             ]
         );
-        assert_eq!(f.ws.list_all("d").expect("list_all").len(), 3);
+        assert_eq!(
+            f.ws.list_all("d", MAX_LIST_ENTRIES)
+                .expect("list_all")
+                .entries
+                .len(),
+            3
+        );
         let tree = f.ws.tree("", TreeLimits::default()).expect("tree");
         assert_eq!(tree.entries.len(), 4);
         let e = f.ws.read("d/loop1", 0, None, 100).expect_err("a loop");
@@ -2277,7 +2405,7 @@ mod tests {
             b"f"
         );
         assert!(matches!(
-            f.ws.list("xonly"),
+            f.ws.list("xonly", MAX_LIST_ENTRIES),
             Err(FileError::PermissionDenied { .. })
         ));
         // A file of root's (not the agent's), private to root.
@@ -2347,9 +2475,14 @@ mod tests {
                 let _ =
                     f.ws.remove("sw/sentinel", false)
                         .map(|_| f.file("in/sentinel", b"inside"));
-                if let Ok(listed) = f.ws.list(path.trim_end_matches("/sentinel")) {
+                if let Ok(listed) =
+                    f.ws.list(path.trim_end_matches("/sentinel"), MAX_LIST_ENTRIES)
+                {
                     assert!(
-                        listed.iter().all(|e| e.name.starts_with("sentinel")),
+                        listed
+                            .entries
+                            .iter()
+                            .all(|e| e.name.starts_with("sentinel")),
                         "{listed:?}"
                     );
                 }

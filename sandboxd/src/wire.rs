@@ -39,7 +39,7 @@ use crate::api::AppState;
 use crate::audit::Op;
 use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest as CoreRun};
 use crate::error::ApiError;
-use crate::files::{Entry, EntryKind, FileError, Workspace};
+use crate::files::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 use crate::store::{SessionRow, State as SessionState};
 
 /// The Python package whose sandboxd protocol this module serves.
@@ -50,6 +50,30 @@ const VERSIONS_ENV: &str = include_str!("../../hack/versions.env");
 
 /// The header carrying the service (admin) token or a session's own token.
 pub const TOKEN_HEADER: &str = "x-sandbox-token";
+
+/// Set (`true`) on a folder listing cut at [`MAX_LIST_ENTRIES`]: the protocol's listings are
+/// bare JSON arrays, so the mark travels beside the body, where the client ignores it.
+pub const TRUNCATED_HEADER: &str = "x-sandbox-listing-truncated";
+/// The entry limit of a folder listing, beside [`TRUNCATED_HEADER`].
+pub const MAX_ENTRIES_HEADER: &str = "x-sandbox-listing-max-entries";
+
+/// A bare JSON array of a folder listing, with its truncation headers.
+fn listing_response(rows: Vec<Value>, truncated: bool) -> Response {
+    (
+        [
+            (
+                header::HeaderName::from_static(TRUNCATED_HEADER),
+                truncated.to_string(),
+            ),
+            (
+                header::HeaderName::from_static(MAX_ENTRIES_HEADER),
+                MAX_LIST_ENTRIES.to_string(),
+            ),
+        ],
+        Json(rows),
+    )
+        .into_response()
+}
 
 /// The work directory inside every sandbox, as the protocol's paths spell it.
 const WORK_DIR: &str = "/workspace";
@@ -1253,9 +1277,9 @@ async fn file_list(
     // The directory itself leading out is refused; a link out inside it makes the listing the
     // sandbox's to describe (409), as only the sandbox sees where it leads.
     let listed = tokio::task::spawn_blocking(move || {
-        let entries = ws.list_all(&p).map_err(|e| (e, true))?;
-        let mut out = Vec::with_capacity(entries.len());
-        for e in entries {
+        let listing = ws.list_all(&p, MAX_LIST_ENTRIES).map_err(|e| (e, true))?;
+        let mut out = Vec::with_capacity(listing.entries.len());
+        for e in listing.entries {
             if e.kind == EntryKind::Symlink {
                 match ws.stat_followed(&e.path) {
                     Ok(target) => out.push((e.name, target)),
@@ -1285,7 +1309,7 @@ async fn file_list(
                 out.push((e.name.clone(), e));
             }
         }
-        Ok(out)
+        Ok((out, listing.truncated))
     })
     .await
     .map_err(|e| WireError::new(500, e.to_string()))?;
@@ -1303,7 +1327,7 @@ async fn file_list(
     state
         .core
         .record(&id, &actor(&headers), Op::Ls, &req.path, outcome, started);
-    let listed = listed.map_err(|(e, refuse)| file_error(e, refuse))?;
+    let (listed, truncated) = listed.map_err(|(e, refuse)| file_error(e, refuse))?;
     let base = if req.path.len() > 1 {
         req.path.trim_end_matches('/')
     } else {
@@ -1324,7 +1348,7 @@ async fn file_list(
             }
         })
         .collect();
-    Ok(Json(rows).into_response())
+    Ok(listing_response(rows, truncated))
 }
 
 async fn file_mkdir(
@@ -1475,17 +1499,19 @@ fn archive_entry(e: &Entry) -> Value {
     })
 }
 
-/// One directory of a stored workspace: links left out, directories first, then by name.
-fn scan(ws: &Workspace, rel: &str) -> Result<Vec<Entry>, FileError> {
-    let mut entries: Vec<Entry> = ws
-        .list_all(rel)?
+/// One directory of a stored workspace, at most `max` of its entries read: links left out,
+/// directories first, then by name; and whether it held more.
+fn scan(ws: &Workspace, rel: &str, max: usize) -> Result<(Vec<Entry>, bool), FileError> {
+    let listing = ws.list_all(rel, max)?;
+    let mut entries: Vec<Entry> = listing
+        .entries
         .into_iter()
         .filter(|e| matches!(e.kind, EntryKind::Dir | EntryKind::File))
         .collect();
     entries.sort_by(|a, b| {
         (a.kind != EntryKind::Dir, &a.name).cmp(&(b.kind != EntryKind::Dir, &b.name))
     });
-    Ok(entries)
+    Ok((entries, listing.truncated))
 }
 
 /// A breadth-first walk as the protocol's `tree`: entries, and whether anything was left out.
@@ -1499,8 +1525,13 @@ fn walk(
     let mut truncated = false;
     let mut queue: VecDeque<(String, u32)> = VecDeque::from([(rel.to_owned(), 1)]);
     while let Some((dir, depth)) = queue.pop_front() {
-        let entries = match scan(ws, &dir) {
-            Ok(entries) => entries,
+        // Read only as far as the entries still to list, and one more.
+        let budget = max_entries.saturating_sub(found.len()).saturating_add(1);
+        let entries = match scan(ws, &dir, budget) {
+            Ok((entries, more)) => {
+                truncated |= more;
+                entries
+            }
             Err(e) if depth == 1 => return Err(e),
             Err(_) => {
                 truncated = true;
@@ -1573,7 +1604,7 @@ async fn archive_ls(
     let rel = archive_path(&req.path)?;
     let started = Instant::now();
     let r = rel.clone();
-    let listed = blocking(move || scan(&ws, &r)).await?;
+    let listed = blocking(move || scan(&ws, &r, MAX_LIST_ENTRIES)).await?;
     if known {
         state.core.record(
             &id,
@@ -1584,8 +1615,11 @@ async fn archive_ls(
             started,
         );
     }
-    let listed = listed.map_err(|e| archive_error(e, &req.path, "directory"))?;
-    Ok(Json(listed.iter().map(archive_entry).collect::<Vec<_>>()).into_response())
+    let (listed, truncated) = listed.map_err(|e| archive_error(e, &req.path, "directory"))?;
+    Ok(listing_response(
+        listed.iter().map(archive_entry).collect(),
+        truncated,
+    ))
 }
 
 async fn tree_of(

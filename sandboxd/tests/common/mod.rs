@@ -30,6 +30,8 @@ pub struct Daemon {
     pub instance: String,
     pub dir: tempfile::TempDir,
     pub extra_env: Vec<(String, String)>,
+    /// A tmpfs mounted at the workspace root, unmounted on drop.
+    pub tmpfs: Option<PathBuf>,
 }
 
 /// How runs reach the sandboxes (`SANDBOXD_RUN_BACKEND`).
@@ -74,12 +76,23 @@ impl Daemon {
 
     /// Starts a sandboxd with the defaults and `env` on top.
     pub fn start(env: &[(&str, &str)]) -> Self {
-        Self::start_in(&std::env::temp_dir(), env)
+        Self::start_with(&std::env::temp_dir(), env, None)
     }
 
     /// [`Daemon::start`] with its state and workspaces in a temp dir under `parent` (a tmpfs
     /// for tests that make hundreds of thousands of folders).
     pub fn start_in(parent: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_with(parent, env, None)
+    }
+
+    /// Starts a sandboxd whose workspace root is a tmpfs of its own (`mount -t tmpfs` with
+    /// `options`, as root): for tests that make more files than a disk makes in good time.
+    /// Fails (never skips) when the mount is refused.
+    pub fn start_on_tmpfs(env: &[(&str, &str)], options: &str) -> Self {
+        Self::start_with(&std::env::temp_dir(), env, Some(options))
+    }
+
+    fn start_with(parent: &Path, env: &[(&str, &str)], tmpfs: Option<&str>) -> Self {
         need("DOCKER_HOST");
         let dir = tempfile::Builder::new()
             .prefix("sandboxd-test-")
@@ -96,7 +109,24 @@ impl Daemon {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            tmpfs: None,
         };
+        if let Some(options) = tmpfs {
+            let root = d.workspace_root();
+            std::fs::create_dir_all(&root).expect("the workspace root");
+            let out = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", options, "sandboxd-test"])
+                .arg(&root)
+                .output()
+                .expect("mount runs");
+            assert!(
+                out.status.success(),
+                "mount -t tmpfs at {} failed (the test needs root): {}",
+                root.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            d.tmpfs = Some(root);
+        }
         d.spawn();
         d
     }
@@ -238,6 +268,9 @@ impl Drop for Daemon {
         // Workspace disks left mounted (SANDBOXD_WORKSPACE_QUOTA=loop) go before their folders.
         for mount in self.mounts() {
             let _ = Command::new("umount").arg("-l").arg(&mount).output();
+        }
+        if let Some(root) = self.tmpfs.take() {
+            let _ = Command::new("umount").arg("-l").arg(&root).output();
         }
         // Workspaces are owned by the sandbox uid; the temp dir removes them as root, however
         // deep a sandbox made them (iteratively, as sandboxd does).

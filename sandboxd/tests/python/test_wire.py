@@ -396,6 +396,37 @@ async def test_concurrent_opens_of_one_name_share_one_session(sandboxd, name) ->
     await backends[0].purge()
 
 
+async def test_runs_past_the_per_session_cap_are_refused_with_429(sandboxd, name) -> None:
+    b = await opened(sandboxd, name)
+    results: list = []
+
+    async def sleeper() -> None:
+        results.append(await b.run(["sleep", "6"]))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(16):
+            tg.start_soon(sleeper)
+        with sandboxd.http() as http:
+            give_up = time.monotonic() + 20
+            while True:
+                view = http.get(f"/v1/sessions/{name}", headers={"Authorization": f"Bearer {sandboxd.admin}"}).json()
+                if view["runs_in_flight"] == 16:
+                    break
+                assert time.monotonic() < give_up, f"GET /v1/sessions/{{id}}: runs_in_flight {view['runs_in_flight']}, not 16"
+                await anyio.sleep(0.2)
+        with pytest.raises(httpx.HTTPStatusError) as caught:
+            await b.run(["true"])
+        status("POST /sessions/{id}/run (17th)", caught.value.response, 429)
+        same(
+            "POST /sessions/{id}/run (17th)", "detail", caught.value.response.json()["detail"],
+            f"Session '{name}' already has 16 of 16 runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). "
+            "Wait for one to finish or stop one.",
+        )
+    same("POST /sessions/{id}/run", "exit codes of the 16", [r.exit_code for r in results], [0] * 16)
+    same("POST /sessions/{id}/run (after)", "exit_code", (await b.run(["true"])).exit_code, 0)
+    await b.purge()
+
+
 async def test_purge_removes_container_and_files(sandboxd, name) -> None:
     b = await opened(sandboxd, name)
     await b.write_bytes("/workspace/x.txt", b"x")
