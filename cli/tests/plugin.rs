@@ -120,7 +120,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .env("SANDBOXD_WORKSPACE_ROOT", dir.path().join("ws"))
         .env("SANDBOXD_STATE_DIR", dir.path().join("state"))
         .env("SANDBOXD_MEM_LIMIT", "256m")
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn,sandboxd::server=error")
         .stdout(Stdio::piped())
         .spawn()
         .expect("sandboxd starts");

@@ -459,6 +459,26 @@ impl Engine {
             // Nothing runs, so a running container has used no CPU time.
             Backend::Noop(_) => return Ok(self.running(id).await?.filter(|r| *r).map(|_| 0)),
         };
+        // The container's cgroup read off the node's cgroup filesystem (a few microseconds);
+        // Docker's one-shot stats wait for its next sample (up to a second) once any stats
+        // subscriber is active, so they are only the fallback (a sandboxd in a cgroup
+        // namespace of its own, where the node's cgroup filesystem is not in view).
+        let pid = match docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(c) => c.state.and_then(|s| s.pid).filter(|p| *p > 0),
+            Err(e) => {
+                let e = DockerError {
+                    action: format!("inspect container {id}"),
+                    source: e,
+                };
+                return if e.is_not_found() { Ok(None) } else { Err(e) };
+            }
+        };
+        if let Some(ns) = pid.and_then(cgroup_cpu_ns) {
+            return Ok(Some(ns));
+        }
         let options = StatsOptionsBuilder::default()
             .stream(false)
             .one_shot(true)
@@ -573,6 +593,39 @@ fn noop_set_running(
         }
         None => Err(noop_answer(action, 404, format!("No such container: {id}"))),
     }
+}
+
+/// CPU time in nanoseconds of the cgroup that process `pid` (a host pid: a container's PID 1)
+/// is in, read off the node's cgroup filesystem: `cpuacct.usage` on cgroup v1, `usage_usec` of
+/// `cpu.stat` on v2. `None` when it is not in view (another cgroup namespace, no such files).
+fn cgroup_cpu_ns(pid: i64) -> Option<u64> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let entries: Vec<(&str, &str)> = cgroups
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            // A path of another cgroup namespace's view cannot be found from here.
+            (path.starts_with('/') && !path.contains("..")).then_some((controllers, path))
+        })
+        .collect();
+    if let Some((controllers, path)) = entries
+        .iter()
+        .find(|(c, _)| c.split(',').any(|c| c == "cpuacct"))
+    {
+        return [*controllers, "cpuacct", "cpu,cpuacct"]
+            .iter()
+            .find_map(|mount| {
+                std::fs::read_to_string(format!("/sys/fs/cgroup/{mount}{path}/cpuacct.usage")).ok()
+            })
+            .and_then(|v| v.trim().parse().ok());
+    }
+    let (_, path) = entries.iter().find(|(c, _)| c.is_empty())?;
+    let stat = std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cpu.stat")).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|usec| usec.saturating_mul(1000))
 }
 
 #[cfg(test)]

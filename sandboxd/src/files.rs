@@ -1787,9 +1787,19 @@ mod tests {
     /// bottom, one descriptor at a time (such a path is far beyond PATH_MAX).
     fn dig(f: &Fixture, rel: &str, depth: usize) {
         fs::create_dir(f.dir.join(rel)).expect("mkdir");
+        std::os::unix::fs::chown(f.dir.join(rel), Some(UID), Some(GID)).expect("chown");
         let mut dir = fs::File::open(f.dir.join(rel)).expect("open");
         for _ in 0..depth {
             rustix::fs::mkdirat(&dir, "d", rustix::fs::Mode::RWXU).expect("mkdir");
+            // The sandbox user's, as a sandbox digging it would make it.
+            rustix::fs::chownat(
+                &dir,
+                "d",
+                Some(rustix::fs::Uid::from_raw(UID)),
+                Some(rustix::fs::Gid::from_raw(GID)),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .expect("chown");
             dir = crate::trash::open_dir_nofollow(dir.as_fd(), OsStr::new("d"))
                 .expect("open")
                 .into();

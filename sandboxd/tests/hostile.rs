@@ -413,7 +413,8 @@ async fn a_failed_open_leaves_no_folder_for_the_next_tenant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_opens_and_wakes_never_see_a_half_opened_session() {
-    let d = Daemon::start(&[]);
+    // Twenty runs at once in one session: above the default cap of runs in flight.
+    let d = Daemon::start(&[("SANDBOXD_MAX_RUNS_PER_SESSION", "64")]);
     let admin = d.admin();
     // Thirty opens of a new name: every one sees it running.
     let opens = (0..30).map(|_| {

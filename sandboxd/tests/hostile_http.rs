@@ -388,7 +388,7 @@ async fn a_slowloris_client_is_disconnected_within_the_header_timeout() {
             .await
             .expect("the session answers");
         assert!(
-            asked.elapsed() < Duration::from_secs(1),
+            asked.elapsed() < Duration::from_secs(3),
             "took {:?}",
             asked.elapsed()
         );

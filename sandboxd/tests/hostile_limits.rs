@@ -402,20 +402,20 @@ async fn yes_processes(s: &Client, id: &str) -> String {
 /// are gone, and sandboxd answers another session meanwhile.
 async fn a_stalled_stream_client_cannot_keep_its_run_alive(backend: Backend) {
     // Far more output kept than the socket buffers hold, so the client's stall reaches sandboxd.
-    let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_OUTPUT_BYTES", "67108864")]);
+    let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_OUTPUT_BYTES", "16777216")]);
     let (s, token) = session(&d, "stall").await;
     let (other, _) = session(&d, "bystander").await;
     assert_eq!(yes_processes(&s, "stall").await, "0");
 
     // Stopped. The client's socket buffers and the stream's queue hold some 10 MiB of the
-    // output: once sandboxd holds 24 MiB more than before, the client's stall has reached it
-    // (and the run still reads on).
+    // output: once sandboxd holds 12 MiB more than before (most of the 16 MiB it keeps), the
+    // client's stall has reached it (and the run still reads on).
     let (rss_before, _) = memory(pid(&d));
     let stopped = stalled_stream(&d, "stall", &token, "run-stalled-stop", "yes", None).await;
     until(
         "sandboxd keeps reading the run the client stalled",
         Duration::from_secs(90),
-        || async { (memory(pid(&d)).0 > rss_before + (24 << 20)).then_some(()) },
+        || async { (memory(pid(&d)).0 > rss_before + (12 << 20)).then_some(()) },
     )
     .await;
     assert_eq!(yes_processes(&s, "stall").await, "1");

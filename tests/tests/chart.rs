@@ -287,15 +287,14 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     // (NET_ADMIN, NET_RAW, the node's xtables lock) and no other capability added.
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
-    let caps = c
-        .security_context
-        .as_ref()
-        .and_then(|s| s.capabilities.as_ref())
-        .expect("capabilities");
-    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
-    assert_eq!(
-        caps.add.as_deref(),
-        Some(&["CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN", "NET_RAW"].map(str::to_owned)[..])
+    // Privileged (loop disks): no capability list of its own; the unprivileged variant
+    // (workspaceQuota: off) is checked in `without_workspace_disks_sandboxd_is_not_privileged`.
+    assert!(
+        c.security_context
+            .as_ref()
+            .and_then(|s| s.capabilities.as_ref())
+            .is_none(),
+        "a privileged sandboxd needs no capability list"
     );
     assert_eq!(
         host_path("xtables-lock").as_deref(),
@@ -403,4 +402,43 @@ fn the_prepare_hook_runs_sandboxd_prepare_with_the_new_image_before_an_upgrade()
     let catalog =
         std::fs::read_to_string(repo_root().join("catalog/runtimes.json")).expect("the catalog");
     assert_eq!(cm["data"]["runtimes.json"].as_str(), Some(catalog.as_str()));
+}
+
+#[test]
+fn without_workspace_disks_sandboxd_is_not_privileged() {
+    let out = template(&[
+        "--show-only",
+        "templates/sandboxd-daemonset.yaml",
+        "--set",
+        "sandboxd.workspaceQuota=off",
+    ]);
+    let ds: serde_yaml::Value = serde_yaml::Deserializer::from_str(&out)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .find(|d: &serde_yaml::Value| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let sc = &pod["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+    let add: Vec<&str> = sc["capabilities"]["add"]
+        .as_sequence()
+        .expect("capabilities added")
+        .iter()
+        .filter_map(serde_yaml::Value::as_str)
+        .collect();
+    assert_eq!(
+        add,
+        ["CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN", "NET_RAW"]
+    );
+    assert_eq!(
+        sc["capabilities"]["drop"][0].as_str(),
+        Some("ALL"),
+        "every other capability dropped"
+    );
+    // No loop devices without loop disks.
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    assert!(volumes.iter().all(|v| v["name"].as_str() != Some("dev")));
+    assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
+    assert_eq!(pod["hostPID"].as_bool(), Some(true));
 }

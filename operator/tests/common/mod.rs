@@ -101,7 +101,7 @@ impl Host {
             .env("SANDBOXD_WORKSPACE_ROOT", self.dir.path().join("ws"))
             .env("SANDBOXD_STATE_DIR", self.dir.path().join("state"))
             .env("SANDBOXD_MEM_LIMIT", "256m")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,sandboxd::server=error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in &self.env {

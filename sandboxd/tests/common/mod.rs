@@ -156,7 +156,7 @@ impl Daemon {
             // Workspaces without disks of their own, unless a test asks for them (the disk
             // tests: SANDBOXD_WORKSPACE_QUOTA=loop).
             .env("SANDBOXD_WORKSPACE_QUOTA", "off")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,sandboxd::server=error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in &self.extra_env {
