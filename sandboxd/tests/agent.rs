@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Backend, Daemon, until};
+use common::{Backend, Daemon, container_of, docker, until};
 use sandboxd::client::Client;
 
 async fn token(d: &Daemon, name: &str) -> String {
@@ -23,24 +23,6 @@ async fn token(d: &Daemon, name: &str) -> String {
 
 async fn session(d: &Daemon, name: &str, _runtime: Option<&str>) -> Client {
     d.client(&token(d, name).await)
-}
-
-fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).output().expect("docker");
-    assert!(
-        out.status.success(),
-        "docker {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn container_of(d: &Daemon, session: &str) -> String {
-    d.containers()
-        .into_iter()
-        .find(|c| c.1 == session)
-        .map(|c| c.0)
-        .expect("the session's container")
 }
 
 /// The command lines of every process of a container, as the host sees them.

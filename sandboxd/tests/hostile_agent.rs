@@ -12,12 +12,11 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Backend, Daemon, until};
+use common::{Backend, Daemon, container_of, docker, until};
 use sandbox_agent::proto::{self, Msg, RunExit};
 use sandboxd::client::{Client, ClientError};
 
@@ -28,24 +27,6 @@ async fn session(d: &Daemon, name: &str) -> Client {
         .await
         .expect("open");
     d.client(&opened.token.expect("a token on create"))
-}
-
-fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).output().expect("docker");
-    assert!(
-        out.status.success(),
-        "docker {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn container_of(d: &Daemon, session: &str) -> String {
-    d.containers()
-        .into_iter()
-        .find(|c| c.1 == session)
-        .map(|c| c.0)
-        .expect("the session's container")
 }
 
 async fn metrics(d: &Daemon) -> String {

@@ -390,3 +390,24 @@ where
         );
     }
 }
+
+/// Runs the docker CLI against the project's dockerd and returns its trimmed stdout; a failure
+/// fails the test with docker's own words.
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().expect("docker");
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The id of the container of `session` on `d`.
+pub fn container_of(d: &Daemon, session: &str) -> String {
+    d.containers()
+        .into_iter()
+        .find(|c| c.1 == session)
+        .map(|c| c.0)
+        .expect("the session's container")
+}
