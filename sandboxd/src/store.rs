@@ -91,6 +91,8 @@ pub struct SessionRow {
     pub updated_at: i64,
     /// Unix milliseconds of the last run or file operation.
     pub last_activity_at: i64,
+    /// The object it belongs to; `None` for a session opened without one (or before owners).
+    pub owner: Option<String>,
 }
 
 /// A session to insert.
@@ -108,6 +110,8 @@ pub struct NewSession<'a> {
     pub token_hash: &'a str,
     /// Limits as JSON.
     pub limits: &'a str,
+    /// The object it belongs to, when the opener named one.
+    pub owner: Option<&'a str>,
 }
 
 /// The caps a new slot is checked against.
@@ -164,6 +168,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
         last_activity_at: r.try_get("last_activity_at")?,
+        owner: r.try_get("owner")?,
     })
 }
 
@@ -239,8 +244,8 @@ impl Store {
     pub async fn claim(&self, new: &NewSession<'_>, caps: Caps) -> Result<Claim, sqlx::Error> {
         let now = now_ms();
         let inserted = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at)
-             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7
+            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at, owner)
+             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7, ?10
              WHERE (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?8
                AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?2) < ?9
              ON CONFLICT (id) DO NOTHING"
@@ -254,6 +259,7 @@ impl Store {
         .bind(now)
         .bind(caps.max_sessions)
         .bind(caps.max_per_tenant)
+        .bind(new.owner)
         .execute(&self.pool)
         .await?
         .rows_affected();
@@ -379,6 +385,21 @@ impl Store {
             == 1)
     }
 
+    /// Gives a session without an owner to `owner` (a session from before owners is adopted
+    /// by the first owner that opens it); returns the row as it is after, `None` when there
+    /// is no such session. A row that has an owner keeps it.
+    pub async fn adopt(&self, id: &str, owner: &str) -> Result<Option<SessionRow>, sqlx::Error> {
+        sqlx::query(
+            "UPDATE sessions SET owner = ?2, updated_at = ?3 WHERE id = ?1 AND owner IS NULL",
+        )
+        .bind(id)
+        .bind(owner)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        self.get(id).await
+    }
+
     /// Marks activity now.
     pub async fn touch(&self, id: &str) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE sessions SET last_activity_at = ?2 WHERE id = ?1")
@@ -416,6 +437,7 @@ mod tests {
             image: "img",
             token_hash: hash,
             limits: "{}",
+            owner: None,
         }
     }
 
