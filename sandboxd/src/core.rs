@@ -909,6 +909,7 @@ impl Core {
             }
             Claim::Exists(row) => {
                 drop(slot);
+                let row = *row;
                 if row.tenant != req.tenant {
                     return Err(ApiError::conflict(
                         "name_taken",

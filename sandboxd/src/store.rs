@@ -129,7 +129,7 @@ pub enum Claim {
     /// The row was inserted in state opening.
     Inserted,
     /// A session of that id already exists.
-    Exists(SessionRow),
+    Exists(Box<SessionRow>),
     /// The tenant holds its cap.
     TenantCap {
         /// Sessions it holds.
@@ -267,7 +267,7 @@ impl Store {
             return Ok(Claim::Inserted);
         }
         if let Some(existing) = self.get(new.id).await? {
-            return Ok(Claim::Exists(existing));
+            return Ok(Claim::Exists(Box::new(existing)));
         }
         let (host, tenant) = self.held(new.tenant).await?;
         Ok(if tenant >= caps.max_per_tenant {
