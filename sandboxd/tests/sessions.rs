@@ -698,3 +698,49 @@ async fn a_session_without_an_owner_is_adopted_by_the_first_owner_that_opens_it(
         other => panic!("expected 400, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn concurrent_opens_of_one_name_by_two_owners_give_one_sandbox_to_one_of_them() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opens = (0..20).map(|i| {
+        let admin = admin.clone();
+        let owner = if i % 2 == 0 { "uid-even" } else { "uid-odd" };
+        tokio::spawn(async move {
+            (
+                owner,
+                admin
+                    .open_as("contested", "org-a", Some(owner), None, None)
+                    .await,
+            )
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    let created: Vec<_> = results
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_ok_and(|o| o.created))
+        .collect();
+    assert_eq!(created.len(), 1, "{results:?}");
+    let winner = created[0].0;
+    for (owner, r) in &results {
+        if *owner == winner {
+            let o = r.as_ref().expect("the winner's opens all find it");
+            assert_eq!(o.session.owner.as_deref(), Some(winner));
+            assert_eq!(o.token.is_some(), o.created);
+        } else {
+            match r {
+                Err(ClientError::Api {
+                    status: 409, code, ..
+                }) => {
+                    assert_eq!(code, "owner_mismatch")
+                }
+                other => panic!("the other owner must be refused, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(d.containers().len(), 1);
+}
