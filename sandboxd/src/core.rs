@@ -1398,21 +1398,38 @@ impl Core {
         if row.state == State::Opening {
             let _ = self.wait_opened(id).await;
         }
-        self.store
-            .transition(
-                id,
-                &[
-                    State::Opening,
-                    State::Running,
-                    State::Stopped,
-                    State::Reclaimed,
-                    State::Lost,
-                    State::Destroying,
-                ],
-                State::Destroying,
-            )
-            .await
-            .map_err(db)?;
+        let every = [
+            State::Opening,
+            State::Running,
+            State::Stopped,
+            State::Reclaimed,
+            State::Lost,
+            State::Destroying,
+        ];
+        if let Some(mine) = owner {
+            // Guarded on the owner too: a session another owner opened under this id since the
+            // row was read is never marked for destruction.
+            if !self
+                .store
+                .transition_owned(id, &every, State::Destroying, mine)
+                .await
+                .map_err(db)?
+            {
+                return match self.store.get(id).await.map_err(db)? {
+                    None => Ok(Destroyed {
+                        id: id.to_owned(),
+                        destroyed: false,
+                        message: format!("Session '{id}' was already gone"),
+                    }),
+                    Some(_) => Err(owner_mismatch(id, mine)),
+                };
+            }
+        } else {
+            self.store
+                .transition(id, &every, State::Destroying)
+                .await
+                .map_err(db)?;
+        }
         self.cancel_runs(id);
         if let Some(c) = &row.container_id {
             self.engine

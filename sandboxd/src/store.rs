@@ -339,6 +339,33 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// [`Store::transition`] only while the session has no owner or `owner`: a row another
+    /// owner opened under the same id in the meantime is left as it is (false).
+    pub async fn transition_owned(
+        &self,
+        id: &str,
+        from: &[State],
+        to: State,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let list = from
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let n = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list}) AND (owner IS NULL OR owner = ?4)"
+        )))
+        .bind(id)
+        .bind(to.as_str())
+        .bind(now_ms())
+        .bind(owner)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     /// Records the container of a session.
     pub async fn set_container(
         &self,
@@ -504,6 +531,57 @@ mod tests {
         assert_eq!(
             store.reclaim_to_opening("a", "t1", caps).await.expect("r"),
             Some(Claim::HostCap { held: 3 })
+        );
+    }
+
+    #[tokio::test]
+    async fn owners_are_adopted_once_and_guard_transitions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("store");
+        let caps = Caps {
+            max_sessions: 3,
+            max_per_tenant: 3,
+        };
+        store
+            .claim(&new("a", "t", "h1"), caps)
+            .await
+            .expect("claim");
+        let owned = NewSession {
+            owner: Some("uid-b"),
+            ..new("b", "t", "h2")
+        };
+        store.claim(&owned, caps).await.expect("claim");
+        // Without an owner: the first adopts it, a second does not.
+        let a = store
+            .adopt("a", "uid-1")
+            .await
+            .expect("adopt")
+            .expect("row");
+        assert_eq!(a.owner.as_deref(), Some("uid-1"));
+        let a = store
+            .adopt("a", "uid-2")
+            .await
+            .expect("adopt")
+            .expect("row");
+        assert_eq!(a.owner.as_deref(), Some("uid-1"));
+        assert_eq!(store.adopt("nope", "uid-1").await.expect("adopt"), None);
+        // A transition for another owner changes nothing; for its own it does.
+        let all = [State::Opening];
+        assert!(
+            !store
+                .transition_owned("b", &all, State::Destroying, "uid-x")
+                .await
+                .expect("t")
+        );
+        assert_eq!(
+            store.get("b").await.expect("get").map(|r| r.state),
+            Some(State::Opening)
+        );
+        assert!(
+            store
+                .transition_owned("b", &all, State::Destroying, "uid-b")
+                .await
+                .expect("t")
         );
     }
 
