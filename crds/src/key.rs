@@ -133,6 +133,29 @@ pub fn session_key(parts: &KeyParts<'_>) -> Result<String, KeyError> {
     Ok(prefix + &subject)
 }
 
+/// The longest session id sandboxd accepts.
+pub const MAX_HOST_ID_LEN: usize = 128;
+
+/// The session's id on its host: `<namespace>.<name>`, so the same name in two namespaces is
+/// two sandboxes. A namespace holds no '.', so the id names exactly one (namespace, name).
+/// Longer than sandboxd's 128 characters, it is cut and ends in `-` and the first 32 hex
+/// digits of the SHA-256 of `<namespace>/<name>`, always 128 characters. Frozen like the key:
+/// the unit tests pin examples.
+pub fn host_session_id(namespace: &str, name: &str) -> String {
+    let full = format!("{namespace}.{name}");
+    if full.len() <= MAX_HOST_ID_LEN {
+        return full;
+    }
+    let suffix = short_hash(&format!("{namespace}/{name}"), 32);
+    // Names and namespaces are ASCII, so any byte index is a character boundary.
+    let mut keep = full[..MAX_HOST_ID_LEN - suffix.len() - 1].to_owned();
+    // Never end the kept part on a separator ("a.-…" stays readable and valid either way).
+    while keep.ends_with(['.', '-']) {
+        keep.pop();
+    }
+    format!("{keep}-{suffix}")
+}
+
 /// Whether `name` is a valid Kubernetes object name of the kind a key is (RFC 1123 label).
 pub fn is_valid_name(name: &str) -> bool {
     name.len() <= MAX_LEN && is_name_part(name)
@@ -168,6 +191,37 @@ mod tests {
             subject,
             actor,
         }
+    }
+
+    #[test]
+    fn host_ids_are_namespaced_and_fit_sandboxd() {
+        assert_eq!(
+            host_session_id("victim", "demo-session"),
+            "victim.demo-session"
+        );
+        assert_ne!(
+            host_session_id("victim", "demo-session"),
+            host_session_id("attacker", "demo-session")
+        );
+        // "a.b" in "x" and "b" in "x.a" cannot be asked for: a namespace holds no '.'.
+        let long = "n".repeat(200);
+        let id = host_session_id("team-a", &long);
+        assert_eq!(id.len(), MAX_HOST_ID_LEN);
+        assert!(id.starts_with("team-a.nnnn"));
+        // Pinned: changing it moves existing workspaces.
+        assert!(id.ends_with("-50e83c9bd7d9c8a130e2fd3ac2262798"), "{id}");
+        let other = host_session_id("team-a", &format!("{}m", "n".repeat(199)));
+        assert_ne!(id, other);
+        assert_eq!(other.len(), MAX_HOST_ID_LEN);
+        let fits = |id: &str| {
+            id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        assert!(fits(&id) && fits(&other));
+        let exact = format!("{}.{}", "a".repeat(63), "b".repeat(64));
+        assert_eq!(host_session_id(&"a".repeat(63), &"b".repeat(64)), exact);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
 use sandboxd::client::ClientError;
 use sandboxd::store::State;
+use sandboxd_crds::key::host_session_id;
 use sandboxd_crds::v1alpha1::condition::{ADMITTED, PLACED, READY, RUNTIME_READY};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::tombstone::TombstoneSource;
@@ -336,6 +337,13 @@ async fn advance(
 ) -> Result<Step, Error> {
     let generation = s.metadata.generation;
     let name = s.name_any();
+    // The session's id on its host, and the owner the host binds it to: this object. An id
+    // recorded before (a session opened under its bare name) is kept.
+    let id = status
+        .session_id
+        .clone()
+        .unwrap_or_else(|| host_session_id(&s.namespace().unwrap_or_default(), &name));
+    let uid = s.uid();
     let cfg = &ctx.config;
     let backoff = || crate::backoff::failure_delay(ctx.failures_of(&key(s)).saturating_add(1));
 
@@ -481,7 +489,13 @@ async fn advance(
             workspace_size: r.workspace_size.clone(),
         });
         match client
-            .open(&name, &s.spec.tenant, alias.as_deref(), limits.as_ref())
+            .open_as(
+                &id,
+                &s.spec.tenant,
+                uid.as_deref(),
+                alias.as_deref(),
+                limits.as_ref(),
+            )
             .await
         {
             Ok(opened) => {
@@ -490,7 +504,7 @@ async fn advance(
                     // Found, not created (a crash after the open, or the Secret was deleted):
                     // the host gives it a new token; the old one stops working.
                     None => client
-                        .rotate_token(&name)
+                        .rotate_token_as(&id, uid.as_deref())
                         .await
                         .map_err(|e| host_err(&host_name, e))?,
                 };
@@ -588,6 +602,26 @@ async fn advance(
                     requeue: backoff(),
                 });
             }
+            Err(ClientError::Api { code, message, .. }) if code == "owner_mismatch" => {
+                // The id is held for another object: a deleted session of this name whose
+                // destroy is still owed (its Tombstone removes it, then this open succeeds).
+                let m = format!(
+                    "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    "OwnerConflict",
+                    &m,
+                    generation,
+                );
+                set_phase(&mut status, SessionPhase::Pending, m);
+                return Ok(Step {
+                    status,
+                    requeue: backoff(),
+                });
+            }
             Err(ClientError::Api { code, message, .. }) if code == "runtime_failed" => {
                 conditions::set(
                     &mut status.conditions,
@@ -627,7 +661,7 @@ async fn advance(
     // 3. Follow the session on the host (just opened: the open answered with it).
     let fetched = match opened_view {
         Some(v) => Ok(v),
-        None => client.get(&name).await,
+        None => client.get(&id).await,
     };
     let view = match fetched {
         Ok(v) => v,
@@ -723,7 +757,7 @@ async fn advance(
             }
             ctx.forget_cpu(&key(s));
             client
-                .stop(&name)
+                .stop(&id)
                 .await
                 .map_err(|e| host_err(&host_name, e))?;
             conditions::set(
@@ -772,7 +806,7 @@ async fn advance(
             let reclaim_at = add(since, Duration::from_secs(cfg.container_ttl_seconds));
             if until(reclaim_at).is_zero() {
                 client
-                    .reclaim(&name)
+                    .reclaim(&id)
                     .await
                     .map_err(|e| host_err(&host_name, e))?;
                 conditions::set(
@@ -823,7 +857,7 @@ async fn advance(
                 let expires = add(last, Duration::from_secs(ttl));
                 if until(expires).is_zero() {
                     client
-                        .destroy(&name)
+                        .destroy_as(&id, uid.as_deref())
                         .await
                         .map_err(|e| host_err(&host_name, e))?;
                     let m = format!(
@@ -968,7 +1002,9 @@ async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
         },
         spec: TombstoneSpec {
             host: host.clone(),
-            session_id: status.session_id.unwrap_or_else(|| s.name_any()),
+            session_id: status.session_id.unwrap_or_else(|| {
+                host_session_id(&s.namespace().unwrap_or_default(), &s.name_any())
+            }),
             tenant: s.spec.tenant.clone(),
             source: TombstoneSource {
                 namespace: s.namespace().unwrap_or_default(),

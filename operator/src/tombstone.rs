@@ -1,6 +1,10 @@
 //! The Tombstone controller: destroys a deleted session on its host and removes the Tombstone
 //! only when the host confirms (already gone counts). On failure it backs off from 2 minutes,
 //! doubling, to at most 6 hours. A disabled host still gets its destroys.
+//!
+//! A destroy names its owner (the deleted object's uid): when the host says the id now belongs
+//! to another owner (a newer SandboxSession of the same name), the deleted one's sandbox is
+//! already gone, so the Tombstone is done and the newer sandbox is left alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +17,8 @@ use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
+use sandboxd::client::ClientError;
+use sandboxd::core::Destroyed;
 use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone, TombstoneStatus};
 use serde_json::json;
 use tracing::{info, instrument, warn};
@@ -65,10 +71,25 @@ async fn destroy(t: &Tombstone, ctx: &Context) -> Result<Action, Error> {
         None => Err(format!("SandboxHost {} does not exist", t.spec.host)),
         Some(host) => match ctx.host_client(&host).await {
             Err(e) => Err(e.to_string()),
-            Ok(client) => client
-                .destroy(&t.spec.session_id)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(client) => {
+                let owner = Some(t.spec.source.uid.as_str()).filter(|u| !u.is_empty());
+                match client.destroy_as(&t.spec.session_id, owner).await {
+                    Err(ClientError::Api { code, message, .. }) if code == "owner_mismatch" => {
+                        Ok(Destroyed {
+                            id: t.spec.session_id.clone(),
+                            destroyed: false,
+                            message: format!(
+                                "the session of {}/{} was already gone; host {} holds '{}' for a newer object, which was left alone ({message})",
+                                t.spec.source.namespace,
+                                t.spec.source.name,
+                                t.spec.host,
+                                t.spec.session_id
+                            ),
+                        })
+                    }
+                    other => other.map_err(|e| e.to_string()),
+                }
+            }
         },
     };
     match outcome {

@@ -96,10 +96,12 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
             .map(|o| o[0].name.as_str()),
         Some("xc-life")
     );
+    let life = scope.host_id("xc-life");
+    assert_eq!(status.session_id.as_deref(), Some(life.as_str()));
     let session = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret));
     let run = session
         .run(
-            "xc-life",
+            &life,
             "echo hello > note.txt && cat note.txt && id -u",
             None,
             None,
@@ -115,11 +117,11 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
             phase(s) == Some(SessionPhase::Sleeping)
         })
         .await;
-    assert_eq!(host.containers(), vec![("xc-life".to_owned(), false)]);
-    assert!(host.workspace("xc-life").join("note.txt").exists());
+    assert_eq!(host.containers(), vec![(life.clone(), false)]);
+    assert!(host.workspace(&life).join("note.txt").exists());
     // A workspace operation wakes it, and the operator follows.
     let again = session
-        .run("xc-life", "cat note.txt", None, None, None)
+        .run(&life, "cat note.txt", None, None, None)
         .await
         .expect("a run wakes it");
     assert_eq!(again.stdout, "hello\n");
@@ -135,10 +137,9 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
         })
         .await;
     assert!(host.containers().is_empty(), "{:?}", host.containers());
-    assert!(host.workspace("xc-life").join("note.txt").exists());
+    assert!(host.workspace(&life).join("note.txt").exists());
     // The workspace deleted on the host: Lost, never recreated.
-    std::fs::remove_dir_all(host.dir.path().join("ws").join("xc-life"))
-        .expect("delete on the host");
+    std::fs::remove_dir_all(host.dir.path().join("ws").join(&life)).expect("delete on the host");
     let lost = scope
         .wait_session("xc-life", "Lost", 30, |s| {
             phase(s) == Some(SessionPhase::Lost)
@@ -149,7 +150,7 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
             .and_then(|s| s.message)
             .is_some_and(|m| m.contains("vanished"))
     );
-    assert!(!host.workspace("xc-life").exists());
+    assert!(!host.workspace(&life).exists());
     scope.delete().await;
 }
 
@@ -178,7 +179,14 @@ async fn deleting_a_session_destroys_it_through_a_tombstone_even_across_a_host_o
     wait_gone(sessions.clone(), "xc-one", 30).await;
     wait_gone(tombstones.clone(), &format!("sbx-{uid}"), 30).await;
     assert!(host.containers().is_empty());
-    assert!(!host.dir.path().join("ws").join("xc-one").exists());
+    assert!(
+        !host
+            .dir
+            .path()
+            .join("ws")
+            .join(scope.host_id("xc-one"))
+            .exists()
+    );
 
     // With the host down: the tombstone stays and backs off, and completes when it returns.
     scope.kubectl_apply_session("xc-two", serde_json::json!({}));
@@ -216,7 +224,14 @@ async fn deleting_a_session_destroys_it_through_a_tombstone_even_across_a_host_o
     host.spawn();
     wait_gone(tombstones.clone(), &tomb, 30).await;
     assert!(host.containers().is_empty());
-    assert!(!host.dir.path().join("ws").join("xc-two").exists());
+    assert!(
+        !host
+            .dir
+            .path()
+            .join("ws")
+            .join(scope.host_id("xc-two"))
+            .exists()
+    );
     scope.delete().await;
 }
 
@@ -531,7 +546,9 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
     sessions.sort();
     assert_eq!(
         sessions,
-        ["xc-crash-0", "xc-crash-1", "xc-crash-2"],
+        (0..3)
+            .map(|i| scope.host_id(&format!("xc-crash-{i}")))
+            .collect::<Vec<_>>(),
         "one container per session, none duplicated"
     );
     // Each Secret's token works (a token lost in the crash was replaced).
@@ -542,7 +559,7 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
             .await
             .expect("secret");
         let run = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret))
-            .run(&name, "echo ok", None, None, None)
+            .run(&scope.host_id(&name), "echo ok", None, None, None)
             .await
             .expect("run");
         assert_eq!(run.stdout, "ok\n");
@@ -788,5 +805,235 @@ async fn runtimes_reach_every_host_and_two_defaults_are_a_condition_on_both() {
             format!("second-{}", scope.scope)
         ]
     );
+    scope.delete().await;
+}
+
+/// Waits (watching, with a deadline) until the session `name` in `api` satisfies `cond`.
+async fn wait_in(
+    api: &Api<sandboxd_crds::v1alpha1::SandboxSession>,
+    name: &str,
+    what: &str,
+    cond: impl Fn(&sandboxd_crds::v1alpha1::SandboxSession) -> bool + Send + 'static,
+) -> sandboxd_crds::v1alpha1::SandboxSession {
+    let found = tokio::time::timeout(
+        Duration::from_secs(90),
+        await_condition(
+            api.clone(),
+            name,
+            move |s: Option<&sandboxd_crds::v1alpha1::SandboxSession>| s.is_some_and(&cond),
+        ),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(s))) => s,
+        _ => panic!(
+            "session {name} did not become {what} within 90 s; it is {:#?}",
+            api.get_opt(name).await.ok().flatten().map(|s| s.status)
+        ),
+    }
+}
+
+/// The session's id on its host and the token in its Secret.
+async fn credentials(
+    client: &kube::Client,
+    s: &sandboxd_crds::v1alpha1::SandboxSession,
+) -> (String, String) {
+    let status = s.status.clone().expect("status");
+    let secret = Api::<Secret>::namespaced(client.clone(), &s.namespace().expect("namespace"))
+        .get(&status.credentials_secret.expect("credentials secret"))
+        .await
+        .expect("the token Secret");
+    (status.session_id.expect("session id"), token_of(&secret))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_namespace_can_neither_take_over_nor_destroy_a_sandbox_of_the_same_name() {
+    let mut scope = Scope::new("victim").await;
+    let host = Host::start(&format!("tenancy-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+
+    // The victim's session, with a file in it.
+    scope.kubectl_apply_session("demo-session", serde_json::json!({}));
+    let victim = scope
+        .wait_session("demo-session", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let (victim_id, victim_token) = credentials(&scope.client, &victim).await;
+    assert_eq!(victim_id, scope.host_id("demo-session"));
+    let victim_client = sandboxd::client::Client::new(&host.endpoint(), &victim_token);
+    victim_client
+        .write(&victim_id, "notes/hello.txt", "the victim's notes")
+        .await
+        .expect("the victim writes");
+
+    // Attack 1: the same name and tenant (and subject) in another namespace.
+    let attacker_ns = sandboxd_tests::TestNamespace::create(&scope.client, "attacker").await;
+    let attacker_api = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(
+        scope.client.clone(),
+        &attacker_ns.name,
+    );
+    let twin: sandboxd_crds::v1alpha1::SandboxSession = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+        "metadata": {"name": "demo-session", "labels": scope.labels()},
+        "spec": {"scope": "conversation", "tenant": "org-1", "subject": "demo-session"},
+    }))
+    .expect("session");
+    attacker_api
+        .create(&Default::default(), &twin)
+        .await
+        .expect("the attacker's create");
+    let attacker = wait_in(&attacker_api, "demo-session", "Running", |s| {
+        phase(s) == Some(SessionPhase::Running)
+    })
+    .await;
+    let (attacker_id, attacker_token) = credentials(&scope.client, &attacker).await;
+    // A sandbox of its own, not the victim's.
+    assert_eq!(
+        attacker_id,
+        sandboxd_crds::key::host_session_id(&attacker_ns.name, "demo-session")
+    );
+    assert_ne!(attacker_id, victim_id);
+    let attacker_client = sandboxd::client::Client::new(&host.endpoint(), &attacker_token);
+    match attacker_client
+        .read(&attacker_id, "notes/hello.txt", 0, None)
+        .await
+    {
+        Err(sandboxd::client::ClientError::Api { status: 404, .. }) => {}
+        other => panic!("the attacker's own workspace must be empty, got {other:?}"),
+    }
+    let stolen = attacker_client
+        .read(&victim_id, "notes/hello.txt", 0, None)
+        .await;
+    assert!(
+        stolen.is_err(),
+        "the attacker's token read the victim's file"
+    );
+    // The victim's own token still works.
+    assert_eq!(
+        victim_client
+            .read(&victim_id, "notes/hello.txt", 0, None)
+            .await
+            .expect("the victim still reads its file with its own token"),
+        b"the victim's notes"
+    );
+    let mut ids: Vec<String> = host.containers().into_iter().map(|(s, _)| s).collect();
+    ids.sort();
+    let mut want = vec![attacker_id.clone(), victim_id.clone()];
+    want.sort();
+    assert_eq!(ids, want, "two sandboxes, one per object");
+
+    // Attack 2: deleting the attacker's object destroys its sandbox only.
+    let attacker_uid = attacker.metadata.uid.clone().expect("uid");
+    attacker_api
+        .delete("demo-session", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(attacker_api.clone(), "demo-session", 30).await;
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+    wait_gone(tombstones.clone(), &format!("sbx-{attacker_uid}"), 30).await;
+    assert_eq!(host.containers(), vec![(victim_id.clone(), true)]);
+    assert!(host.workspace(&victim_id).join("notes/hello.txt").exists());
+    assert!(!host.dir.path().join("ws").join(&attacker_id).exists());
+    assert_eq!(
+        victim_client
+            .read(&victim_id, "notes/hello.txt", 0, None)
+            .await
+            .expect("the victim still reads its file after the attacker's delete"),
+        b"the victim's notes"
+    );
+    let still = scope.sessions().get("demo-session").await.expect("victim");
+    assert_eq!(phase(&still), Some(SessionPhase::Running));
+    attacker_ns.delete().await;
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_and_recreated_under_its_name_ends_alive() {
+    let mut scope = Scope::new("again").await;
+    let host = Host::start(&format!("again-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let sessions = scope.sessions();
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+
+    scope.kubectl_apply_session("xc-again", serde_json::json!({}));
+    let old = scope
+        .wait_session("xc-again", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let old_uid = old.metadata.uid.clone().expect("uid");
+    let (id, old_token) = credentials(&scope.client, &old).await;
+    sandboxd::client::Client::new(&host.endpoint(), &old_token)
+        .write(&id, "old.txt", "from the deleted object")
+        .await
+        .expect("write");
+
+    // Delete and at once recreate under the same name: one id on the host, two objects.
+    sessions
+        .delete("xc-again", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(sessions.clone(), "xc-again", 30).await;
+    scope.kubectl_apply_session("xc-again", serde_json::json!({}));
+    let new = scope
+        .wait_session("xc-again", "Running as the new object", 90, move |s| {
+            s.metadata.uid.as_deref() != Some(old_uid.as_str())
+                && phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let old_uid = old.metadata.uid.clone().expect("uid");
+    wait_gone(tombstones.clone(), &format!("sbx-{old_uid}"), 60).await;
+    let (new_id, new_token) = credentials(&scope.client, &new).await;
+    assert_eq!(new_id, id);
+    let fresh = sandboxd::client::Client::new(&host.endpoint(), &new_token);
+    fresh
+        .write(&id, "new.txt", "from the new object")
+        .await
+        .expect("the new object writes");
+    assert!(
+        fresh.read(&id, "old.txt", 0, None).await.is_err(),
+        "the new object got the deleted one's workspace"
+    );
+
+    // A Tombstone of the deleted object arriving late (its destroy retried after the new
+    // object opened): done, and the new sandbox is left alone.
+    let late = Tombstone {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("sbx-{old_uid}")),
+            labels: Some(scope.labels()),
+            ..Default::default()
+        },
+        spec: sandboxd_crds::v1alpha1::TombstoneSpec {
+            host: host.name.clone(),
+            session_id: id.clone(),
+            tenant: "org-1".to_owned(),
+            source: sandboxd_crds::v1alpha1::tombstone::TombstoneSource {
+                namespace: scope.ns.clone(),
+                name: "xc-again".to_owned(),
+                uid: old_uid.clone(),
+            },
+        },
+        status: None,
+    };
+    tombstones
+        .create(&Default::default(), &late)
+        .await
+        .expect("the late tombstone");
+    wait_gone(tombstones.clone(), &format!("sbx-{old_uid}"), 30).await;
+    assert_eq!(
+        fresh
+            .read(&id, "new.txt", 0, None)
+            .await
+            .expect("the new sandbox survives the old tombstone"),
+        b"from the new object"
+    );
+    assert_eq!(host.containers(), vec![(id.clone(), true)]);
+    let now = sessions.get("xc-again").await.expect("the new object");
+    assert_eq!(phase(&now), Some(SessionPhase::Running));
     scope.delete().await;
 }

@@ -369,14 +369,24 @@ async fn show(
     Ok(Json(state.core.get(&id).await?).into_response())
 }
 
+/// `?owner=`: the object a destroy or token rotation acts for.
+#[derive(Deserialize)]
+struct OwnerQuery {
+    #[serde(default)]
+    owner: Option<String>,
+}
+
 async fn destroy(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<OwnerQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
-    let destroyed = crate::core::detached(async move { core.destroy(&id).await }).await?;
+    let destroyed =
+        crate::core::detached(async move { core.destroy_as(&id, q.owner.as_deref()).await })
+            .await?;
     Ok(Json(destroyed).into_response())
 }
 
@@ -418,9 +428,10 @@ async fn rotate_token(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<OwnerQuery>,
 ) -> Result<Response, ApiError> {
     admin(&state, &headers).await?;
-    let token = state.core.rotate_token(&id).await?;
+    let token = state.core.rotate_token_as(&id, q.owner.as_deref()).await?;
     Ok(Json(json!({"id": id, "token": token})).into_response())
 }
 

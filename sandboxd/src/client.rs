@@ -103,6 +103,13 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// `?owner=…` for a request acting for `owner`, or nothing.
+fn owner_query(owner: Option<&str>) -> String {
+    owner
+        .map(|o| format!("?owner={}", urlencoding::encode(o)))
+        .unwrap_or_default()
+}
+
 fn enc(path: &str) -> String {
     path.split('/')
         .map(|p| urlencoding::encode(p).into_owned())
@@ -179,7 +186,8 @@ impl Client {
         let parsed: Option<ErrorBody> = serde_json::from_slice(&bytes).ok();
         Err(match parsed {
             Some(b) if b.code == "session_not_found" => {
-                let id = path.split('/').nth(3).unwrap_or_default();
+                let route_path = path.split('?').next().unwrap_or_default();
+                let id = route_path.split('/').nth(3).unwrap_or_default();
                 ClientError::NoSuchSession(
                     urlencoding::decode(id)
                         .map(|s| s.into_owned())
@@ -229,7 +237,25 @@ impl Client {
         runtime: Option<&str>,
         limits: Option<&Limits>,
     ) -> Result<OpenResponse, ClientError> {
-        let body = json!({"name": name, "tenant": tenant, "runtime": runtime, "limits": limits});
+        self.open_as(name, tenant, None, runtime, limits).await
+    }
+
+    /// Opens a session by name for `owner` (the object it belongs to, e.g. a SandboxSession's
+    /// uid): a session another owner holds is refused with 409 `owner_mismatch`; one without
+    /// an owner is adopted.
+    pub async fn open_as(
+        &self,
+        name: &str,
+        tenant: &str,
+        owner: Option<&str>,
+        runtime: Option<&str>,
+        limits: Option<&Limits>,
+    ) -> Result<OpenResponse, ClientError> {
+        let mut body =
+            json!({"name": name, "tenant": tenant, "runtime": runtime, "limits": limits});
+        if let Some(owner) = owner {
+            body["owner"] = json!(owner);
+        }
         let resp = self
             .send(
                 Method::POST,
@@ -295,6 +321,16 @@ impl Client {
 
     /// Gives a session a new token (admin token).
     pub async fn rotate_token(&self, id: &str) -> Result<String, ClientError> {
+        self.rotate_token_as(id, None).await
+    }
+
+    /// Gives a session of `owner` a new token (admin token); a session another owner holds
+    /// keeps its token (409 `owner_mismatch`).
+    pub async fn rotate_token_as(
+        &self,
+        id: &str,
+        owner: Option<&str>,
+    ) -> Result<String, ClientError> {
         #[derive(serde::Deserialize)]
         struct T {
             token: String,
@@ -303,7 +339,7 @@ impl Client {
             .json::<T>(
                 Method::POST,
                 "POST /v1/sessions/{id}/token",
-                &format!("/v1/sessions/{}/token", enc(id)),
+                &format!("/v1/sessions/{}/token{}", enc(id), owner_query(owner)),
                 None,
             )
             .await?
@@ -312,10 +348,20 @@ impl Client {
 
     /// Destroys a session (container and workspace).
     pub async fn destroy(&self, id: &str) -> Result<Destroyed, ClientError> {
+        self.destroy_as(id, None).await
+    }
+
+    /// Destroys a session of `owner`: one another owner holds is left alone (409
+    /// `owner_mismatch`); one already gone is confirmed (`destroyed: false`).
+    pub async fn destroy_as(
+        &self,
+        id: &str,
+        owner: Option<&str>,
+    ) -> Result<Destroyed, ClientError> {
         self.json(
             Method::DELETE,
             "DELETE /v1/sessions/{id}",
-            &format!("/v1/sessions/{}", enc(id)),
+            &format!("/v1/sessions/{}{}", enc(id), owner_query(owner)),
             None,
         )
         .await

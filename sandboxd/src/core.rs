@@ -137,6 +137,11 @@ pub struct OpenRequest {
     /// Resource limits.
     #[serde(default)]
     pub limits: Option<Limits>,
+    /// The object the session belongs to (the operator sends its SandboxSession's uid). An
+    /// open naming another owner than the session's is refused (409 `owner_mismatch`); a
+    /// session without one is adopted. Absent: no owner is checked or recorded.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// What an open did.
@@ -177,6 +182,9 @@ pub struct SessionView {
     pub cpu_ns: Option<u64>,
     /// Whether the workspace folder still exists on the host.
     pub workspace_exists: bool,
+    /// The object the session belongs to, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// What a destroy did.
@@ -328,6 +336,22 @@ pub async fn detached<T: Send + 'static>(
     tokio::spawn(change)
         .await
         .map_err(|e| ApiError::internal(format!("the operation's task failed: {e}")))?
+}
+
+/// Whether `owner` may name a session's owner: an object uid (or any id of at most 128 visible
+/// ASCII characters).
+pub fn valid_owner(owner: &str) -> bool {
+    (1..=128).contains(&owner.len()) && owner.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// 409 `owner_mismatch`: session `id` belongs to another owner than `mine`.
+fn owner_mismatch(id: &str, mine: &str) -> ApiError {
+    ApiError::conflict(
+        "owner_mismatch",
+        format!(
+            "Session '{id}' belongs to another owner than '{mine}': it was not opened, given a token or destroyed for this one"
+        ),
+    )
 }
 
 /// Whether `id` may name a session: it is a folder name on the host and a container name part.
@@ -586,6 +610,7 @@ impl Core {
             runs_in_flight: self.runs_in_flight(&row.id),
             cpu_ns,
             workspace_exists,
+            owner: row.owner.clone(),
         }
     }
 
@@ -780,6 +805,13 @@ impl Core {
                 "tenant must not be empty: send the organization id",
             ));
         }
+        if let Some(owner) = &req.owner
+            && !valid_owner(owner)
+        {
+            return Err(ApiError::bad_request(format!(
+                "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
+            )));
+        }
         let runtime = match self.runtime(req.runtime.as_deref()) {
             Ok(r) => r,
             Err(e) => {
@@ -788,6 +820,7 @@ impl Core {
                     && row.tenant == req.tenant
                     && row.state != State::Opening
                 {
+                    let row = self.owned_by(row, req.owner.as_deref()).await?;
                     return Ok(Opened {
                         created: false,
                         session: self.view(&row, false).await,
@@ -815,6 +848,7 @@ impl Core {
             image: &runtime.image,
             token_hash: &hash,
             limits: &limits_json,
+            owner: req.owner.as_deref(),
         };
         // Take the session's slot before claiming, so a concurrent open that finds the row in
         // state opening always has something to wait on; one in flight is waited for first.
@@ -875,12 +909,15 @@ impl Core {
             }
             Claim::Exists(row) => {
                 drop(slot);
+                let row = *row;
                 if row.tenant != req.tenant {
                     return Err(ApiError::conflict(
                         "name_taken",
                         format!("Session name '{}' is taken by another tenant", req.name),
                     ));
                 }
+                // Never attach to (nor hand a token of) a session another object owns.
+                let row = self.owned_by(row, req.owner.as_deref()).await?;
                 let row = if row.state == State::Opening {
                     self.wait_opened(&req.name).await?
                 } else {
@@ -903,6 +940,29 @@ impl Core {
                     .inc();
                 Err(self.cap_error(&refused, &req.tenant))
             }
+        }
+    }
+
+    /// `row` if `owner` may act on it: it has no owner (then `owner` adopts it) or the same
+    /// one; 409 `owner_mismatch` when another owner holds it. `None` checks nothing.
+    async fn owned_by(&self, row: SessionRow, owner: Option<&str>) -> Result<SessionRow, ApiError> {
+        let Some(mine) = owner else {
+            return Ok(row);
+        };
+        let row = if row.owner.is_none() {
+            let id = row.id.clone();
+            let adopted = self.store.adopt(&id, mine).await.map_err(db)?;
+            let row = adopted.ok_or_else(|| ApiError::no_such_session(&id))?;
+            if row.owner.as_deref() == Some(mine) {
+                info!(session = %id, owner = mine, "session without an owner adopted");
+            }
+            row
+        } else {
+            row
+        };
+        match row.owner.as_deref() {
+            Some(theirs) if theirs != mine => Err(owner_mismatch(&row.id, mine)),
+            _ => Ok(row),
         }
     }
 
@@ -1314,6 +1374,13 @@ impl Core {
     /// The session's folder is moved into the trash (one rename, whatever it holds) and
     /// deleted there in the background, so a destroy answers at once.
     pub async fn destroy(&self, id: &str) -> Result<Destroyed, ApiError> {
+        self.destroy_as(id, None).await
+    }
+
+    /// [`Core::destroy`] for `owner`: a session another owner holds is left alone (409
+    /// `owner_mismatch`), so a destroy owed for an object that is gone never removes the
+    /// session a newer object opened under the same id. `None` destroys whoever owns it.
+    pub async fn destroy_as(&self, id: &str, owner: Option<&str>) -> Result<Destroyed, ApiError> {
         let Some(row) = self.store.get(id).await.map_err(db)? else {
             let had_files = valid_session_id(id) && self.discard_folder(id)?;
             return Ok(Destroyed {
@@ -1322,24 +1389,47 @@ impl Core {
                 message: format!("Session '{id}' was already gone"),
             });
         };
+        if let Some(theirs) = &row.owner
+            && let Some(mine) = owner
+            && theirs != mine
+        {
+            return Err(owner_mismatch(id, mine));
+        }
         if row.state == State::Opening {
             let _ = self.wait_opened(id).await;
         }
-        self.store
-            .transition(
-                id,
-                &[
-                    State::Opening,
-                    State::Running,
-                    State::Stopped,
-                    State::Reclaimed,
-                    State::Lost,
-                    State::Destroying,
-                ],
-                State::Destroying,
-            )
-            .await
-            .map_err(db)?;
+        let every = [
+            State::Opening,
+            State::Running,
+            State::Stopped,
+            State::Reclaimed,
+            State::Lost,
+            State::Destroying,
+        ];
+        if let Some(mine) = owner {
+            // Guarded on the owner too: a session another owner opened under this id since the
+            // row was read is never marked for destruction.
+            if !self
+                .store
+                .transition_owned(id, &every, State::Destroying, mine)
+                .await
+                .map_err(db)?
+            {
+                return match self.store.get(id).await.map_err(db)? {
+                    None => Ok(Destroyed {
+                        id: id.to_owned(),
+                        destroyed: false,
+                        message: format!("Session '{id}' was already gone"),
+                    }),
+                    Some(_) => Err(owner_mismatch(id, mine)),
+                };
+            }
+        } else {
+            self.store
+                .transition(id, &every, State::Destroying)
+                .await
+                .map_err(db)?;
+        }
         self.cancel_runs(id);
         if let Some(c) = &row.container_id {
             self.engine
@@ -1364,7 +1454,21 @@ impl Core {
 
     /// Gives a session a new token (the old one stops working) and returns it.
     pub async fn rotate_token(&self, id: &str) -> Result<String, ApiError> {
-        self.row(id).await?;
+        self.rotate_token_as(id, None).await
+    }
+
+    /// [`Core::rotate_token`] for `owner`: a session another owner holds keeps its token (409
+    /// `owner_mismatch`); one without an owner is adopted. `None` rotates whoever owns it.
+    pub async fn rotate_token_as(&self, id: &str, owner: Option<&str>) -> Result<String, ApiError> {
+        if let Some(owner) = owner
+            && !valid_owner(owner)
+        {
+            return Err(ApiError::bad_request(format!(
+                "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
+            )));
+        }
+        let row = self.row(id).await?;
+        self.owned_by(row, owner).await?;
         let token = auth::new_session_token();
         let set = self.store.set_token_hash(id, &auth::hash(&token)).await;
         // After the change (a lookup racing it does not cache: the generation moved on).

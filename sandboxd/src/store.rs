@@ -91,6 +91,8 @@ pub struct SessionRow {
     pub updated_at: i64,
     /// Unix milliseconds of the last run or file operation.
     pub last_activity_at: i64,
+    /// The object it belongs to; `None` for a session opened without one (or before owners).
+    pub owner: Option<String>,
 }
 
 /// A session to insert.
@@ -108,6 +110,8 @@ pub struct NewSession<'a> {
     pub token_hash: &'a str,
     /// Limits as JSON.
     pub limits: &'a str,
+    /// The object it belongs to, when the opener named one.
+    pub owner: Option<&'a str>,
 }
 
 /// The caps a new slot is checked against.
@@ -125,7 +129,7 @@ pub enum Claim {
     /// The row was inserted in state opening.
     Inserted,
     /// A session of that id already exists.
-    Exists(SessionRow),
+    Exists(Box<SessionRow>),
     /// The tenant holds its cap.
     TenantCap {
         /// Sessions it holds.
@@ -164,6 +168,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
         last_activity_at: r.try_get("last_activity_at")?,
+        owner: r.try_get("owner")?,
     })
 }
 
@@ -239,8 +244,8 @@ impl Store {
     pub async fn claim(&self, new: &NewSession<'_>, caps: Caps) -> Result<Claim, sqlx::Error> {
         let now = now_ms();
         let inserted = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at)
-             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7
+            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at, owner)
+             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7, ?10
              WHERE (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?8
                AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?2) < ?9
              ON CONFLICT (id) DO NOTHING"
@@ -254,6 +259,7 @@ impl Store {
         .bind(now)
         .bind(caps.max_sessions)
         .bind(caps.max_per_tenant)
+        .bind(new.owner)
         .execute(&self.pool)
         .await?
         .rows_affected();
@@ -261,7 +267,7 @@ impl Store {
             return Ok(Claim::Inserted);
         }
         if let Some(existing) = self.get(new.id).await? {
-            return Ok(Claim::Exists(existing));
+            return Ok(Claim::Exists(Box::new(existing)));
         }
         let (host, tenant) = self.held(new.tenant).await?;
         Ok(if tenant >= caps.max_per_tenant {
@@ -333,6 +339,33 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// [`Store::transition`] only while the session has no owner or `owner`: a row another
+    /// owner opened under the same id in the meantime is left as it is (false).
+    pub async fn transition_owned(
+        &self,
+        id: &str,
+        from: &[State],
+        to: State,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let list = from
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let n = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list}) AND (owner IS NULL OR owner = ?4)"
+        )))
+        .bind(id)
+        .bind(to.as_str())
+        .bind(now_ms())
+        .bind(owner)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     /// Records the container of a session.
     pub async fn set_container(
         &self,
@@ -379,6 +412,21 @@ impl Store {
             == 1)
     }
 
+    /// Gives a session without an owner to `owner` (a session from before owners is adopted
+    /// by the first owner that opens it); returns the row as it is after, `None` when there
+    /// is no such session. A row that has an owner keeps it.
+    pub async fn adopt(&self, id: &str, owner: &str) -> Result<Option<SessionRow>, sqlx::Error> {
+        sqlx::query(
+            "UPDATE sessions SET owner = ?2, updated_at = ?3 WHERE id = ?1 AND owner IS NULL",
+        )
+        .bind(id)
+        .bind(owner)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        self.get(id).await
+    }
+
     /// Marks activity now.
     pub async fn touch(&self, id: &str) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE sessions SET last_activity_at = ?2 WHERE id = ?1")
@@ -416,6 +464,7 @@ mod tests {
             image: "img",
             token_hash: hash,
             limits: "{}",
+            owner: None,
         }
     }
 
@@ -482,6 +531,57 @@ mod tests {
         assert_eq!(
             store.reclaim_to_opening("a", "t1", caps).await.expect("r"),
             Some(Claim::HostCap { held: 3 })
+        );
+    }
+
+    #[tokio::test]
+    async fn owners_are_adopted_once_and_guard_transitions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("store");
+        let caps = Caps {
+            max_sessions: 3,
+            max_per_tenant: 3,
+        };
+        store
+            .claim(&new("a", "t", "h1"), caps)
+            .await
+            .expect("claim");
+        let owned = NewSession {
+            owner: Some("uid-b"),
+            ..new("b", "t", "h2")
+        };
+        store.claim(&owned, caps).await.expect("claim");
+        // Without an owner: the first adopts it, a second does not.
+        let a = store
+            .adopt("a", "uid-1")
+            .await
+            .expect("adopt")
+            .expect("row");
+        assert_eq!(a.owner.as_deref(), Some("uid-1"));
+        let a = store
+            .adopt("a", "uid-2")
+            .await
+            .expect("adopt")
+            .expect("row");
+        assert_eq!(a.owner.as_deref(), Some("uid-1"));
+        assert_eq!(store.adopt("nope", "uid-1").await.expect("adopt"), None);
+        // A transition for another owner changes nothing; for its own it does.
+        let all = [State::Opening];
+        assert!(
+            !store
+                .transition_owned("b", &all, State::Destroying, "uid-x")
+                .await
+                .expect("t")
+        );
+        assert_eq!(
+            store.get("b").await.expect("get").map(|r| r.state),
+            Some(State::Opening)
+        );
+        assert!(
+            store
+                .transition_owned("b", &all, State::Destroying, "uid-b")
+                .await
+                .expect("t")
         );
     }
 

@@ -744,6 +744,7 @@ async fn create_session(
         tenant,
         runtime: req.runtime.clone(),
         limits: None,
+        owner: None,
     };
     // The protocol's open builds the runtime's image inside the request; the core answers
     // `runtime_preparing` meanwhile, so the open waits for the build here, with a deadline.

@@ -536,3 +536,211 @@ async fn an_open_whose_client_goes_away_still_completes() {
         .expect("open by name");
     assert!(!again.created);
 }
+
+/// Asserts `r` is the host's 409 `owner_mismatch` naming session `id`.
+fn assert_owner_mismatch<T: std::fmt::Debug>(r: Result<T, ClientError>, id: &str, mine: &str) {
+    match r {
+        Err(ClientError::Api {
+            status: 409,
+            code,
+            message,
+        }) => {
+            assert_eq!(code, "owner_mismatch");
+            assert_eq!(
+                message,
+                format!(
+                    "Session '{id}' belongs to another owner than '{mine}': it was not opened, given a token or destroyed for this one"
+                )
+            );
+        }
+        other => panic!("expected 409 owner_mismatch, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_open_or_rotation_for_another_owner_is_refused_and_the_token_stays() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let victim = admin
+        .open_as("shared", "org-a", Some("uid-victim"), None, None)
+        .await
+        .expect("the victim's open");
+    assert!(victim.created);
+    assert_eq!(victim.session.owner.as_deref(), Some("uid-victim"));
+    let token = victim.token.expect("a token on create");
+    let own = d.client(&token);
+    own.write("shared", "notes/hello.txt", "victim's file")
+        .await
+        .expect("write");
+
+    // Same name, same tenant, another owner: no attach, no token.
+    assert_owner_mismatch(
+        admin
+            .open_as("shared", "org-a", Some("uid-attacker"), None, None)
+            .await,
+        "shared",
+        "uid-attacker",
+    );
+    assert_owner_mismatch(
+        admin.rotate_token_as("shared", Some("uid-attacker")).await,
+        "shared",
+        "uid-attacker",
+    );
+    // The victim's token still works, on the same session.
+    assert_eq!(
+        own.read("shared", "notes/hello.txt", 0, None)
+            .await
+            .expect("the victim still reads its file"),
+        b"victim's file"
+    );
+    // Its own owner attaches (found, no token) and may rotate.
+    let again = admin
+        .open_as("shared", "org-a", Some("uid-victim"), None, None)
+        .await
+        .expect("the owner's open finds it");
+    assert!(!again.created && again.token.is_none());
+    let rotated = admin
+        .rotate_token_as("shared", Some("uid-victim"))
+        .await
+        .expect("the owner rotates");
+    assert!(
+        d.client(&rotated)
+            .read("shared", "notes/hello.txt", 0, None)
+            .await
+            .is_ok()
+    );
+    assert_eq!(d.containers().len(), 1);
+}
+
+#[tokio::test]
+async fn a_destroy_for_another_owner_is_refused_and_the_session_still_answers() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opened = admin
+        .open_as("kept", "org-a", Some("uid-new"), None, None)
+        .await
+        .expect("open");
+    let token = opened.token.expect("token");
+    let own = d.client(&token);
+    own.write("kept", "f.txt", "still here")
+        .await
+        .expect("write");
+
+    // A destroy owed for an older object of the same id leaves the newer one alone.
+    assert_owner_mismatch(
+        admin.destroy_as("kept", Some("uid-old")).await,
+        "kept",
+        "uid-old",
+    );
+    let view = own.get("kept").await.expect("the session still answers");
+    assert_eq!(view.state, State::Running);
+    assert_eq!(
+        own.read("kept", "f.txt", 0, None).await.expect("read"),
+        b"still here"
+    );
+    assert!(exists(&d.workspace("kept")));
+    assert_eq!(d.containers().len(), 1);
+
+    // Its own owner destroys it; a second destroy finds it gone.
+    let done = admin
+        .destroy_as("kept", Some("uid-new"))
+        .await
+        .expect("the owner destroys");
+    assert!(done.destroyed);
+    let gone = admin
+        .destroy_as("kept", Some("uid-old"))
+        .await
+        .expect("already gone");
+    assert!(!gone.destroyed);
+    assert!(d.containers().is_empty());
+}
+
+#[tokio::test]
+async fn a_session_without_an_owner_is_adopted_by_the_first_owner_that_opens_it() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    // As before owners existed: an open without one.
+    let legacy = admin
+        .open("legacy", "org-a", None, None)
+        .await
+        .expect("open");
+    assert_eq!(legacy.session.owner, None);
+    let token = legacy.token.expect("token");
+    let adopted = admin
+        .open_as("legacy", "org-a", Some("uid-first"), None, None)
+        .await
+        .expect("adopted");
+    assert_eq!(adopted.session.owner.as_deref(), Some("uid-first"));
+    // The token it had keeps working; a later owner is refused.
+    assert!(d.client(&token).get("legacy").await.is_ok());
+    assert_owner_mismatch(
+        admin
+            .open_as("legacy", "org-a", Some("uid-second"), None, None)
+            .await,
+        "legacy",
+        "uid-second",
+    );
+    // A bad owner is a 400 naming it.
+    match admin
+        .open_as("legacy", "org-a", Some("has space"), None, None)
+        .await
+    {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => {
+            assert!(
+                message.contains("owner 'has space' is not an owner"),
+                "{message}"
+            )
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn concurrent_opens_of_one_name_by_two_owners_give_one_sandbox_to_one_of_them() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opens = (0..20).map(|i| {
+        let admin = admin.clone();
+        let owner = if i % 2 == 0 { "uid-even" } else { "uid-odd" };
+        tokio::spawn(async move {
+            (
+                owner,
+                admin
+                    .open_as("contested", "org-a", Some(owner), None, None)
+                    .await,
+            )
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    let created: Vec<_> = results
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_ok_and(|o| o.created))
+        .collect();
+    assert_eq!(created.len(), 1, "{results:?}");
+    let winner = created[0].0;
+    for (owner, r) in &results {
+        if *owner == winner {
+            let o = r.as_ref().expect("the winner's opens all find it");
+            assert_eq!(o.session.owner.as_deref(), Some(winner));
+            assert_eq!(o.token.is_some(), o.created);
+        } else {
+            match r {
+                Err(ClientError::Api {
+                    status: 409, code, ..
+                }) => {
+                    assert_eq!(code, "owner_mismatch")
+                }
+                other => panic!("the other owner must be refused, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(d.containers().len(), 1);
+}

@@ -307,6 +307,11 @@ impl Scope {
             .expect("runtime created");
     }
 
+    /// The id a session of this namespace has on its host.
+    pub fn host_id(&self, name: &str) -> String {
+        sandboxd_crds::key::host_session_id(&self.ns, name)
+    }
+
     pub fn sessions(&self) -> Api<SandboxSession> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
