@@ -305,3 +305,61 @@ async fn kubectl_explain_shows_the_field_docs() {
     );
     assert!(last.contains("sandboxd.dev"), "{last}");
 }
+
+#[tokio::test]
+async fn get_wide_shows_when_a_session_sleeps() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "sleeps-at").await;
+    let api = session_api(&client, &ns.name);
+    api.create(
+        &PostParams::default(),
+        &object(
+            "SandboxSession",
+            "sleepy",
+            json!({"scope": "conversation", "tenant": "org-1", "subject": "c-1"}),
+        ),
+    )
+    .await
+    .expect("create");
+    // What the operator writes for a running session: when it goes to sleep, in the future.
+    let sleeps_at = (k8s_openapi::jiff::Timestamp::now()
+        + k8s_openapi::jiff::SignedDuration::from_secs(3600))
+    .round(k8s_openapi::jiff::Unit::Second)
+    .expect("a whole second")
+    .to_string();
+    api.patch_status(
+        "sleepy",
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Merge(json!({"status": {"sleepsAt": sleeps_at}})),
+    )
+    .await
+    .expect("the status");
+    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let out = tokio::process::Command::new(sandboxd_tests::kubectl())
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "get",
+            "sbx",
+            "sleepy",
+            "-o",
+            "wide",
+        ])
+        .args(["-n", &ns.name])
+        .output()
+        .await
+        .expect("kubectl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("SLEEPS AT"), "{text}");
+    assert!(!text.contains("<invalid>"), "{text}");
+    assert!(
+        text.contains(&sleeps_at),
+        "the time it sleeps, {sleeps_at}: {text}"
+    );
+}

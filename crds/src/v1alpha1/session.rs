@@ -73,7 +73,9 @@ impl std::fmt::Display for Scope {
     ),
     printcolumn(
         name = "Sleeps At",
-        type_ = "date",
+        // A point in the future: kubectl shows a `date` column as an age, and a future one
+        // as "<invalid>", so the time itself is shown.
+        type_ = "string",
         json_path = ".status.sleepsAt",
         priority = "1"
     ),
