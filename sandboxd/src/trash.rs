@@ -565,54 +565,6 @@ mod tests {
         sentinel_intact(&out);
     }
 
-    /// Run by `descriptors_stay_bounded` in a child process limited to 16 descriptors.
-    #[test]
-    #[ignore = "run by descriptors_stay_bounded in a child process under `ulimit -n 16`"]
-    fn remove_under_a_descriptor_limit() {
-        let path = std::env::var_os("SANDBOXD_TRASH_TEST_TREE")
-            .expect("SANDBOXD_TRASH_TEST_TREE names the tree to remove");
-        let path = PathBuf::from(path);
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-            panic!("{} has no parent", path.display());
-        };
-        let parent = open(parent);
-        remove_tree_at(parent.as_fd(), name).expect("removed under the limit");
-    }
-
-    #[test]
-    fn descriptors_stay_bounded() {
-        let base = tempfile::tempdir().expect("tempdir");
-        deep_chain(base.path(), "bounded", 2_000, |_| {});
-        let exe = std::env::current_exe().expect("the test binary");
-        // 16 descriptors in all (three are stdio): a remover that kept one per level, or one
-        // per level of a re-walk, fails with EMFILE a dozen levels down.
-        let child = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(r#"ulimit -n 16 && exec "$0" "$@""#)
-            .arg(&exe)
-            .args([
-                "trash::tests::remove_under_a_descriptor_limit",
-                "--exact",
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("SANDBOXD_TRASH_TEST_TREE", base.path().join("bounded"))
-            .output()
-            .expect("the child runs");
-        assert!(
-            child.status.success(),
-            "the removal under 16 descriptors failed: {}\n{}",
-            String::from_utf8_lossy(&child.stdout),
-            String::from_utf8_lossy(&child.stderr)
-        );
-        assert!(
-            String::from_utf8_lossy(&child.stdout).contains("1 passed"),
-            "the child ran the removal: {}",
-            String::from_utf8_lossy(&child.stdout)
-        );
-        assert!(!base.path().join("bounded").exists());
-    }
-
     #[test]
     fn discard_moves_aside_and_the_sweep_deletes() {
         let root = tempfile::tempdir().expect("tempdir");

@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Daemon, base_image, raw};
+use common::{Daemon, base_image, raw, until};
 use sandboxd::audit::{Op, OperationQuery};
 use sandboxd::core::Limits;
 
@@ -194,8 +194,10 @@ async fn dd_fills_only_its_own_workspace() {
         .await
         .expect("a new session opens");
     assert!(third.created);
-    let page = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        loop {
+    let page = until(
+        "the failed writes reach the audit log",
+        std::time::Duration::from_secs(30),
+        || async {
             let page = admin
                 .operations(&OperationQuery {
                     session: Some("disk-big".into()),
@@ -205,14 +207,10 @@ async fn dd_fills_only_its_own_workspace() {
                 })
                 .await
                 .expect("the audit answers");
-            if page.operations.len() >= 2 {
-                return page;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the failed writes reach the audit log");
+            (page.operations.len() >= 2).then_some(page)
+        },
+    )
+    .await;
     assert!(
         page.operations
             .iter()
