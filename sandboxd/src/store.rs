@@ -322,21 +322,7 @@ impl Store {
         from: &[State],
         to: State,
     ) -> Result<bool, sqlx::Error> {
-        let list = from
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let n = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list})"
-        )))
-        .bind(id)
-        .bind(to.as_str())
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(n == 1)
+        self.guarded_transition(id, from, to, None).await
     }
 
     /// [`Store::transition`] only while the session has no owner or `owner`: a row another
@@ -348,13 +334,25 @@ impl Store {
         to: State,
         owner: &str,
     ) -> Result<bool, sqlx::Error> {
+        self.guarded_transition(id, from, to, Some(owner)).await
+    }
+
+    /// The one guarded update behind both: from one of `from`, and, with `owner`, only while
+    /// the row has no owner or that one.
+    async fn guarded_transition(
+        &self,
+        id: &str,
+        from: &[State],
+        to: State,
+        owner: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
         let list = from
             .iter()
             .map(|s| format!("'{}'", s.as_str()))
             .collect::<Vec<_>>()
             .join(", ");
         let n = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list}) AND (owner IS NULL OR owner = ?4)"
+            "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ({list}) AND (?4 IS NULL OR owner IS NULL OR owner = ?4)"
         )))
         .bind(id)
         .bind(to.as_str())
