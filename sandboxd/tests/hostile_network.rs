@@ -88,6 +88,17 @@ async fn open(d: &Daemon, name: &str, tenant: &str, runtime: &str) -> Client {
     d.client(opened.token.as_deref().expect("a token on create"))
 }
 
+/// Dials `host:port` once from inside `session`, sending `message`, and asserts that the
+/// connection fails (`what` says who must not be reached).
+async fn cannot_reach(c: &Client, session: &str, host: &str, port: u16, message: &str, what: &str) {
+    let out = c
+        .run(session, &dial(host, port, message, 1), Some(30), None, None)
+        .await
+        .expect("the run");
+    assert_eq!(out.exit_code, 1, "{what}: {out:?}");
+    assert!(out.stdout.starts_with("failed: "), "{what}: {out:?}");
+}
+
 /// A shell command that connects to `host:port` (each try waits at most 3 s, `tries` tries
 /// 200 ms apart), sends `message` and prints `connected: <answer>`, or prints
 /// `failed: <error>` and exits 1.
@@ -222,41 +233,21 @@ async fn sandboxes_with_network_reach_neither_each_other_nor_sandboxd_nor_the_no
     );
 
     // B, another tenant's sandbox on the same network, does not reach it.
-    let across = b
-        .run(
-            "net-b",
-            &dial(&ip_a, PORT, "from-b", 1),
-            Some(30),
-            None,
-            None,
-        )
-        .await
-        .expect("run in B");
-    assert_eq!(across.exit_code, 1, "B must not reach A: {across:?}");
-    assert!(across.stdout.starts_with("failed: "), "{across:?}");
+    cannot_reach(&b, "net-b", &ip_a, PORT, "from-b", "B must not reach A").await;
 
     // Nor sandboxd's port on the node's side of the network, which answers the node itself.
     let gateway_addr: SocketAddr = format!("{gateway}:{port}").parse().expect("an address");
     TcpStream::connect_timeout(&gateway_addr, Duration::from_secs(3))
         .expect("sandboxd listens on the network's gateway address, seen from the node");
-    let to_sandboxd = b
-        .run(
-            "net-b",
-            &dial(&gateway, port, "GET", 1),
-            Some(30),
-            None,
-            None,
-        )
-        .await
-        .expect("run in B");
-    assert_eq!(
-        to_sandboxd.exit_code, 1,
-        "B must not reach sandboxd: {to_sandboxd:?}"
-    );
-    assert!(
-        to_sandboxd.stdout.starts_with("failed: "),
-        "{to_sandboxd:?}"
-    );
+    cannot_reach(
+        &b,
+        "net-b",
+        &gateway,
+        port,
+        "GET",
+        "B must not reach sandboxd",
+    )
+    .await;
     // Nor any other service of the node: a listener of this test on every address, which the
     // node itself reaches on the network's gateway address.
     let node_service = std::net::TcpListener::bind("0.0.0.0:0").expect("a listener on the node");
@@ -266,21 +257,15 @@ async fn sandboxes_with_network_reach_neither_each_other_nor_sandboxd_nor_the_no
         .expect("an address");
     TcpStream::connect_timeout(&node_addr, Duration::from_secs(3))
         .expect("the node reaches its own service on the gateway address");
-    let to_node = b
-        .run(
-            "net-b",
-            &dial(&gateway, node_port, "hello", 1),
-            Some(30),
-            None,
-            None,
-        )
-        .await
-        .expect("run in B");
-    assert_eq!(
-        to_node.exit_code, 1,
-        "B must not reach the node: {to_node:?}"
-    );
-    assert!(to_node.stdout.starts_with("failed: "), "{to_node:?}");
+    cannot_reach(
+        &b,
+        "net-b",
+        &gateway,
+        node_port,
+        "hello",
+        "B must not reach the node",
+    )
+    .await;
 
     // The listener is still there after all that, and B still answers: A ends it itself.
     let quit = a
