@@ -213,18 +213,34 @@ async fn helm_template_is_accepted_by_the_api_server() {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
         let rendered = template(&args);
+        // Server-side apply: one request per object, so the catalog's cluster-wide Runtimes,
+        // which the install test creates and removes meanwhile, may come and go.
         let out = kubectl_stdin(
-            &["apply", "--dry-run=server", "-n", &ns.name, "-f", "-"],
+            &[
+                "apply",
+                "--dry-run=server",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                sandboxd_tests::FIELD_MANAGER,
+                "-n",
+                &ns.name,
+                "-f",
+                "-",
+            ],
             &rendered,
         );
         for kind in [
-            "deployment.apps/rel-sandboxd-operator created (server dry run)",
-            "daemonset.apps/rel-sandboxd-sandboxd created (server dry run)",
-            "networkpolicy.networking.k8s.io/rel-sandboxd-sandboxd created (server dry run)",
-            "job.batch/rel-sandboxd-prepare created (server dry run)",
-            "clusterrole.rbac.authorization.k8s.io/rel-sandboxd-operator created (server dry run)",
+            "deployment.apps/rel-sandboxd-operator",
+            "daemonset.apps/rel-sandboxd-sandboxd",
+            "networkpolicy.networking.k8s.io/rel-sandboxd-sandboxd",
+            "job.batch/rel-sandboxd-prepare",
+            "clusterrole.rbac.authorization.k8s.io/rel-sandboxd-operator",
+            "validatingadmissionpolicy.admissionregistration.k8s.io/rel-sandboxd-tenant-binding",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io/rel-sandboxd-tenant-binding",
         ] {
-            assert!(out.contains(kind), "{kind} missing in:\n{out}");
+            let line = format!("{kind} serverside-applied (server dry run)");
+            assert!(out.contains(&line), "{line} missing in:\n{out}");
         }
     }
     ns.delete().await;
