@@ -208,6 +208,8 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "tenantBinding.mode=required",
             "--set",
             "tenantBinding.namespaceSelector.matchLabels.team=agents",
+            "--set",
+            "sandboxd.workspaceQuota=off",
         ],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
