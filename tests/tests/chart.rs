@@ -1,19 +1,25 @@
 //! The Helm chart against the real API server: it lints, its versions move with the workspace,
 //! its rendering is accepted by a server-side dry run, `helm install` creates what it should,
-//! `helm upgrade` keeps the admin token, and `helm uninstall` leaves the CRDs.
+//! `helm upgrade` keeps the admin token, `helm uninstall` leaves the CRDs, a namespace bound to
+//! a tenant creates sessions of that tenant only, and a render without the cluster refuses to
+//! make up an admin token.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use rand::Rng;
-use sandboxd_crds::v1alpha1::Runtime;
-use sandboxd_tests::{TestNamespace, client, install_crds, repo_root};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
+use sandboxd_tests::{DEADLINE, TestNamespace, client, eventually, install_crds, repo_root};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -46,13 +52,35 @@ fn ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The admin token of the offline renders: without the cluster, the chart renders only with a
+/// token given (see `a_render_without_the_cluster_refuses_to_make_up_an_admin_token`).
+const RENDER_TOKEN: &str = "render-only-admin-token-0123456789abcdef";
+
+/// `helm template` (no cluster access) with an admin token given; `args` come after it.
 fn template(args: &[&str]) -> String {
     ok(Command::new(helm())
         .arg("template")
         .arg("rel")
         .arg(chart())
-        .args(["--kube-version", "1.37.2"])
+        .args(["--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
         .args(args))
+}
+
+/// The documents of a rendering.
+fn documents(rendered: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(rendered)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .filter(|d: &serde_yaml::Value| !d.is_null())
+        .collect()
+}
+
+/// The one document of `kind` in a rendering.
+fn of_kind<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    let mut found = docs.iter().filter(|d| d["kind"] == kind);
+    let doc = found.next().unwrap_or_else(|| panic!("no {kind} rendered"));
+    assert!(found.next().is_none(), "more than one {kind} rendered");
+    doc
 }
 
 #[test]
@@ -119,9 +147,26 @@ fn a_wrong_value_fails_with_a_message_naming_it() {
             "adminToken.value=short",
         ]));
     assert!(!out.status.success(), "a short token must be refused");
+    let out = run(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args([
+            "--kube-version",
+            "1.37.2",
+            "--set",
+            "tenantBinding.mode=strict",
+        ]));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("at '/tenantBinding/mode': value must be one of 'labelled', 'required'"),
+        "{err}"
+    );
 }
 
-fn kubectl_stdin(args: &[&str], input: &str) -> String {
+/// `kubectl args…` with `input` on its stdin, whatever its outcome.
+fn kubectl_with_stdin(args: &[&str], input: &str) -> Output {
     let mut child = Command::new(sandboxd_tests::kubectl())
         .args(args)
         .stdin(Stdio::piped())
@@ -132,7 +177,11 @@ fn kubectl_stdin(args: &[&str], input: &str) -> String {
     std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), input.as_bytes())
         .expect("write");
     drop(child.stdin.take());
-    let out = child.wait_with_output().expect("kubectl");
+    child.wait_with_output().expect("kubectl")
+}
+
+fn kubectl_stdin(args: &[&str], input: &str) -> String {
+    let out = kubectl_with_stdin(args, input);
     assert!(
         out.status.success(),
         "kubectl {args:?} failed: {}",
@@ -155,23 +204,45 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "operator.workspaceTtlSeconds=604800",
             "--set",
             "sandboxd.auditDatabaseSecret=audit-db",
+            "--set",
+            "tenantBinding.mode=required",
+            "--set",
+            "tenantBinding.namespaceSelector.matchLabels.team=agents",
+            "--set",
+            "sandboxd.workspaceQuota=off",
         ],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
         let rendered = template(&args);
+        // Server-side apply: one request per object, so the catalog's cluster-wide Runtimes,
+        // which the install test creates and removes meanwhile, may come and go.
         let out = kubectl_stdin(
-            &["apply", "--dry-run=server", "-n", &ns.name, "-f", "-"],
+            &[
+                "apply",
+                "--dry-run=server",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                sandboxd_tests::FIELD_MANAGER,
+                "-n",
+                &ns.name,
+                "-f",
+                "-",
+            ],
             &rendered,
         );
         for kind in [
-            "deployment.apps/rel-sandboxd-operator created (server dry run)",
-            "daemonset.apps/rel-sandboxd-sandboxd created (server dry run)",
-            "networkpolicy.networking.k8s.io/rel-sandboxd-sandboxd created (server dry run)",
-            "job.batch/rel-sandboxd-prepare created (server dry run)",
-            "clusterrole.rbac.authorization.k8s.io/rel-sandboxd-operator created (server dry run)",
+            "deployment.apps/rel-sandboxd-operator",
+            "daemonset.apps/rel-sandboxd-sandboxd",
+            "networkpolicy.networking.k8s.io/rel-sandboxd-sandboxd",
+            "job.batch/rel-sandboxd-prepare",
+            "clusterrole.rbac.authorization.k8s.io/rel-sandboxd-operator",
+            "validatingadmissionpolicy.admissionregistration.k8s.io/rel-sandboxd-tenant-binding",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io/rel-sandboxd-tenant-binding",
         ] {
-            assert!(out.contains(kind), "{kind} missing in:\n{out}");
+            let line = format!("{kind} serverside-applied (server dry run)");
+            assert!(out.contains(&line), "{line} missing in:\n{out}");
         }
     }
     ns.delete().await;
@@ -380,11 +451,8 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
 
 #[test]
 fn the_prepare_hook_runs_sandboxd_prepare_with_the_new_image_before_an_upgrade() {
-    let out = template(&["--show-only", "templates/prepare-hook.yaml"]);
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&out)
-        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
-        .collect();
-    let job = docs.iter().find(|d| d["kind"] == "Job").expect("a Job");
+    let docs = documents(&template(&["--show-only", "templates/prepare-hook.yaml"]));
+    let job = of_kind(&docs, "Job");
     assert_eq!(
         job["metadata"]["annotations"]["helm.sh/hook"].as_str(),
         Some("pre-upgrade")
@@ -441,4 +509,394 @@ fn without_workspace_disks_sandboxd_is_not_privileged() {
     assert!(volumes.iter().all(|v| v["name"].as_str() != Some("dev")));
     assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
     assert_eq!(pod["hostPID"].as_bool(), Some(true));
+}
+
+/// The `securityContext.seccompProfile.type` of a rendered pod spec or container.
+fn seccomp(doc: &serde_yaml::Value) -> Option<&str> {
+    doc["securityContext"]["seccompProfile"]["type"].as_str()
+}
+
+#[test]
+fn every_pod_states_the_seccomp_profile_it_runs_with() {
+    // Unprivileged sandboxd (workspaceQuota: off): the runtime's default profile.
+    let docs = documents(&template(&[
+        "--show-only",
+        "templates/sandboxd-daemonset.yaml",
+        "--set",
+        "sandboxd.workspaceQuota=off",
+    ]));
+    let c = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["securityContext"]["privileged"].as_bool(), Some(false));
+    assert_eq!(seccomp(c), Some("RuntimeDefault"));
+    // Privileged sandboxd (workspaceQuota: loop, the default): a privileged container always
+    // runs Unconfined, and the chart says so instead of naming a profile that is not applied.
+    let docs = documents(&template(&[
+        "--show-only",
+        "templates/sandboxd-daemonset.yaml",
+    ]));
+    let c = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["securityContext"]["privileged"].as_bool(), Some(true));
+    assert_eq!(seccomp(c), Some("Unconfined"));
+    // The operator and the prepare Job: the runtime's default profile for the whole pod.
+    let docs = documents(&template(&[
+        "--show-only",
+        "templates/operator-deployment.yaml",
+    ]));
+    let pod = &of_kind(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(seccomp(pod), Some("RuntimeDefault"));
+    let docs = documents(&template(&["--show-only", "templates/prepare-hook.yaml"]));
+    let pod = &of_kind(&docs, "Job")["spec"]["template"]["spec"];
+    assert_eq!(seccomp(pod), Some("RuntimeDefault"));
+    assert!(
+        seccomp(&pod["containers"][0]).is_none(),
+        "the container inherits the pod's profile"
+    );
+}
+
+#[test]
+fn the_prepare_job_requests_little_and_is_bounded() {
+    let docs = documents(&template(&["--show-only", "templates/prepare-hook.yaml"]));
+    let resources =
+        &of_kind(&docs, "Job")["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["requests"]["cpu"].as_str(), Some("10m"));
+    assert_eq!(resources["requests"]["memory"].as_str(), Some("32Mi"));
+    assert_eq!(resources["limits"]["memory"].as_str(), Some("128Mi"));
+    // A platform's own numbers replace them.
+    let docs = documents(&template(&[
+        "--show-only",
+        "templates/prepare-hook.yaml",
+        "--set",
+        "prepareHook.resources.limits.memory=256Mi",
+        "--set",
+        "prepareHook.resources.limits.cpu=500m",
+    ]));
+    let resources =
+        &of_kind(&docs, "Job")["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["limits"]["memory"].as_str(), Some("256Mi"));
+    assert_eq!(resources["limits"]["cpu"].as_str(), Some("500m"));
+    assert_eq!(resources["requests"]["memory"].as_str(), Some("32Mi"));
+}
+
+#[test]
+fn a_render_without_the_cluster_refuses_to_make_up_an_admin_token() {
+    // `helm template` (Argo CD renders the same way): `lookup` cannot find the token made at
+    // install, so a new one would be made on every render.
+    let out = run(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args(["--kube-version", "1.37.2"]));
+    assert!(
+        !out.status.success(),
+        "an offline render must not make up a token"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("adminToken: rendering without access to the cluster (helm template, a client-side dry run, a GitOps tool such as Argo CD), the chart cannot find the admin token it generated before and would make a new one on every render, orphaning every workspace; set adminToken.existingSecret to a Secret you manage (key `token`), or adminToken.value"),
+        "{err}"
+    );
+
+    // With a Secret of one's own: no Secret rendered, every workload reads the named one.
+    let docs = documents(&ok(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args([
+            "--kube-version",
+            "1.37.2",
+            "-n",
+            "sandboxd",
+            "--set",
+            "adminToken.existingSecret=platform-sandboxd-admin",
+        ])));
+    assert!(
+        docs.iter().all(|d| d["kind"] != "Secret"),
+        "no Secret of the chart's own"
+    );
+    let ds = of_kind(&docs, "DaemonSet");
+    let token = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "SANDBOXD_TOKEN")
+        .expect("SANDBOXD_TOKEN");
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"]["name"].as_str(),
+        Some("platform-sandboxd-admin")
+    );
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"]["key"].as_str(),
+        Some("token")
+    );
+    let operator = of_kind(&docs, "Deployment");
+    let secret = operator["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "SANDBOX_OPERATOR_HOST_TOKEN_SECRET")
+        .expect("SANDBOX_OPERATOR_HOST_TOKEN_SECRET");
+    assert_eq!(
+        secret["value"].as_str(),
+        Some("sandboxd/platform-sandboxd-admin")
+    );
+}
+
+#[test]
+fn a_render_that_reaches_the_cluster_makes_the_admin_token() {
+    // `helm template --dry-run=server` looks the cluster up as `helm install` does: the token
+    // is made (or found) there, so the render goes through.
+    let out = ok(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args([
+            "--dry-run=server",
+            "--kube-version",
+            "1.37.2",
+            "--show-only",
+            "templates/admin-token-secret.yaml",
+        ]));
+    let docs = documents(&out);
+    let secret = of_kind(&docs, "Secret");
+    let token = secret["data"]["token"].as_str().expect("a token");
+    // 48 characters, base64: 64.
+    assert_eq!(token.len(), 64, "{token}");
+}
+
+/// A SandboxSession of `tenant`, as a person writes it.
+fn session(name: &str, tenant: &str) -> String {
+    format!(
+        "apiVersion: sandboxd.dev/v1alpha1\nkind: SandboxSession\nmetadata:\n  name: {name}\nspec:\n  scope: conversation\n  tenant: {tenant}\n  subject: c-1\n"
+    )
+}
+
+/// `kubectl apply -n ns -f -` of `manifest` (with `extra` flags), whatever its outcome.
+fn apply(ns: &str, manifest: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["apply", "-n", ns, "-f", "-"];
+    args.extend(extra);
+    kubectl_with_stdin(&args, manifest)
+}
+
+/// Waits until the API server refuses `manifest` in `ns` with `message` (a policy binding takes
+/// effect a moment after it is created), trying with server-side dry runs that create nothing.
+async fn until_refused(ns: &str, manifest: &str, message: &str) {
+    eventually(DEADLINE, Duration::from_millis(250), || async move {
+        let out = apply(ns, manifest, &["--dry-run=server"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            Err(format!(
+                "accepted: {}",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ))
+        } else if err.contains(message) {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    })
+    .await;
+}
+
+/// Waits until the API server would accept `manifest` in `ns` (the namespace labels admission
+/// sees lag a moment behind a change), trying with server-side dry runs that create nothing.
+async fn until_accepted(ns: &str, manifest: &str) {
+    eventually(DEADLINE, Duration::from_millis(250), || async move {
+        let out = apply(ns, manifest, &["--dry-run=server"]);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    })
+    .await;
+}
+
+/// Applies `manifest` in `ns` and returns kubectl's stderr, failing the test if it was accepted.
+fn refused(ns: &str, manifest: &str) -> String {
+    let out = apply(ns, manifest, &[]);
+    assert!(
+        !out.status.success(),
+        "accepted: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Applies `manifest` in `ns` and returns kubectl's stdout, failing the test if it was refused.
+fn accepted(ns: &str, manifest: &str) -> String {
+    let out = apply(ns, manifest, &[]);
+    assert!(
+        out.status.success(),
+        "refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn label_tenant(client: &kube::Client, ns: &str, tenant: &str) {
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"sandboxd.dev/tenant": tenant}}
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot label namespace {ns}: {e}"));
+}
+
+#[tokio::test]
+async fn a_namespace_bound_to_a_tenant_creates_sessions_of_that_tenant_only() {
+    let client = client().await;
+    install_crds(&client).await;
+    let release_ns = TestNamespace::create(&client, "chart-tenancy").await;
+    // Bound to acme by its label.
+    let acme = TestNamespace::create(&client, "chart-acme").await;
+    label_tenant(&client, &acme.name, "acme").await;
+    // Not labelled.
+    let free = TestNamespace::create(&client, "chart-free").await;
+    let release = format!("sbx{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let policy = format!("{release}-sandboxd-tenant-binding");
+    let helm_in_ns = |verb: &str| {
+        let mut c = Command::new(helm());
+        c.arg(verb).args(["-n", &release_ns.name]);
+        c
+    };
+    // The default mode binds labelled namespaces only: the policy is cluster-wide and other
+    // tests open sessions in unlabelled namespaces meanwhile. The catalog's Runtimes belong to
+    // the install test.
+    ok(helm_in_ns("install")
+        .arg(&release)
+        .arg(chart())
+        .args(["--set", "runtimes.install=false"]));
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .get(&policy)
+        .await
+        .expect("the tenant binding's policy");
+    let binding = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .get(&policy)
+        .await
+        .expect("the tenant binding's policy binding");
+    assert_eq!(binding.spec.validation_actions, ["Deny"]);
+
+    let refusal = format!(
+        "namespace {} belongs to tenant acme: it may not create a SandboxSession of tenant globex",
+        acme.name
+    );
+    until_refused(&acme.name, &session("s-globex", "globex"), &refusal).await;
+    // The namespace's own tenant: created.
+    let out = accepted(&acme.name, &session("s-acme", "acme"));
+    assert_eq!(
+        out.trim(),
+        "sandboxsession.sandboxd.dev/s-acme created",
+        "{out}"
+    );
+    // Another organization's tenant: refused with the policy's message, and nothing created.
+    let err = refused(&acme.name, &session("s-globex", "globex"));
+    assert!(err.contains(&refusal), "{err}");
+    let sessions = Api::<SandboxSession>::namespaced(client.clone(), &acme.name);
+    assert!(
+        sessions.get_opt("s-globex").await.expect("get").is_none(),
+        "a refused session must not exist"
+    );
+    // Moving a session to another tenant is refused too (the CRD's immutability rule answers
+    // before admission policies run; the policy would refuse it as well).
+    let err = refused(&acme.name, &session("s-acme", "globex"));
+    assert!(
+        err.contains("spec.tenant is immutable: a session never moves to another tenant"),
+        "{err}"
+    );
+    let kept = sessions.get("s-acme").await.expect("the session");
+    assert_eq!(kept.spec.tenant, "acme");
+    // An unlabelled namespace is not bound in this mode.
+    accepted(&free.name, &session("s-free", "globex"));
+
+    // `required`: an unlabelled namespace may create no session. Limited here to this test's
+    // namespaces, so that the tests running meanwhile are not bound.
+    ok(helm_in_ns("upgrade")
+        .arg(&release)
+        .arg(chart())
+        .args([
+            "--no-hooks",
+            "--reuse-values",
+            "--set",
+            "tenantBinding.mode=required",
+            "--set-json",
+        ])
+        .arg(format!(
+            r#"tenantBinding.namespaceSelector={{"matchExpressions":[{{"key":"kubernetes.io/metadata.name","operator":"In","values":["{}","{}"]}}]}}"#,
+            acme.name, free.name
+        )));
+    let unbound = format!(
+        "namespace {ns} is bound to no tenant, so it may create no SandboxSession: label it with the organization id it serves (kubectl label namespace {ns} sandboxd.dev/tenant=<organization id>)",
+        ns = free.name
+    );
+    until_refused(&free.name, &session("s-free-2", "globex"), &unbound).await;
+    let err = refused(&free.name, &session("s-free-2", "globex"));
+    assert!(err.contains(&unbound), "{err}");
+    // A session made before the namespace was bound is still updated (the operator's
+    // finalizers): only a change of tenant is checked on update.
+    ok(Command::new(sandboxd_tests::kubectl()).args([
+        "label",
+        "-n",
+        &free.name,
+        "sandboxsession/s-free",
+        "checked=yes",
+    ]));
+    // Labelled as the message says: bound, and the tenant's sessions go through.
+    label_tenant(&client, &free.name, "globex").await;
+    until_accepted(&free.name, &session("s-free-2", "globex")).await;
+    accepted(&free.name, &session("s-free-2", "globex"));
+    let err = refused(&free.name, &session("s-free-3", "acme"));
+    assert!(
+        err.contains(&format!(
+            "namespace {} belongs to tenant globex: it may not create a SandboxSession of tenant acme",
+            free.name
+        )),
+        "{err}"
+    );
+    // The bound namespace keeps its binding in this mode.
+    let err = refused(&acme.name, &session("s-globex", "globex"));
+    assert!(err.contains(&refusal), "{err}");
+
+    // Uninstall removes the policy and its binding.
+    ok(helm_in_ns("uninstall").arg(&release));
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .get_opt(&policy)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .get_opt(&policy)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    acme.delete().await;
+    free.delete().await;
+    release_ns.delete().await;
+}
+
+#[test]
+fn the_tenant_binding_binds_labelled_namespaces_unless_turned_off() {
+    let docs = documents(&template(&["--show-only", "templates/tenant-binding.yaml"]));
+    let binding = of_kind(&docs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(
+        binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0],
+        serde_yaml::from_str::<serde_yaml::Value>("{key: sandboxd.dev/tenant, operator: Exists}")
+            .expect("YAML"),
+        "the default binds only the namespaces carrying the label"
+    );
+    let out = template(&["--set", "tenantBinding.enabled=false"]);
+    assert!(
+        documents(&out)
+            .iter()
+            .all(|d| d["kind"] != "ValidatingAdmissionPolicy"
+                && d["kind"] != "ValidatingAdmissionPolicyBinding"),
+        "no policy when turned off"
+    );
 }
