@@ -44,6 +44,20 @@ pub enum Error {
         /// Why.
         why: String,
     },
+    /// A host names an admin-token Secret outside the operator's namespace: it is not read.
+    #[error(
+        "the admin-token Secret {secret_namespace}/{secret_name} is not read: it must live in the operator's namespace {namespace}, the only namespace the operator reads Secrets in"
+    )]
+    TokenSecretRefused {
+        /// The SandboxHost.
+        host: String,
+        /// Namespace of the Secret the host names.
+        secret_namespace: String,
+        /// Its name.
+        secret_name: String,
+        /// The operator's namespace, where it must live.
+        namespace: String,
+    },
     /// A host still owes destroys.
     #[error(
         "host {host} still has {count} tombstones; annotate it with sandboxd.dev/forget-tombstones=true to delete it anyway"
@@ -66,6 +80,7 @@ impl Error {
             Error::Kube(_) => "KubeError",
             Error::Host { .. } => "HostError",
             Error::Token { .. } => "TokenUnreadable",
+            Error::TokenSecretRefused { .. } => "TokenSecretRefused",
             Error::TombstonesLeft { .. } => "TombstonesLeft",
             Error::Finalizer(_) => "FinalizerError",
         }
@@ -84,6 +99,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Label selector of the objects this operator handles.
     pub labels: BTreeMap<String, String>,
+    /// The operator's own namespace: the only one it reads Secrets in.
+    pub namespace: String,
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
     phases: Mutex<HashMap<String, String>>,
@@ -95,9 +112,6 @@ pub struct Context {
     pub sessions: std::sync::OnceLock<
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
-    /// The metadata of the token Secrets the session controller made (never their data).
-    pub token_secrets:
-        std::sync::OnceLock<kube::runtime::reflector::Store<kube::core::PartialObjectMeta<Secret>>>,
 }
 
 /// A sandboxd client kept between reconciles: its connections are reused, and the admin
@@ -145,7 +159,10 @@ impl Context {
             instance: Some(config.identity()),
         };
         let labels = parse_selector(&config.selector);
+        // `run` refuses to start without it; an empty one refuses every admin-token Secret.
+        let namespace = config.own_namespace().unwrap_or_default().to_owned();
         Self {
+            namespace,
             reporter,
             client,
             config,
@@ -158,7 +175,6 @@ impl Context {
             host_clients: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
-            token_secrets: std::sync::OnceLock::new(),
         }
     }
 
@@ -204,10 +220,21 @@ impl Context {
     }
 
     /// Reads the admin token of `host` now; the kept client (and its connections) stays when
-    /// the token did not change.
+    /// the token did not change. A Secret outside the operator's namespace is refused before
+    /// any read: whoever may write a SandboxHost must not make the operator read a Secret of
+    /// their choosing and send it to an endpoint of their choosing.
     pub async fn refresh_host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
         let r = &host.spec.admin_token_secret;
         let name = host.name_any();
+        if r.namespace != self.namespace {
+            self.forget_host_client(&name);
+            return Err(Error::TokenSecretRefused {
+                host: name,
+                secret_namespace: r.namespace.clone(),
+                secret_name: r.name.clone(),
+                namespace: self.namespace.clone(),
+            });
+        }
         let secret = Api::<Secret>::namespaced(self.client.clone(), &r.namespace)
             .get_opt(&r.name)
             .await?
