@@ -208,7 +208,10 @@ mod tests {
         // Set to nothing by hand: the environment of the test may have its own POD_NAMESPACE.
         let mut none = c.clone();
         none.namespace = None;
-        let e = none.own_namespace().map(str::to_owned).unwrap_err();
+        let e = none
+            .own_namespace()
+            .map(str::to_owned)
+            .expect_err("no namespace is an error");
         assert!(e.to_string().starts_with("POD_NAMESPACE is not set"), "{e}");
         none.namespace = Some(String::new());
         assert!(none.own_namespace().is_err());

@@ -317,3 +317,18 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     scope.delete().await;
     drop(rbac);
 }
+
+#[test]
+fn without_its_namespace_the_operator_does_not_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox-operator"))
+        .env_remove("POD_NAMESPACE")
+        .args(["--http-addr", "127.0.0.1:0"])
+        .output()
+        .expect("the operator runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "sandbox-operator: POD_NAMESPACE is not set: the operator reads Secrets (the SandboxHosts' admin tokens) only in its own namespace, and POD_NAMESPACE (or --namespace) names it; the chart sets it from the pod's namespace, set it yourself when you run the operator by hand"
+    );
+    assert!(out.stdout.is_empty(), "it serves nothing");
+}

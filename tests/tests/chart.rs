@@ -234,6 +234,16 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         env.contains(&("SANDBOX_OPERATOR_LEASE_NAMESPACE".into(), ns.name.clone())),
         "{env:?}"
     );
+    // Its own namespace, the only one it reads Secrets in, from the downward API.
+    let pod_namespace = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(pod_namespace.as_deref(), Some("metadata.namespace"));
 
     let ds = Api::<DaemonSet>::namespaced(client.clone(), &ns.name)
         .get(&format!("{full}-sandboxd"))
