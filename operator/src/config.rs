@@ -78,6 +78,16 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_FOLLOW_SECONDS", default_value_t = 60)]
     pub follow_seconds: u64,
 
+    /// Seconds a session's token Secret, once found, is taken as there before its next
+    /// reconcile asks again (a dry-run create): a deleted one is issued again at the first
+    /// reconcile after that. 0 asks at every reconcile.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_TOKEN_CHECK_SECONDS",
+        default_value_t = 300
+    )]
+    pub token_check_seconds: u64,
+
     /// Reconciles of one kind in flight at once: bounds memory and connections to the hosts
     /// when thousands of sessions want a reconcile together (after a restart).
     #[arg(long, env = "SANDBOX_OPERATOR_CONCURRENCY", default_value_t = 64)]

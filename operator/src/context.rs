@@ -103,6 +103,7 @@ pub struct Context {
     pub namespace: String,
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
+    token_seen: Mutex<HashMap<String, Instant>>,
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     host_clients: Mutex<HashMap<String, CachedClient>>,
@@ -170,6 +171,7 @@ impl Context {
             labels,
             failures: Mutex::default(),
             cpu: Mutex::default(),
+            token_seen: Mutex::default(),
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
@@ -373,6 +375,32 @@ impl Context {
         self.metrics
             .tombstones_pending
             .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Records that the token Secret of session `key` was found (or made) now.
+    pub fn token_seen(&self, key: &str) {
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), Instant::now());
+    }
+
+    /// Whether the token Secret of session `key` was found within `--token-check-seconds`.
+    pub fn token_seen_recently(&self, key: &str) -> bool {
+        let period = Duration::from_secs(self.config.token_check_seconds);
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|at| at.elapsed() < period)
+    }
+
+    /// Forgets when the token Secret of a session was found.
+    pub fn forget_token(&self, key: &str) {
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 
     /// Forgets the CPU sample of a session.

@@ -52,7 +52,8 @@ const LOST_RECHECK: Duration = Duration::from_secs(3600);
 ///
 /// Its cache keeps sessions without their managed fields. No Secret is watched or cached: the
 /// operator may not list or read Secrets outside its own namespace, so a token Secret deleted by
-/// someone is noticed at its session's next reconcile ([`token_secret_exists`]).
+/// someone is noticed at its session's next reconcile once `--token-check-seconds` have passed
+/// since it was last found ([`token_secret_exists`]).
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let (sessions, writer) = reflector::store();
@@ -444,7 +445,7 @@ async fn advance(
     let secret = secret_name(&name);
     // Recorded, and still there (a token is rotated only when it is gone).
     let have_secret =
-        status.credentials_secret.is_some() && token_secret_exists(&secrets, &secret).await;
+        status.credentials_secret.is_some() && token_secret_there(s, ctx, &secrets, &secret).await;
     let mut opened_view = None;
     if status.session_id.is_none() || !have_secret {
         let limits = s.spec.resources.as_ref().map(|r| sandboxd::core::Limits {
@@ -482,6 +483,7 @@ async fn advance(
                     &opened.session.id,
                 )
                 .await?;
+                ctx.token_seen(&key(s));
                 status.session_id = Some(opened.session.id.clone());
                 status.runtime = Some(opened.session.runtime.clone());
                 opened_view = Some(opened.session);
@@ -903,7 +905,6 @@ async fn store_token(
     endpoint: &str,
     session_id: &str,
 ) -> Result<(), Error> {
-    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
     let data = BTreeMap::from([
         ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
         (
@@ -915,18 +916,9 @@ async fn store_token(
             ByteString(session_id.as_bytes().to_vec()),
         ),
     ]);
-    let mut labels = s.labels().clone();
-    labels.insert(MANAGED_BY.into(), OPERATOR.into());
     let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            owner_references: Some(owner),
-            labels: Some(labels),
-            ..Default::default()
-        },
         data: Some(data),
-        type_: Some("sandboxd.dev/session-token".into()),
-        ..Default::default()
+        ..token_secret(s, name)
     };
     // Created once, the common case: a plain create costs the API server far less than an
     // apply. One that exists already (a token rotated after a crash) is replaced whole: a
@@ -946,18 +938,49 @@ async fn store_token(
     }
 }
 
-/// Whether the token Secret `name` exists, asked without reading any Secret: a server-side
-/// dry-run create answers 409 AlreadyExists when it is there and succeeds, storing nothing, when
-/// it is gone. Any other answer (a full Secret quota, an admission webhook, the API server away)
-/// counts as there: a token is rotated only when its Secret is known to be gone.
-async fn token_secret_exists(secrets: &Api<Secret>, name: &str) -> bool {
-    let probe = Secret {
+/// The token Secret `name` of session `s`, without its data: owned by the session, labelled like
+/// it and as this operator's.
+fn token_secret(s: &SandboxSession, name: &str) -> Secret {
+    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
+    let mut labels = s.labels().clone();
+    labels.insert(MANAGED_BY.into(), OPERATOR.into());
+    Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
+            owner_references: Some(owner),
+            labels: Some(labels),
             ..Default::default()
         },
+        type_: Some("sandboxd.dev/session-token".into()),
         ..Default::default()
-    };
+    }
+}
+
+/// Whether the token Secret `name` of `s` is there: taken as there for
+/// `--token-check-seconds` after it was last found, then asked again.
+async fn token_secret_there(
+    s: &SandboxSession,
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    name: &str,
+) -> bool {
+    if ctx.token_seen_recently(&key(s)) {
+        return true;
+    }
+    let there = token_secret_exists(s, secrets, name).await;
+    if there {
+        ctx.token_seen(&key(s));
+    }
+    there
+}
+
+/// Whether the token Secret `name` exists, asked without reading any Secret: a server-side
+/// dry-run create (of the Secret as it would be made, without its data, so admission judges
+/// the same object) answers 409 AlreadyExists when it is there and succeeds, storing nothing,
+/// when it is gone. Any other answer (a full Secret quota, an admission webhook, the API server
+/// away) counts as there: a token is rotated only when its Secret is known to be gone.
+async fn token_secret_exists(s: &SandboxSession, secrets: &Api<Secret>, name: &str) -> bool {
+    let probe = token_secret(s, name);
     let dry_run = PostParams {
         dry_run: true,
         field_manager: Some(MANAGER.into()),
@@ -975,6 +998,7 @@ async fn token_secret_exists(secrets: &Api<Secret>, name: &str) -> bool {
 async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
+    ctx.forget_token(&key(s));
     ctx.set_phase(&key(s), None);
     let Some(host) = placed_host(s).map(str::to_owned) else {
         // Never placed: nothing lives outside Kubernetes.

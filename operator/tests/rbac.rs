@@ -181,7 +181,12 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
         .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
         .await;
     scope.default_runtime().await;
-    scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
+    // Token Secrets asked after at every reconcile (by default a found one is taken as there
+    // for 300 s), so the one deleted below is missed at the next.
+    scope.start_operator_with(
+        kubeconfig.to_str().expect("a UTF-8 path"),
+        &["--token-check-seconds", "0"],
+    );
 
     // A Secret of the token's name is there already (left by an earlier session of that name):
     // the create meets it, and it is replaced whole, without being read.
