@@ -156,7 +156,8 @@ if running sandbox-operator; then
   log "demo: the operator already runs (pid $(cat "$DEMO_DIR/sandbox-operator.pid"))"
 else
   log "demo: starting the operator for objects labelled $SELECTOR (log: .dev/demo/sandbox-operator.log)"
-  RUST_LOG="${RUST_LOG:-info}" setsid "$BIN_DIR/sandbox-operator" --selector "$SELECTOR" \
+  # POD_NAMESPACE: the only namespace the operator reads Secrets in (the admin token's).
+  POD_NAMESPACE="$NS" RUST_LOG="${RUST_LOG:-info}" setsid "$BIN_DIR/sandbox-operator" --selector "$SELECTOR" \
     --lease-namespace "$NS" --lease-name sandbox-operator-demo --identity demo-operator \
     --http-addr 127.0.0.1:0 --probe-seconds 5 \
     >>"$DEMO_DIR/sandbox-operator.log" 2>&1 </dev/null &

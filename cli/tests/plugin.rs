@@ -165,6 +165,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .expect("runtime created");
     let operator = Command::new(bin("sandbox-operator"))
         .env("RUST_LOG", "warn")
+        .env("POD_NAMESPACE", &ns)
         .args(["--selector", &selector, "--lease-namespace", &ns])
         .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
         .args(["--probe-seconds", "1", "--follow-seconds", "1"])

@@ -17,6 +17,11 @@ pub struct Config {
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub identity: String,
 
+    /// The operator's own namespace (the chart sets it from the pod's): the only namespace it
+    /// reads Secrets in, so every SandboxHost's admin-token Secret must live there. Required.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
     /// Namespace of the leader-election Lease.
     #[arg(
         long,
@@ -72,6 +77,16 @@ pub struct Config {
     /// How often a sleeping or reclaimed session is looked at, to follow a wake by a workspace operation.
     #[arg(long, env = "SANDBOX_OPERATOR_FOLLOW_SECONDS", default_value_t = 60)]
     pub follow_seconds: u64,
+
+    /// Seconds a session's token Secret, once found, is taken as there before its next
+    /// reconcile asks again (a dry-run create): a deleted one is issued again at the first
+    /// reconcile after that. 0 asks at every reconcile.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_TOKEN_CHECK_SECONDS",
+        default_value_t = 300
+    )]
+    pub token_check_seconds: u64,
 
     /// Reconciles of one kind in flight at once: bounds memory and connections to the hosts
     /// when thousands of sessions want a reconcile together (after a restart).
@@ -151,11 +166,26 @@ impl Config {
         }
     }
 
+    /// The operator's own namespace, or why there is none.
+    pub fn own_namespace(&self) -> Result<&str, MissingNamespace> {
+        self.namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(MissingNamespace)
+    }
+
     /// The idle timeout.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.idle_timeout_seconds)
     }
 }
+
+/// The operator was started without its namespace.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "POD_NAMESPACE is not set: the operator reads Secrets (the SandboxHosts' admin tokens) only in its own namespace, and POD_NAMESPACE (or --namespace) names it; the chart sets it from the pod's namespace, set it yourself when you run the operator by hand"
+)]
+pub struct MissingNamespace;
 
 #[cfg(test)]
 mod tests {
@@ -179,5 +209,21 @@ mod tests {
             (120, 21600)
         );
         assert_eq!(c.prepare_seconds, 600);
+    }
+
+    #[test]
+    fn the_namespace_is_required_and_never_empty() {
+        let c = Config::parse_from(["sandbox-operator", "--namespace", "sandboxd-system"]);
+        assert_eq!(c.own_namespace().ok(), Some("sandboxd-system"));
+        // Set to nothing by hand: the environment of the test may have its own POD_NAMESPACE.
+        let mut none = c.clone();
+        none.namespace = None;
+        let e = none
+            .own_namespace()
+            .map(str::to_owned)
+            .expect_err("no namespace is an error");
+        assert!(e.to_string().starts_with("POD_NAMESPACE is not set"), "{e}");
+        none.namespace = Some(String::new());
+        assert!(none.own_namespace().is_err());
     }
 }

@@ -44,6 +44,20 @@ pub enum Error {
         /// Why.
         why: String,
     },
+    /// A host names an admin-token Secret outside the operator's namespace: it is not read.
+    #[error(
+        "the admin-token Secret {secret_namespace}/{secret_name} is not read: it must live in the operator's namespace {namespace}, the only namespace the operator reads Secrets in"
+    )]
+    TokenSecretRefused {
+        /// The SandboxHost.
+        host: String,
+        /// Namespace of the Secret the host names.
+        secret_namespace: String,
+        /// Its name.
+        secret_name: String,
+        /// The operator's namespace, where it must live.
+        namespace: String,
+    },
     /// A host still owes destroys.
     #[error(
         "host {host} still has {count} tombstones; annotate it with sandboxd.dev/forget-tombstones=true to delete it anyway"
@@ -66,6 +80,7 @@ impl Error {
             Error::Kube(_) => "KubeError",
             Error::Host { .. } => "HostError",
             Error::Token { .. } => "TokenUnreadable",
+            Error::TokenSecretRefused { .. } => "TokenSecretRefused",
             Error::TombstonesLeft { .. } => "TombstonesLeft",
             Error::Finalizer(_) => "FinalizerError",
         }
@@ -84,8 +99,11 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Label selector of the objects this operator handles.
     pub labels: BTreeMap<String, String>,
+    /// The operator's own namespace: the only one it reads Secrets in.
+    pub namespace: String,
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
+    token_seen: Mutex<HashMap<String, Instant>>,
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     host_clients: Mutex<HashMap<String, CachedClient>>,
@@ -95,9 +113,6 @@ pub struct Context {
     pub sessions: std::sync::OnceLock<
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
-    /// The metadata of the token Secrets the session controller made (never their data).
-    pub token_secrets:
-        std::sync::OnceLock<kube::runtime::reflector::Store<kube::core::PartialObjectMeta<Secret>>>,
 }
 
 /// A sandboxd client kept between reconciles: its connections are reused, and the admin
@@ -145,7 +160,10 @@ impl Context {
             instance: Some(config.identity()),
         };
         let labels = parse_selector(&config.selector);
+        // `run` refuses to start without it; an empty one refuses every admin-token Secret.
+        let namespace = config.own_namespace().unwrap_or_default().to_owned();
         Self {
+            namespace,
             reporter,
             client,
             config,
@@ -153,12 +171,12 @@ impl Context {
             labels,
             failures: Mutex::default(),
             cpu: Mutex::default(),
+            token_seen: Mutex::default(),
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
-            token_secrets: std::sync::OnceLock::new(),
         }
     }
 
@@ -204,10 +222,21 @@ impl Context {
     }
 
     /// Reads the admin token of `host` now; the kept client (and its connections) stays when
-    /// the token did not change.
+    /// the token did not change. A Secret outside the operator's namespace is refused before
+    /// any read: whoever may write a SandboxHost must not make the operator read a Secret of
+    /// their choosing and send it to an endpoint of their choosing.
     pub async fn refresh_host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
         let r = &host.spec.admin_token_secret;
         let name = host.name_any();
+        if r.namespace != self.namespace {
+            self.forget_host_client(&name);
+            return Err(Error::TokenSecretRefused {
+                host: name,
+                secret_namespace: r.namespace.clone(),
+                secret_name: r.name.clone(),
+                namespace: self.namespace.clone(),
+            });
+        }
         let secret = Api::<Secret>::namespaced(self.client.clone(), &r.namespace)
             .get_opt(&r.name)
             .await?
@@ -346,6 +375,32 @@ impl Context {
         self.metrics
             .tombstones_pending
             .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Records that the token Secret of session `key` was found (or made) now.
+    pub fn token_seen(&self, key: &str) {
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), Instant::now());
+    }
+
+    /// Whether the token Secret of session `key` was found within `--token-check-seconds`.
+    pub fn token_seen_recently(&self, key: &str) -> bool {
+        let period = Duration::from_secs(self.config.token_check_seconds);
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|at| at.elapsed() < period)
+    }
+
+    /// Forgets when the token Secret of a session was found.
+    pub fn forget_token(&self, key: &str) {
+        self.token_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 
     /// Forgets the CPU sample of a session.

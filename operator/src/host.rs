@@ -101,11 +101,24 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     let client = match ctx.refresh_host_client(host).await {
         Ok(c) => c,
         Err(e) => {
+            // A Secret in another namespace is refused unread; any other failure is a token
+            // that could not be read. Either way no session is placed here (not Ready).
+            let refused = matches!(e, Error::TokenSecretRefused { .. });
+            let reason = if refused {
+                e.label()
+            } else {
+                "TokenUnreadable"
+            };
+            if refused && conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason)
+            {
+                ctx.event(host, EventType::Warning, reason, "Probe", e.to_string())
+                    .await;
+            }
             conditions::set(
                 &mut status.conditions,
                 READY,
                 false,
-                "TokenUnreadable",
+                reason,
                 &e.to_string(),
                 generation,
             );

@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 
 /// Runs the operator.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let namespace = config.own_namespace()?.to_owned();
     let client = Client::try_default()
         .await
         .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
@@ -56,7 +57,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     metrics.leader.set(1);
-    info!(%identity, "leading: starting controllers");
+    info!(%identity, %namespace, "leading: starting controllers (Secrets are read only in this namespace)");
     let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics));
     let caches = crate::context::Caches {
         hosts: cache::<sandboxd_crds::v1alpha1::SandboxHost>(&client, &ctx).await,

@@ -13,10 +13,9 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::watcher;
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
@@ -51,8 +50,10 @@ const LOST_RECHECK: Duration = Duration::from_secs(3600);
 
 /// Runs the controller until the stream ends.
 ///
-/// Both caches keep only what reconciles read: sessions without their managed fields, and of
-/// the token Secrets only name and owner (never a cache of every Secret, nor of any token).
+/// Its cache keeps sessions without their managed fields. No Secret is watched or cached: the
+/// operator may not list or read Secrets outside its own namespace, so a token Secret deleted by
+/// someone is noticed at its session's next reconcile once `--token-check-seconds` have passed
+/// since it was last found ([`token_secret_exists`]).
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let (sessions, writer) = reflector::store();
@@ -63,42 +64,13 @@ pub async fn run(ctx: Arc<Context>) {
             .modify(|s| s.managed_fields_mut().clear()),
     )
     .touched_objects();
-    let secrets = Api::<PartialObjectMeta<Secret>>::all(ctx.client.clone());
-    let (tokens, writer) = reflector::store();
-    let secret_stream = reflector(
-        writer,
-        watcher(secrets, secret_watch(&ctx))
-            .default_backoff()
-            // Whether it exists, and whose it is: nothing else is read.
-            .modify(|s| {
-                let m = std::mem::take(&mut s.metadata);
-                s.metadata = ObjectMeta {
-                    name: m.name,
-                    namespace: m.namespace,
-                    owner_references: m.owner_references,
-                    ..Default::default()
-                };
-            }),
-    )
-    .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
-    let _ = ctx.token_secrets.set(tokens);
     Controller::for_stream(session_stream, sessions)
         .with_config(ctx.controller_config())
-        .owns_stream(secret_stream)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
-}
-
-/// The watch of the token Secrets: the operator's selector plus its managed-by label.
-fn secret_watch(ctx: &Context) -> kube::runtime::watcher::Config {
-    let mut labels = vec![format!("{MANAGED_BY}={OPERATOR}")];
-    if !ctx.config.selector.is_empty() {
-        labels.push(ctx.config.selector.clone());
-    }
-    kube::runtime::watcher::Config::default().labels(&labels.join(","))
 }
 
 /// The label on every token Secret this operator makes.
@@ -471,15 +443,9 @@ async fn advance(
     // 2. Open (idempotent by name) until the session exists on the host with a token Secret.
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
     let secret = secret_name(&name);
-    let cached = ctx.token_secrets.get().is_some_and(|store| {
-        store
-            .get(&ObjectRef::new(&secret).within(&s.namespace().unwrap_or_default()))
-            .is_some()
-    });
-    // Not cached yet, though recorded: the API server says whether it is really gone (a token
-    // is rotated only then).
-    let have_secret = cached
-        || (status.credentials_secret.is_some() && secrets.get_opt(&secret).await?.is_some());
+    // Recorded, and still there (a token is rotated only when it is gone).
+    let have_secret =
+        status.credentials_secret.is_some() && token_secret_there(s, ctx, &secrets, &secret).await;
     let mut opened_view = None;
     if status.session_id.is_none() || !have_secret {
         let limits = s.spec.resources.as_ref().map(|r| sandboxd::core::Limits {
@@ -517,6 +483,7 @@ async fn advance(
                     &opened.session.id,
                 )
                 .await?;
+                ctx.token_seen(&key(s));
                 status.session_id = Some(opened.session.id.clone());
                 status.runtime = Some(opened.session.runtime.clone());
                 opened_view = Some(opened.session);
@@ -938,7 +905,6 @@ async fn store_token(
     endpoint: &str,
     session_id: &str,
 ) -> Result<(), Error> {
-    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
     let data = BTreeMap::from([
         ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
         (
@@ -950,21 +916,14 @@ async fn store_token(
             ByteString(session_id.as_bytes().to_vec()),
         ),
     ]);
-    let mut labels = s.labels().clone();
-    labels.insert(MANAGED_BY.into(), OPERATOR.into());
     let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            owner_references: Some(owner),
-            labels: Some(labels),
-            ..Default::default()
-        },
         data: Some(data),
-        type_: Some("sandboxd.dev/session-token".into()),
-        ..Default::default()
+        ..token_secret(s, name)
     };
     // Created once, the common case: a plain create costs the API server far less than an
-    // apply. One that exists already (a token rotated after a crash) is applied over.
+    // apply. One that exists already (a token rotated after a crash) is replaced whole: a
+    // replace answers with what it wrote, where a patch would answer with the Secret it changed,
+    // and the operator may not read Secrets outside its namespace.
     let create = PostParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
@@ -972,22 +931,74 @@ async fn store_token(
     match secrets.create(&create, &secret).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            secrets
-                .patch(
-                    name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(&secret),
-                )
-                .await?;
+            secrets.replace(name, &create, &secret).await?;
             Ok(())
         }
         Err(e) => Err(e.into()),
     }
 }
 
+/// The token Secret `name` of session `s`, without its data: owned by the session, labelled like
+/// it and as this operator's.
+fn token_secret(s: &SandboxSession, name: &str) -> Secret {
+    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
+    let mut labels = s.labels().clone();
+    labels.insert(MANAGED_BY.into(), OPERATOR.into());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            owner_references: Some(owner),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        type_: Some("sandboxd.dev/session-token".into()),
+        ..Default::default()
+    }
+}
+
+/// Whether the token Secret `name` of `s` is there: taken as there for
+/// `--token-check-seconds` after it was last found, then asked again.
+async fn token_secret_there(
+    s: &SandboxSession,
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    name: &str,
+) -> bool {
+    if ctx.token_seen_recently(&key(s)) {
+        return true;
+    }
+    let there = token_secret_exists(s, secrets, name).await;
+    if there {
+        ctx.token_seen(&key(s));
+    }
+    there
+}
+
+/// Whether the token Secret `name` exists, asked without reading any Secret: a server-side
+/// dry-run create (of the Secret as it would be made, without its data, so admission judges
+/// the same object) answers 409 AlreadyExists when it is there and succeeds, storing nothing,
+/// when it is gone. Any other answer (a full Secret quota, an admission webhook, the API server
+/// away) counts as there: a token is rotated only when its Secret is known to be gone.
+async fn token_secret_exists(s: &SandboxSession, secrets: &Api<Secret>, name: &str) -> bool {
+    let probe = token_secret(s, name);
+    let dry_run = PostParams {
+        dry_run: true,
+        field_manager: Some(MANAGER.into()),
+    };
+    match secrets.create(&dry_run, &probe).await {
+        Ok(_) => false,
+        Err(kube::Error::Api(e)) if e.code == 409 => true,
+        Err(e) => {
+            warn!(secret = name, error = %e, "could not tell whether the token Secret exists; taking it as there");
+            true
+        }
+    }
+}
+
 async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
+    ctx.forget_token(&key(s));
     ctx.set_phase(&key(s), None);
     let Some(host) = placed_host(s).map(str::to_owned) else {
         // Never placed: nothing lives outside Kubernetes.

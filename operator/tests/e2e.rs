@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{Host, Scope, phase};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
@@ -1035,5 +1035,163 @@ async fn a_session_deleted_and_recreated_under_its_name_ends_alive() {
     assert_eq!(host.containers(), vec![(id.clone(), true)]);
     let now = sessions.get("xc-again").await.expect("the new object");
     assert_eq!(phase(&now), Some(SessionPhase::Running));
+    scope.delete().await;
+}
+
+/// The Ready condition of host `name` once it satisfies `cond`, watched with a deadline.
+async fn wait_host_ready_condition(
+    hosts: &Api<SandboxHost>,
+    name: &str,
+    secs: u64,
+    cond: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let ready = |h: &SandboxHost| {
+        h.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .cloned()
+    };
+    let found = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(hosts.clone(), name, |h: Option<&SandboxHost>| {
+            h.and_then(ready).is_some_and(|c| cond(&c))
+        }),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(h))) => ready(&h).expect("the Ready condition"),
+        _ => panic!(
+            "host {name} did not get the expected Ready condition within {secs} s: {:#?}",
+            hosts
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|h| h.status)
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_admin_token_is_in_another_namespace_is_refused_unread() {
+    let mut scope = Scope::new("foreign").await;
+    let host = Host::start(&format!("foreign-host-{}", scope.scope), &[]);
+    // The host's real admin token, in a namespace other than the operator's: were it read, the
+    // host would answer and become Ready.
+    let other = sandboxd_tests::TestNamespace::create(&scope.client, "foreign-secret").await;
+    let labels = scope.labels();
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "stringData": {"token": host.token},
+        }))
+        .expect("secret")
+    };
+    Api::<Secret>::namespaced(scope.client.clone(), &other.name)
+        .create(&PostParams::default(), &secret("stolen-admin"))
+        .await
+        .expect("the Secret in the other namespace");
+    let sbh: SandboxHost = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+        "metadata": {"name": host.name, "labels": scope.labels()},
+        "spec": {"endpoint": host.endpoint(), "adminTokenSecret": {"namespace": other.name, "name": "stolen-admin", "key": "token"}},
+    }))
+    .expect("host");
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    hosts
+        .create(&PostParams::default(), &sbh)
+        .await
+        .expect("host created");
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+
+    let refused =
+        wait_host_ready_condition(&hosts, &host.name, 30, |c| c.reason == "TokenSecretRefused")
+            .await;
+    assert_eq!(refused.status, "False");
+    assert_eq!(
+        refused.message,
+        format!(
+            "the admin-token Secret {}/stolen-admin is not read: it must live in the operator's namespace {}, the only namespace the operator reads Secrets in",
+            other.name, scope.ns
+        )
+    );
+
+    // No session is placed on it, chosen or pinned.
+    scope.kubectl_apply_session("xc-foreign", serde_json::json!({}));
+    scope.kubectl_apply_session("xc-foreign-pin", serde_json::json!({"host": host.name}));
+    let placed_condition = |s: &sandboxd_crds::v1alpha1::SandboxSession| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Placed"))
+            .map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let free = scope
+        .wait_session("xc-foreign", "refused a host", 30, |s| {
+            placed_condition(s).is_some()
+        })
+        .await;
+    assert_eq!(
+        placed_condition(&free),
+        Some((
+            "False".to_owned(),
+            format!(
+                "no host can take the session: {}: it is not ready",
+                host.name
+            )
+        ))
+    );
+    let pinned = scope
+        .wait_session("xc-foreign-pin", "refused its pinned host", 30, |s| {
+            placed_condition(s).is_some()
+        })
+        .await;
+    assert_eq!(
+        placed_condition(&pinned),
+        Some((
+            "False".to_owned(),
+            format!(
+                "the pinned host '{}' cannot take sessions now: it is not ready",
+                host.name
+            )
+        ))
+    );
+    for s in [&free, &pinned] {
+        assert_eq!(phase(s), Some(SessionPhase::Pending));
+        assert_eq!(s.annotations().get("sandboxd.dev/host"), None);
+        assert_eq!(s.status.as_ref().and_then(|st| st.host.clone()), None);
+    }
+    assert!(
+        host.client()
+            .list()
+            .await
+            .expect("the host's sessions")
+            .is_empty(),
+        "nothing was opened on the refused host"
+    );
+    assert!(host.containers().is_empty(), "{:?}", host.containers());
+
+    // The same token in the operator's namespace: the host is taken, and the session runs.
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&PostParams::default(), &secret("admin"))
+        .await
+        .expect("the Secret in the operator's namespace");
+    hosts
+        .patch(
+            &host.name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"adminTokenSecret": {"namespace": scope.ns, "name": "admin"}}})),
+        )
+        .await
+        .expect("host moved to the operator's namespace");
+    let ready = wait_host_ready_condition(&hosts, &host.name, 30, |c| c.status == "True").await;
+    assert_eq!(ready.reason, "Ready");
+    let running = scope
+        .wait_session("xc-foreign", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(running.status.and_then(|s| s.host), Some(host.name.clone()));
+    other.delete().await;
     scope.delete().await;
 }

@@ -305,6 +305,16 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         env.contains(&("SANDBOX_OPERATOR_LEASE_NAMESPACE".into(), ns.name.clone())),
         "{env:?}"
     );
+    // Its own namespace, the only one it reads Secrets in, from the downward API.
+    let pod_namespace = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(pod_namespace.as_deref(), Some("metadata.namespace"));
 
     let ds = Api::<DaemonSet>::namespaced(client.clone(), &ns.name)
         .get(&format!("{full}-sandboxd"))
@@ -899,4 +909,113 @@ fn the_tenant_binding_binds_labelled_namespaces_unless_turned_off() {
                 && d["kind"] != "ValidatingAdmissionPolicyBinding"),
         "no policy when turned off"
     );
+}
+
+/// What `user` may do, as `kubectl auth can-i … --as user` answers.
+fn can_i(user: &str, args: &[&str]) -> bool {
+    let out = run(Command::new(sandboxd_tests::kubectl())
+        .args(["auth", "can-i"])
+        .args(args)
+        .args(["--as", user]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.split_whitespace().next() {
+        Some("yes") => true,
+        Some("no") => false,
+        _ => panic!(
+            "kubectl auth can-i {args:?} --as {user} answered neither yes nor no: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn the_service_accounts_may_do_only_what_they_need() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "chart-rbac").await;
+    let other = TestNamespace::create(&client, "chart-rbac-other").await;
+    let release = format!("sbx{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let full = format!("{release}-sandboxd");
+    // The catalog's Runtimes are left out: they are cluster-wide, and another test installs them.
+    let out = ok(Command::new(helm())
+        .args(["install", &release])
+        .arg(chart())
+        .args(["-n", &ns.name, "--set", "runtimes.install=false"])
+        .args(["--set", "operator.adminTokenSecrets={gpu-box-admin}"]));
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let sa = |name: &str| format!("system:serviceaccount:{}:{full}-{name}", ns.name);
+    let operator = sa("operator");
+    let sandboxd = sa("sandboxd");
+    let admin_token = format!("secrets/{full}-admin-token");
+    let no = |user: &str, args: &[&str]| {
+        assert!(!can_i(user, args), "{user} may {args:?}");
+    };
+    let yes = |user: &str, args: &[&str]| {
+        assert!(can_i(user, args), "{user} may not {args:?}");
+    };
+
+    // The operator: no Secret of the cluster listed, watched or read; in its own namespace only
+    // the admin tokens, by name.
+    for verb in ["list", "watch", "get", "patch", "delete"] {
+        no(&operator, &[verb, "secrets", "--all-namespaces"]);
+        no(&operator, &[verb, "secrets", "-n", &other.name]);
+    }
+    no(&operator, &["get", "secrets/anything", "-n", &other.name]);
+    no(&operator, &["list", "secrets", "-n", &ns.name]);
+    no(&operator, &["watch", "secrets", "-n", &ns.name]);
+    no(
+        &operator,
+        &["get", "secrets/not-an-admin-token", "-n", &ns.name],
+    );
+    yes(&operator, &["get", &admin_token, "-n", &ns.name]);
+    yes(&operator, &["get", "secrets/gpu-box-admin", "-n", &ns.name]);
+    // Session token Secrets in the platform's namespaces: made, and replaced on a rotation.
+    yes(&operator, &["create", "secrets", "-n", &other.name]);
+    yes(&operator, &["update", "secrets", "-n", &other.name]);
+    // What its controllers need, still there.
+    yes(&operator, &["watch", "sandboxsessions.sandboxd.dev", "-A"]);
+    yes(
+        &operator,
+        &["patch", "sandboxsessions.sandboxd.dev/status", "-A"],
+    );
+    yes(&operator, &["create", "tombstones.sandboxd.dev"]);
+    yes(
+        &operator,
+        &["update", "leases.coordination.k8s.io", "-n", &ns.name],
+    );
+    no(
+        &operator,
+        &["update", "leases.coordination.k8s.io", "-n", &other.name],
+    );
+    yes(&operator, &["list", "pods", "-n", &ns.name]);
+    no(&operator, &["list", "pods", "-A"]);
+
+    // sandboxd: nothing at all beyond what every ServiceAccount may.
+    for resource in [
+        "secrets",
+        "pods",
+        "configmaps",
+        "sandboxsessions.sandboxd.dev",
+        "sandboxhosts.sandboxd.dev",
+        "leases.coordination.k8s.io",
+    ] {
+        for verb in [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ] {
+            no(&sandboxd, &[verb, resource, "--all-namespaces"]);
+        }
+    }
+    let rules = |user: &str| {
+        ok(Command::new(sandboxd_tests::kubectl())
+            .args(["auth", "can-i", "--list", "-n", &ns.name, "--as", user]))
+    };
+    assert_eq!(
+        rules(&sandboxd),
+        rules(&format!("system:serviceaccount:{}:nobody", ns.name)),
+        "sandboxd's ServiceAccount may do more than one nobody bound"
+    );
+
+    ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
+    other.delete().await;
+    ns.delete().await;
 }

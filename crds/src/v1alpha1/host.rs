@@ -40,7 +40,9 @@ pub struct SandboxHostSpec {
     /// Base URL of the host's sandboxd, for example http://10.0.3.7:8080.
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("spec.endpoint must be an http:// or https:// URL of the host's sandboxd"))]
     pub endpoint: String,
-    /// The Secret holding the host's admin token (root-equivalent on that host).
+    /// The Secret holding the host's admin token (root-equivalent on that host). It must live in
+    /// the operator's namespace: one named elsewhere is refused unread (Ready=False,
+    /// TokenSecretRefused) and the host takes no sessions.
     pub admin_token_secret: SecretKeyRef,
     /// Stops new placements on this host; its sessions and pending destroys go on.
     #[serde(default)]

@@ -245,6 +245,8 @@ impl Operator {
                     "5",
                 ])
                 .args(["--http-addr", "127.0.0.1:0", "--probe-seconds", "5"])
+                // The host's admin-token Secret is in the bench's namespace.
+                .env("POD_NAMESPACE", ns)
                 .env(
                     "RUST_LOG",
                     std::env::var("OPERATOR_BENCH_LOG").unwrap_or_else(|_| "error".into()),

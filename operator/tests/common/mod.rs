@@ -201,11 +201,19 @@ impl Scope {
         BTreeMap::from([(SCOPE_LABEL.to_owned(), self.scope.clone())])
     }
 
-    /// Starts an operator for this scope; returns its index.
+    /// Starts an operator for this scope, in this scope's namespace (`POD_NAMESPACE`, where the
+    /// admin-token Secrets are); returns its index.
     pub fn start_operator(&mut self, extra: &[&str]) -> usize {
         let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+        self.start_operator_with(&kubeconfig, extra)
+    }
+
+    /// Starts an operator for this scope that talks to the API server through `kubeconfig`
+    /// (one that impersonates a ServiceAccount runs it with that account's RBAC).
+    pub fn start_operator_with(&mut self, kubeconfig: &str, extra: &[&str]) -> usize {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-operator"));
         cmd.env("KUBECONFIG", kubeconfig)
+            .env("POD_NAMESPACE", &self.ns)
             .env("RUST_LOG", "warn,sandboxd_operator=info")
             .args(["--selector", &format!("{SCOPE_LABEL}={}", self.scope)])
             .args([

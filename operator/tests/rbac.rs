@@ -1,0 +1,342 @@
+//! The operator under the chart's RBAC alone: its ServiceAccount's ClusterRole and Role, as
+//! `helm template` renders them, applied to the real API server, and the real operator binary
+//! talking through a kubeconfig that impersonates that ServiceAccount. It may not list, watch or
+//! read a Secret outside its namespace, yet a session runs with its token Secret (replacing one
+//! of that name left over), a deleted token Secret is issued again, and a deleted session is
+//! destroyed through its Tombstone.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Host, Scope, phase};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::await_condition;
+use kube::{Client, Config, ResourceExt};
+use rand::Rng;
+use sandboxd_crds::v1alpha1::Tombstone;
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+
+fn helm() -> PathBuf {
+    PathBuf::from(std::env::var("SANDBOXD_HELM").expect(
+        "SANDBOXD_HELM is not set: run `make test`, or `make up` and `eval \"$(make -s env)\"`",
+    ))
+}
+
+fn output(cmd: &mut Command, input: Option<&str>) -> String {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(input) = input {
+        std::io::Write::write_all(&mut stdin, input.as_bytes()).expect("write");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The chart's operator RBAC for release `release` in `ns`, applied; its cluster-wide objects
+/// are deleted when this is dropped (the namespaced ones go with the namespace).
+struct ChartRbac {
+    /// The ServiceAccount's and the roles' name.
+    name: String,
+}
+
+impl ChartRbac {
+    fn apply(release: &str, ns: &str) -> Self {
+        let chart = sandboxd_tests::repo_root().join("charts/sandboxd");
+        let rendered = output(
+            Command::new(helm())
+                .args(["template", release])
+                .arg(chart)
+                .args(["-n", ns, "--kube-version", "1.37.2"])
+                // Offline, the chart renders only with an admin token given; this test uses
+                // none of it (only the RBAC is applied).
+                .args(["--set", "adminToken.value=render-only-admin-token-0123456789abcdef"])
+                .args(["--show-only", "templates/operator-rbac.yaml"]),
+            None,
+        );
+        output(
+            Command::new(sandboxd_tests::kubectl()).args(["apply", "-n", ns, "-f", "-"]),
+            Some(&rendered),
+        );
+        Self {
+            name: format!("{release}-sandboxd-operator"),
+        }
+    }
+}
+
+impl Drop for ChartRbac {
+    fn drop(&mut self) {
+        let _ = Command::new(sandboxd_tests::kubectl())
+            .args(["delete", "--ignore-not-found", "--wait=false"])
+            .arg(format!("clusterrole/{}", self.name))
+            .arg(format!("clusterrolebinding/{}", self.name))
+            .output();
+    }
+}
+
+/// A copy of the test's kubeconfig whose users act as `user` (kube-rs and kubectl honour `as`).
+fn impersonating(user: &str, dir: &Path) -> PathBuf {
+    let raw = output(
+        Command::new(sandboxd_tests::kubectl()).args(["config", "view", "--raw", "--flatten"]),
+        None,
+    );
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&raw).expect("a kubeconfig");
+    for u in config["users"].as_sequence_mut().expect("users") {
+        u["user"]["as"] = serde_yaml::Value::from(user);
+    }
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&config).expect("YAML")).expect("write");
+    path
+}
+
+async fn client_of(kubeconfig: &Path) -> Client {
+    let config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig).expect("the impersonating kubeconfig"),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .expect("a config");
+    Client::try_from(config).expect("a client")
+}
+
+fn token_of(secret: &Secret) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token"))
+        .map(|b| b.0.clone())
+        .expect("a token in the Secret");
+    String::from_utf8(bytes).expect("utf-8 token")
+}
+
+fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
+    matches!(r, Err(kube::Error::Api(e)) if e.code == 403)
+}
+
+async fn wait_gone<K>(api: Api<K>, name: &str, secs: u64)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let done = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
+    )
+    .await;
+    assert!(
+        matches!(done, Ok(Ok(_))),
+        "{name} was not removed within {secs} s: {:?}",
+        api.get_opt(name).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
+    let mut scope = Scope::new("rbac").await;
+    let release = format!("r{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let rbac = ChartRbac::apply(&release, &scope.ns);
+    let service_account = format!("system:serviceaccount:{}:{}", scope.ns, rbac.name);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = impersonating(&service_account, dir.path());
+
+    // It really is the ServiceAccount: no Secret of the cluster is listed, and none of the
+    // session namespaces' Secrets is read.
+    let operator_client = client_of(&kubeconfig).await;
+    assert!(forbidden(
+        Api::<Secret>::all(operator_client.clone())
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<Secret>::namespaced(operator_client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+    ));
+
+    // The host's admin token under the chart's name, in the operator's namespace (the Role
+    // lets it read that one Secret there).
+    let host = Host::start(&format!("rbac-host-{}", scope.scope), &[]);
+    let admin_secret = format!("{release}-sandboxd-admin-token");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": admin_secret, "labels": scope.labels()},
+        "stringData": {"token": host.token},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the admin-token Secret");
+    scope
+        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
+        .await;
+    scope.default_runtime().await;
+    // Token Secrets asked after at every reconcile (by default a found one is taken as there
+    // for 300 s), so the one deleted below is missed at the next.
+    scope.start_operator_with(
+        kubeconfig.to_str().expect("a UTF-8 path"),
+        &["--token-check-seconds", "0"],
+    );
+
+    // A Secret of the token's name is there already (left by an earlier session of that name):
+    // the create meets it, and it is replaced whole, without being read.
+    let secrets = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns);
+    let left: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "xc-rbac-token"},
+        "type": "sandboxd.dev/session-token",
+        "stringData": {"token": "a-token-of-long-ago", "left": "over"},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &left)
+        .await
+        .expect("the Secret left over");
+
+    // A session runs, with a token Secret whose token reaches it.
+    scope.kubectl_apply_session("xc-rbac", serde_json::json!({}));
+    let running = scope
+        .wait_session("xc-rbac", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let status = running.status.clone().expect("status");
+    let id = status.session_id.clone().expect("session id");
+    let secret_name = status
+        .credentials_secret
+        .clone()
+        .expect("credentials secret");
+    assert_eq!(secret_name, "xc-rbac-token");
+    let stored = secrets.get(&secret_name).await.expect("the token Secret");
+    let keys: Vec<&str> = stored
+        .data
+        .iter()
+        .flat_map(|d| d.keys())
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["endpoint", "session", "token"], "replaced whole");
+    assert_eq!(
+        stored
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].name.as_str()),
+        Some("xc-rbac")
+    );
+    let first = token_of(&stored);
+    assert_ne!(first, "a-token-of-long-ago");
+    let session = sandboxd::client::Client::new(&host.endpoint(), &first);
+    let run = session
+        .run(
+            &id,
+            "echo kept > note.txt && cat note.txt",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("a run with the Secret's token");
+    assert_eq!(run.stdout, "kept\n");
+    // The operator made it, yet may not read it.
+    assert!(forbidden(
+        Api::<Secret>::namespaced(operator_client.clone(), &scope.ns)
+            .get(&secret_name)
+            .await
+    ));
+
+    // Deleted by someone: issued again at the session's next reconcile (here, a change to it),
+    // with a new token; the old one stops working, the files stay.
+    secrets
+        .delete(&secret_name, &DeleteParams::default())
+        .await
+        .expect("delete the token Secret");
+    wait_gone(secrets.clone(), &secret_name, 30).await;
+    scope
+        .sessions()
+        .patch(
+            "xc-rbac",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"example.com/touched": "1"}}}),
+            ),
+        )
+        .await
+        .expect("annotate the session");
+    let old = first.clone();
+    let reissued = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(secrets.clone(), &secret_name, move |s: Option<&Secret>| {
+            s.is_some_and(|s| token_of(s) != old)
+        }),
+    )
+    .await;
+    let reissued = match reissued {
+        Ok(Ok(Some(s))) => s,
+        _ => panic!(
+            "the token Secret was not issued again within 30 s: {:?}",
+            secrets.get_opt(&secret_name).await.map(|s| s.is_some())
+        ),
+    };
+    assert_eq!(
+        reissued
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].name.as_str()),
+        Some("xc-rbac")
+    );
+    let again = sandboxd::client::Client::new(&host.endpoint(), &token_of(&reissued))
+        .run(&id, "cat note.txt", None, None, None)
+        .await
+        .expect("a run with the new token");
+    assert_eq!(again.stdout, "kept\n");
+    assert!(
+        session.run(&id, "true", None, None, None).await.is_err(),
+        "the old token was rotated away"
+    );
+
+    // Deleted: a Tombstone, the destroy, the Tombstone gone.
+    let uid = running.uid().expect("uid");
+    scope
+        .sessions()
+        .delete("xc-rbac", &DeleteParams::default())
+        .await
+        .expect("delete the session");
+    wait_gone(scope.sessions(), "xc-rbac", 30).await;
+    wait_gone(
+        Api::<Tombstone>::all(scope.client.clone()),
+        &format!("sbx-{uid}"),
+        30,
+    )
+    .await;
+    assert!(host.containers().is_empty(), "{:?}", host.containers());
+    scope.delete().await;
+    drop(rbac);
+}
+
+#[test]
+fn without_its_namespace_the_operator_does_not_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox-operator"))
+        .env_remove("POD_NAMESPACE")
+        .args(["--http-addr", "127.0.0.1:0"])
+        .output()
+        .expect("the operator runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "sandbox-operator: POD_NAMESPACE is not set: the operator reads Secrets (the SandboxHosts' admin tokens) only in its own namespace, and POD_NAMESPACE (or --namespace) names it; the chart sets it from the pod's namespace, set it yourself when you run the operator by hand"
+    );
+    assert!(out.stdout.is_empty(), "it serves nothing");
+}
