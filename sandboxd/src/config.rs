@@ -22,6 +22,14 @@ pub enum Command {
     /// to them) and exit; refused while a container is still on the network. What an uninstall
     /// runs on each node after the sessions are destroyed.
     RemoveNetwork,
+    /// Print the admin token of node NAME, derived from the master admin token (SANDBOXD_TOKEN)
+    /// and exit: the token a sandboxd with SANDBOXD_NODE_NAME=NAME accepts, and the one the
+    /// operator sends to a SandboxHost whose spec.node is NAME.
+    AdminToken {
+        /// The node's name, as SANDBOXD_NODE_NAME on that node (its Kubernetes node name).
+        #[arg(long, value_name = "NAME")]
+        node: String,
+    },
 }
 
 /// How runs reach a sandbox.
@@ -50,9 +58,19 @@ pub enum WorkspaceQuota {
     about = "The sandboxd node daemon: sandbox sessions in containers with persistent workspaces"
 )]
 pub struct Config {
-    /// The admin token (root-equivalent: whoever holds it starts containers on this host). Required.
+    /// The master admin token. Required. With SANDBOXD_NODE_NAME unset it is itself the admin
+    /// token (root-equivalent: whoever holds it starts containers on this host, and on every
+    /// host that shares it); with SANDBOXD_NODE_NAME set, only the token derived from it for
+    /// this node is.
     #[arg(long, env = "SANDBOXD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// The node this sandboxd runs on (the chart sets it from the pod's spec.nodeName). When
+    /// set, the only admin token accepted is the one derived for this node from SANDBOXD_TOKEN
+    /// (`sandboxd admin-token --node NAME` prints it); the master itself and other nodes'
+    /// tokens are refused. Unset: SANDBOXD_TOKEN itself is the admin token.
+    #[arg(long, env = "SANDBOXD_NODE_NAME")]
+    pub node_name: Option<String>,
 
     /// Address to listen on.
     #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
@@ -252,6 +270,7 @@ impl std::fmt::Debug for Config {
             .field("workspace_quota", &self.workspace_quota)
             .field("state_dir", &self.state_dir)
             .field("instance", &self.instance)
+            .field("node_name", &self.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -343,6 +362,17 @@ pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
     Ok(out)
 }
 
+/// `node` when it can name a node: not empty, no whitespace or control characters.
+pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigError> {
+    if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ConfigError::Invalid(format!(
+            "{what} '{}' is not a node name: it must be non-empty, without blanks",
+            node.escape_debug()
+        )));
+    }
+    Ok(node)
+}
+
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
 pub fn parse_bytes(text: &str) -> Option<i64> {
     let text = text.trim();
@@ -425,14 +455,37 @@ impl Config {
         }
     }
 
-    /// Checks everything that can be checked before start-up and returns the admin token and
-    /// the allowlist.
-    pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
-        let token = self
-            .token
+    /// The master admin token (SANDBOXD_TOKEN), refused when missing or empty.
+    pub fn master_token(&self) -> Result<String, ConfigError> {
+        self.token
             .clone()
             .filter(|t| !t.is_empty())
-            .ok_or(ConfigError::MissingToken)?;
+            .ok_or(ConfigError::MissingToken)
+    }
+
+    /// The node this sandboxd runs on, if it is told; a name that is empty or holds blanks
+    /// is refused rather than taken as "no node" (that would accept the master).
+    pub fn node(&self) -> Result<Option<&str>, ConfigError> {
+        match self.node_name.as_deref() {
+            None => Ok(None),
+            Some(node) => check_node_name("SANDBOXD_NODE_NAME", node).map(Some),
+        }
+    }
+
+    /// The admin token this sandboxd accepts: the one derived for its node, or the master
+    /// when it is not told its node.
+    pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
+        Ok(crate::auth::AdminToken::accepted(
+            &self.master_token()?,
+            self.node()?,
+        ))
+    }
+
+    /// Checks everything that can be checked before start-up and returns the master admin
+    /// token and the allowlist.
+    pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
+        let token = self.master_token()?;
+        self.node()?;
         let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
             return Err(ConfigError::Invalid(
@@ -607,6 +660,33 @@ mod tests {
         assert_eq!(c.command, Some(Command::Prepare));
         assert_eq!(c.operation_retention_days, 30);
         assert!(c.audit);
+    }
+
+    #[test]
+    fn admin_token_is_a_subcommand_and_node_names_are_checked() {
+        let c = Config::parse_from(["sandboxd", "admin-token", "--node", "worker-1"]);
+        assert_eq!(
+            c.command,
+            Some(Command::AdminToken {
+                node: "worker-1".into()
+            })
+        );
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            "base=img",
+            "--node-name",
+            "worker 1",
+        ]);
+        assert_eq!(
+            c.validate().map(|_| ()).map_err(|e| e.to_string()),
+            Err("SANDBOXD_NODE_NAME 'worker 1' is not a node name: it must be non-empty, without blanks".to_owned())
+        );
+        let c = Config::parse_from(["sandboxd", "--token", "t", "--node-name", "w"]);
+        let admin = c.admin_token().expect("an admin token");
+        assert!(admin.matches(&crate::auth::node_token("t", "w")) && !admin.matches("t"));
     }
 
     #[test]
