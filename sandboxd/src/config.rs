@@ -72,6 +72,12 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_NODE_NAME")]
     pub node_name: Option<String>,
 
+    /// This node's own admin token, as `sandboxd admin-token --node NAME` prints it, instead of
+    /// SANDBOXD_TOKEN: the master then never reaches this node. Needs SANDBOXD_NODE_NAME;
+    /// exclusive with SANDBOXD_TOKEN.
+    #[arg(long, env = "SANDBOXD_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: Option<String>,
+
     /// Address to listen on.
     #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -280,7 +286,7 @@ impl std::fmt::Debug for Config {
 pub enum ConfigError {
     /// The admin token is missing.
     #[error(
-        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host"
+        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)"
     )]
     MissingToken,
     /// The runtime list is empty or malformed.
@@ -472,20 +478,27 @@ impl Config {
         }
     }
 
-    /// The admin token this sandboxd accepts: the one derived for its node, or the master
-    /// when it is not told its node.
+    /// The admin token this sandboxd accepts: its node's own (SANDBOXD_NODE_TOKEN, or derived
+    /// from the master for SANDBOXD_NODE_NAME), or the master when it is not told its node.
     pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
-        Ok(crate::auth::AdminToken::accepted(
-            &self.master_token()?,
-            self.node()?,
-        ))
+        let node = self.node()?;
+        let own = self.node_token.as_deref().filter(|t| !t.is_empty());
+        match (self.master_token(), own, node) {
+            (Ok(_), Some(_), _) => Err(ConfigError::Invalid(
+                "SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN are both set: give either the master (with SANDBOXD_NODE_NAME) or this node's own token, not both".into(),
+            )),
+            (Err(_), Some(_), None) => Err(ConfigError::Invalid(
+                "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is".into(),
+            )),
+            (Err(_), Some(own), Some(_)) => Ok(crate::auth::AdminToken::new(own)),
+            (master, None, node) => Ok(crate::auth::AdminToken::accepted(&master?, node)),
+        }
     }
 
-    /// Checks everything that can be checked before start-up and returns the master admin
-    /// token and the allowlist.
-    pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
-        let token = self.master_token()?;
-        self.node()?;
+    /// Checks everything that can be checked before start-up and returns the admin token this
+    /// sandboxd accepts and the allowlist.
+    pub fn validate(&self) -> Result<(crate::auth::AdminToken, Allowlist), ConfigError> {
+        let token = self.admin_token()?;
         let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
             return Err(ConfigError::Invalid(
@@ -593,7 +606,7 @@ mod tests {
         let c = Config::parse_from(["sandboxd", "--runtimes", "base=img"]);
         assert_eq!(
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
-            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host".to_owned())
+            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)".to_owned())
         );
     }
 
@@ -687,6 +700,28 @@ mod tests {
         let c = Config::parse_from(["sandboxd", "--token", "t", "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
         assert!(admin.matches(&crate::auth::node_token("t", "w")) && !admin.matches("t"));
+        // A node given only its own token takes that one.
+        let own = crate::auth::node_token("t", "w");
+        let c = Config::parse_from(["sandboxd", "--node-token", &own, "--node-name", "w"]);
+        let admin = c.admin_token().expect("an admin token");
+        assert!(admin.matches(&own) && !admin.matches("t"));
+        let refused = |args: &[&str]| {
+            Config::parse_from(args)
+                .admin_token()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            refused(&["sandboxd", "--node-token", &own]),
+            Err(
+                "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            refused(&["sandboxd", "--token", "t", "--node-token", &own, "--node-name", "w"]),
+            Err("SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN are both set: give either the master (with SANDBOXD_NODE_NAME) or this node's own token, not both".to_owned())
+        );
     }
 
     #[test]

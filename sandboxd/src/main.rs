@@ -57,7 +57,11 @@ async fn main() -> std::process::ExitCode {
 /// Prints the admin token of `node`, derived from the master in SANDBOXD_TOKEN (`--token`).
 fn admin_token(config: &sandboxd::config::Config, node: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    let master = config.master_token()?;
+    let master = config.master_token().map_err(|_| {
+        anyhow::anyhow!(
+            "SANDBOXD_TOKEN (--token) is required: the master admin token that node tokens are derived from"
+        )
+    })?;
     let node = sandboxd::config::check_node_name("--node", node)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", sandboxd::auth::node_token(&master, node))?;

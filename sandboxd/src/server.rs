@@ -57,9 +57,12 @@ async fn start_with(
     engine: Option<Engine>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
-    let (_, runtimes) = config.validate()?;
-    let admin = config.admin_token()?;
+    let (admin, runtimes) = config.validate()?;
     match config.node()? {
+        Some(node) if config.node_token.is_some() => info!(
+            node,
+            "the admin token is this node's own (SANDBOXD_NODE_TOKEN); the master never reaches this node"
+        ),
         Some(node) => info!(
             node,
             "the admin token is this node's own, derived from the master (SANDBOXD_NODE_NAME); the master and other nodes' tokens are refused"

@@ -87,6 +87,25 @@ async fn a_nodes_token_opens_that_node_only_and_the_master_opens_none() {
 }
 
 #[tokio::test]
+async fn a_node_given_only_its_own_token_takes_it_and_never_sees_the_master() {
+    let master = format!("master-{:016x}", rand::random::<u64>());
+    let own = node_token(&master, "node-c");
+    // The harness's own SANDBOXD_TOKEN is removed: this sandboxd is never given a master.
+    let c = Daemon::start(&[
+        ("SANDBOXD_TOKEN", ""),
+        ("SANDBOXD_NODE_TOKEN", own.as_str()),
+        ("SANDBOXD_NODE_NAME", "node-c"),
+    ]);
+    let (status, body) = sessions_with(&c, &own).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(sessions_with(&c, &master).await, (401, unauthorized()));
+    assert_eq!(
+        sessions_with(&c, &node_token(&master, "node-d")).await,
+        (401, unauthorized())
+    );
+}
+
+#[tokio::test]
 async fn without_a_node_name_the_master_is_the_admin_token() {
     let d = Daemon::start(&[]);
     let (status, body) = sessions_with(&d, &d.admin).await;
@@ -124,6 +143,6 @@ fn admin_token_prints_the_nodes_token_from_the_master_in_the_environment() {
     assert!(out.stdout.is_empty());
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "sandboxd admin-token: SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host\n"
+        "sandboxd admin-token: SANDBOXD_TOKEN (--token) is required: the master admin token that node tokens are derived from\n"
     );
 }
