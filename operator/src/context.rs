@@ -120,15 +120,18 @@ pub struct Context {
 struct CachedClient {
     endpoint: String,
     secret: SecretKeyRef,
+    node: Option<String>,
     token: String,
     client: HostClient,
     fetched: Instant,
 }
 
 impl CachedClient {
-    /// Whether it was made for the host's current endpoint and token Secret.
+    /// Whether it was made for the host's current endpoint, token Secret and node.
     fn serves(&self, host: &SandboxHost) -> bool {
-        self.endpoint == host.spec.endpoint && self.secret == host.spec.admin_token_secret
+        self.endpoint == host.spec.endpoint
+            && self.secret == host.spec.admin_token_secret
+            && self.node == host.spec.node
     }
 }
 
@@ -221,10 +224,12 @@ impl Context {
         }
     }
 
-    /// Reads the admin token of `host` now; the kept client (and its connections) stays when
-    /// the token did not change. A Secret outside the operator's namespace is refused before
-    /// any read: whoever may write a SandboxHost must not make the operator read a Secret of
-    /// their choosing and send it to an endpoint of their choosing.
+    /// Reads the admin token of `host` now: the master from its Secret, or, when the host names
+    /// its node, the token derived for that node (which opens no other node). The kept client
+    /// (and its connections) stays when the token did not change. A Secret outside the
+    /// operator's namespace is refused before any read: whoever may write a SandboxHost must not
+    /// make the operator read a Secret of their choosing and send it to an endpoint of their
+    /// choosing.
     pub async fn refresh_host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
         let r = &host.spec.admin_token_secret;
         let name = host.name_any();
@@ -253,7 +258,11 @@ impl Context {
                 host: name.clone(),
                 why: format!("Secret {}/{} has no key {}", r.namespace, r.name, r.key),
             })?;
-        let token = token.trim();
+        let token = match &host.spec.node {
+            Some(node) => sandboxd::auth::node_token(token.trim(), node),
+            None => token.trim().to_owned(),
+        };
+        let token = token.as_str();
         let mut clients = self.host_clients.lock().unwrap_or_else(|p| p.into_inner());
         let client = match clients.get(&name) {
             Some(c) if c.serves(host) && c.token == token => c.client.clone(),
@@ -264,6 +273,7 @@ impl Context {
             CachedClient {
                 endpoint: host.spec.endpoint.clone(),
                 secret: r.clone(),
+                node: host.spec.node.clone(),
                 token: token.to_owned(),
                 client: client.clone(),
                 fetched: Instant::now(),

@@ -1,6 +1,7 @@
 //! Host discovery in a cluster: one SandboxHost per node that runs a sandboxd DaemonSet pod,
 //! named after the node (a restarted pod keeps its host, and sessions never move), with the
-//! endpoint taken from the pod IP. Hosts outside the cluster are registered by hand.
+//! endpoint taken from the pod IP and `spec.node` from the pod's node (the operator then sends
+//! that node's own admin token). Hosts outside the cluster are registered by hand.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +59,7 @@ pub fn host_for(
         spec: SandboxHostSpec {
             endpoint,
             admin_token_secret: token.clone(),
+            node: Some(node),
             disabled: false,
         },
         status: None,
@@ -115,7 +117,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         let patch = serde_json::json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
             "metadata": {"name": host.name_any(), "labels": host.labels()},
-            "spec": {"endpoint": host.spec.endpoint, "adminTokenSecret": host.spec.admin_token_secret},
+            "spec": {"endpoint": host.spec.endpoint, "adminTokenSecret": host.spec.admin_token_secret, "node": host.spec.node},
         });
         Api::<SandboxHost>::all(ctx.client.clone())
             .patch(
@@ -148,6 +150,7 @@ mod tests {
         assert_eq!(host.name_any(), "node-worker-1");
         assert_eq!(host.spec.endpoint, "http://10.1.2.3:8080");
         assert_eq!(host.spec.admin_token_secret.key, "token");
+        assert_eq!(host.spec.node.as_deref(), Some("worker-1"));
         let pending: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "w", "containers": []}})).expect("pod");
         assert!(host_for(&pending, 8080, &token, &Default::default()).is_none());
         assert!(parse_secret("nonamespace").is_none());

@@ -1,5 +1,6 @@
 //! The SandboxHost controller: probes each sandboxd's index, capacity and runtimes on a timer;
-//! conditions Reachable, Ready and VersionMismatch. A host with tombstones left cannot be
+//! conditions Reachable, Ready and VersionMismatch (Ready=False `TokenRefused` when sandboxd
+//! refuses the admin token). A host with tombstones left cannot be
 //! deleted unless the deletion is confirmed by annotation.
 
 use std::sync::Arc;
@@ -44,6 +45,25 @@ pub const REQUIRED_ROUTES: &[&str] = &[
     "PUT /v1/runtimes",
     "GET /v1/policy",
 ];
+
+/// The reason of `Ready=False` on a host whose sandboxd refused the admin token (401).
+pub const TOKEN_REFUSED: &str = "TokenRefused";
+
+/// The message of a host whose sandboxd refused the admin token the operator sent: which
+/// token it was, and what has to match for it to be taken.
+pub fn token_refused_message(host: &SandboxHost) -> String {
+    let r = &host.spec.admin_token_secret;
+    match &host.spec.node {
+        Some(node) => format!(
+            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node '{node}' (spec.node) from the master in Secret {}/{} key {}. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN)",
+            host.spec.endpoint, r.namespace, r.name, r.key
+        ),
+        None => format!(
+            "sandboxd at {} refused the admin token (401): spec.node is unset, so the operator sent the master from Secret {}/{} key {}, which a sandboxd with SANDBOXD_NODE_NAME set refuses. Set spec.node to the node name in sandboxd's SANDBOXD_NODE_NAME, or make the Secret hold the token sandboxd was started with (SANDBOXD_TOKEN)",
+            host.spec.endpoint, r.namespace, r.name, r.key
+        ),
+    }
+}
 
 /// The message of a host whose sandboxd lacks routes.
 pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
@@ -197,6 +217,29 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
                         "takes sessions",
                         generation,
                     ),
+                    Err(sandboxd::client::ClientError::Api { status: 401, .. }) => {
+                        let message = token_refused_message(host);
+                        let already = conditions::get(&old.conditions, READY)
+                            .is_some_and(|c| c.reason == TOKEN_REFUSED);
+                        if !already {
+                            ctx.event(
+                                host,
+                                EventType::Warning,
+                                TOKEN_REFUSED,
+                                "Probe",
+                                message.clone(),
+                            )
+                            .await;
+                        }
+                        conditions::set(
+                            &mut status.conditions,
+                            READY,
+                            false,
+                            TOKEN_REFUSED,
+                            &message,
+                            generation,
+                        );
+                    }
                     Err(e) => conditions::set(
                         &mut status.conditions,
                         READY,

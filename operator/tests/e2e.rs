@@ -605,7 +605,12 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
     let mut scope = Scope::new("disc").await;
-    let host = Host::start(&format!("disc-{}", scope.scope), &[]);
+    let node = format!("worker-{}", scope.scope);
+    // As the chart runs it: told its node, so it takes only that node's own admin token.
+    let host = Host::start(
+        &format!("disc-{}", scope.scope),
+        &[("SANDBOXD_NODE_NAME", node.as_str())],
+    );
     // The DaemonSet's admin token and one of its pods (no kubelet runs it: its status is set
     // by hand, with the loopback address of the real sandboxd this test started).
     let secret: Secret = serde_json::from_value(serde_json::json!({
@@ -618,7 +623,6 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         .await
         .expect("secret");
     let app = format!("sandboxd-{}", scope.scope);
-    let node = format!("worker-{}", scope.scope);
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "sandboxd-x1", "labels": {"app": app}},
         "spec": {"nodeName": node, "containers": [{"name": "sandboxd", "image": "sandboxd:test"}]},
@@ -667,6 +671,7 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         ),
     };
     assert_eq!(found.spec.endpoint, host.endpoint());
+    assert_eq!(found.spec.node.as_deref(), Some(node.as_str()));
     assert_eq!(
         found
             .status
@@ -1193,5 +1198,71 @@ async fn a_host_whose_admin_token_is_in_another_namespace_is_refused_unread() {
         .await;
     assert_eq!(running.status.and_then(|s| s.host), Some(host.name.clone()));
     other.delete().await;
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
+    let mut scope = Scope::new("nodetok").await;
+    let node = format!("worker-{}", scope.scope);
+    let host = Host::start(
+        &format!("nt-{}", scope.scope),
+        &[("SANDBOXD_NODE_NAME", node.as_str())],
+    );
+    // The Secret holds the master; spec.node names the node sandboxd was told.
+    scope.register_on_node(&host, Some(&node)).await;
+    let secret = format!("{}-admin", host.name);
+    // The same sandboxd registered twice more: under another node's name, and without a node
+    // (the master itself is sent). sandboxd refuses both tokens.
+    let other = format!("other-{}", scope.scope);
+    scope
+        .register_endpoint_on_node(&other, &host.endpoint(), &secret, Some("another-node"))
+        .await;
+    let bare = format!("bare-{}", scope.scope);
+    scope
+        .register_endpoint_on_node(&bare, &host.endpoint(), &secret, None)
+        .await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    wait_host_ready_condition(&hosts, &host.name, 30, |c| c.status == "True").await;
+    let refused = wait_host_ready_condition(&hosts, &other, 30, |c| {
+        c.status == "False" && c.reason == "TokenRefused"
+    })
+    .await;
+    assert_eq!(
+        refused.message,
+        format!(
+            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node 'another-node' (spec.node) from the master in Secret {}/{secret} key token. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN)",
+            host.endpoint(),
+            scope.ns
+        )
+    );
+    let master_refused = wait_host_ready_condition(&hosts, &bare, 30, |c| {
+        c.status == "False" && c.reason == "TokenRefused"
+    })
+    .await;
+    assert_eq!(
+        master_refused.message,
+        format!(
+            "sandboxd at {} refused the admin token (401): spec.node is unset, so the operator sent the master from Secret {}/{secret} key token, which a sandboxd with SANDBOXD_NODE_NAME set refuses. Set spec.node to the node name in sandboxd's SANDBOXD_NODE_NAME, or make the Secret hold the token sandboxd was started with (SANDBOXD_TOKEN)",
+            host.endpoint(),
+            scope.ns
+        )
+    );
+
+    // A session lands on the host whose token is taken, and runs there.
+    scope.kubectl_apply_session("xc-node", serde_json::json!({}));
+    let running = scope
+        .wait_session("xc-node", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(
+        running.status.and_then(|s| s.host).as_deref(),
+        Some(host.name.as_str())
+    );
+    assert_eq!(host.containers(), vec![(scope.host_id("xc-node"), true)]);
     scope.delete().await;
 }

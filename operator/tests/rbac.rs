@@ -65,7 +65,10 @@ impl ChartRbac {
                 .args(["-n", ns, "--kube-version", "1.37.2"])
                 // Offline, the chart renders only with an admin token given; this test uses
                 // none of it (only the RBAC is applied).
-                .args(["--set", "adminToken.value=render-only-admin-token-0123456789abcdef"])
+                .args([
+                    "--set",
+                    "adminToken.value=render-only-admin-token-0123456789abcdef",
+                ])
                 .args(["--show-only", "templates/operator-rbac.yaml"]),
             None,
         );

@@ -1,6 +1,11 @@
 //! Tokens: the admin token reaches everything, a session token only its own session. Session
 //! tokens are stored as SHA-256 hashes; comparisons run in constant time; tokens are never logged.
+//!
+//! A sandboxd that knows its node (`SANDBOXD_NODE_NAME`) takes as admin token only the one
+//! derived for that node from the master admin token ([`node_token`]), so a token that reaches
+//! one node opens no other.
 
+use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -20,6 +25,21 @@ pub fn new_session_token() -> String {
     format!("{SESSION_TOKEN_PREFIX}{}", hex::encode(bytes))
 }
 
+/// What a node's admin token is derived with: the HMAC message is this, then the node's name.
+pub const NODE_TOKEN_CONTEXT: &str = "sandboxd-admin-token/v1/";
+
+/// The admin token of `node`: hex(HMAC-SHA256(key = the master admin token,
+/// msg = [`NODE_TOKEN_CONTEXT`] + node)). What a sandboxd with `SANDBOXD_NODE_NAME=node`
+/// accepts, and what the operator sends to a SandboxHost whose `spec.node` is `node`.
+pub fn node_token(master: &str, node: &str) -> String {
+    // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(master.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
+    mac.update(NODE_TOKEN_CONTEXT.as_bytes());
+    mac.update(node.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// The admin token, kept only as its hash.
 #[derive(Clone)]
 pub struct AdminToken {
@@ -31,6 +51,15 @@ impl AdminToken {
     pub fn new(token: &str) -> Self {
         Self {
             digest: Sha256::digest(token.as_bytes()).into(),
+        }
+    }
+
+    /// The admin token a sandboxd takes: the one derived for `node` from `master` when it
+    /// knows its node (the master itself is then refused), else the master.
+    pub fn accepted(master: &str, node: Option<&str>) -> Self {
+        match node {
+            Some(node) => Self::new(&node_token(master, node)),
+            None => Self::new(master),
         }
     }
 
@@ -70,6 +99,39 @@ mod tests {
         assert!(!admin.matches("admin-secreT"));
         assert!(!admin.matches(""));
         assert!(!format!("{admin:?}").contains("secret"));
+    }
+
+    #[test]
+    fn node_tokens_match_a_fixed_vector() {
+        // Computed independently:
+        //   python3 -c 'import hmac, hashlib; print(hmac.new(b"master-secret",
+        //     b"sandboxd-admin-token/v1/worker-1", hashlib.sha256).hexdigest())'
+        // and `printf %s sandboxd-admin-token/v1/worker-1 |
+        //   openssl dgst -sha256 -hmac master-secret` print the same.
+        assert_eq!(
+            node_token("master-secret", "worker-1"),
+            "bbfec97528119c08a66defbe0f62aee6f7a0631364eb7af3de8340fea16add74"
+        );
+        assert_eq!(
+            node_token("master-secret", "worker-2"),
+            "87c38615d199acd2f4c90d1c3716c24bda792fa1e7cf3173836df8bd20b26e8c"
+        );
+        assert_ne!(
+            node_token("master-secret", "worker-1"),
+            node_token("other-master", "worker-1")
+        );
+    }
+
+    #[test]
+    fn a_node_takes_only_its_own_token() {
+        let master = "master-secret";
+        let on_a = AdminToken::accepted(master, Some("a"));
+        assert!(on_a.matches(&node_token(master, "a")));
+        assert!(!on_a.matches(master));
+        assert!(!on_a.matches(&node_token(master, "b")));
+        let single = AdminToken::accepted(master, None);
+        assert!(single.matches(master));
+        assert!(!single.matches(&node_token(master, "a")));
     }
 
     #[test]

@@ -22,6 +22,14 @@ pub enum Command {
     /// to them) and exit; refused while a container is still on the network. What an uninstall
     /// runs on each node after the sessions are destroyed.
     RemoveNetwork,
+    /// Print the admin token of node NAME, derived from the master admin token (SANDBOXD_TOKEN)
+    /// and exit: the token a sandboxd with SANDBOXD_NODE_NAME=NAME accepts, and the one the
+    /// operator sends to a SandboxHost whose spec.node is NAME.
+    AdminToken {
+        /// The node's name, as SANDBOXD_NODE_NAME on that node (its Kubernetes node name).
+        #[arg(long, value_name = "NAME")]
+        node: String,
+    },
 }
 
 /// How runs reach a sandbox.
@@ -50,9 +58,25 @@ pub enum WorkspaceQuota {
     about = "The sandboxd node daemon: sandbox sessions in containers with persistent workspaces"
 )]
 pub struct Config {
-    /// The admin token (root-equivalent: whoever holds it starts containers on this host). Required.
+    /// The master admin token. Required. With SANDBOXD_NODE_NAME unset it is itself the admin
+    /// token (root-equivalent: whoever holds it starts containers on this host, and on every
+    /// host that shares it); with SANDBOXD_NODE_NAME set, only the token derived from it for
+    /// this node is.
     #[arg(long, env = "SANDBOXD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// The node this sandboxd runs on (the chart sets it from the pod's spec.nodeName). When
+    /// set, the only admin token accepted is the one derived for this node from SANDBOXD_TOKEN
+    /// (`sandboxd admin-token --node NAME` prints it); the master itself and other nodes'
+    /// tokens are refused. Unset: SANDBOXD_TOKEN itself is the admin token.
+    #[arg(long, env = "SANDBOXD_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This node's own admin token, as `sandboxd admin-token --node NAME` prints it, instead of
+    /// SANDBOXD_TOKEN: the master then never reaches this node. Needs SANDBOXD_NODE_NAME;
+    /// exclusive with SANDBOXD_TOKEN.
+    #[arg(long, env = "SANDBOXD_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: Option<String>,
 
     /// Address to listen on.
     #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
@@ -252,6 +276,7 @@ impl std::fmt::Debug for Config {
             .field("workspace_quota", &self.workspace_quota)
             .field("state_dir", &self.state_dir)
             .field("instance", &self.instance)
+            .field("node_name", &self.node_name)
             .finish_non_exhaustive()
     }
 }
@@ -261,7 +286,7 @@ impl std::fmt::Debug for Config {
 pub enum ConfigError {
     /// The admin token is missing.
     #[error(
-        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host"
+        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)"
     )]
     MissingToken,
     /// The runtime list is empty or malformed.
@@ -341,6 +366,17 @@ pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
         ));
     }
     Ok(out)
+}
+
+/// `node` when it can name a node: not empty, no whitespace or control characters.
+pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigError> {
+    if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ConfigError::Invalid(format!(
+            "{what} '{}' is not a node name: it must be non-empty, without blanks",
+            node.escape_debug()
+        )));
+    }
+    Ok(node)
 }
 
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
@@ -425,14 +461,44 @@ impl Config {
         }
     }
 
-    /// Checks everything that can be checked before start-up and returns the admin token and
-    /// the allowlist.
-    pub fn validate(&self) -> Result<(String, Allowlist), ConfigError> {
-        let token = self
-            .token
+    /// The master admin token (SANDBOXD_TOKEN), refused when missing or empty.
+    pub fn master_token(&self) -> Result<String, ConfigError> {
+        self.token
             .clone()
             .filter(|t| !t.is_empty())
-            .ok_or(ConfigError::MissingToken)?;
+            .ok_or(ConfigError::MissingToken)
+    }
+
+    /// The node this sandboxd runs on, if it is told; a name that is empty or holds blanks
+    /// is refused rather than taken as "no node" (that would accept the master).
+    pub fn node(&self) -> Result<Option<&str>, ConfigError> {
+        match self.node_name.as_deref() {
+            None => Ok(None),
+            Some(node) => check_node_name("SANDBOXD_NODE_NAME", node).map(Some),
+        }
+    }
+
+    /// The admin token this sandboxd accepts: its node's own (SANDBOXD_NODE_TOKEN, or derived
+    /// from the master for SANDBOXD_NODE_NAME), or the master when it is not told its node.
+    pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
+        let node = self.node()?;
+        let own = self.node_token.as_deref().filter(|t| !t.is_empty());
+        match (self.master_token(), own, node) {
+            (Ok(_), Some(_), _) => Err(ConfigError::Invalid(
+                "SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN are both set: give either the master (with SANDBOXD_NODE_NAME) or this node's own token, not both".into(),
+            )),
+            (Err(_), Some(_), None) => Err(ConfigError::Invalid(
+                "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is".into(),
+            )),
+            (Err(_), Some(own), Some(_)) => Ok(crate::auth::AdminToken::new(own)),
+            (master, None, node) => Ok(crate::auth::AdminToken::accepted(&master?, node)),
+        }
+    }
+
+    /// Checks everything that can be checked before start-up and returns the admin token this
+    /// sandboxd accepts and the allowlist.
+    pub fn validate(&self) -> Result<(crate::auth::AdminToken, Allowlist), ConfigError> {
+        let token = self.admin_token()?;
         let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
             return Err(ConfigError::Invalid(
@@ -540,7 +606,7 @@ mod tests {
         let c = Config::parse_from(["sandboxd", "--runtimes", "base=img"]);
         assert_eq!(
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
-            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host".to_owned())
+            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)".to_owned())
         );
     }
 
@@ -607,6 +673,55 @@ mod tests {
         assert_eq!(c.command, Some(Command::Prepare));
         assert_eq!(c.operation_retention_days, 30);
         assert!(c.audit);
+    }
+
+    #[test]
+    fn admin_token_is_a_subcommand_and_node_names_are_checked() {
+        let c = Config::parse_from(["sandboxd", "admin-token", "--node", "worker-1"]);
+        assert_eq!(
+            c.command,
+            Some(Command::AdminToken {
+                node: "worker-1".into()
+            })
+        );
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            "base=img",
+            "--node-name",
+            "worker 1",
+        ]);
+        assert_eq!(
+            c.validate().map(|_| ()).map_err(|e| e.to_string()),
+            Err("SANDBOXD_NODE_NAME 'worker 1' is not a node name: it must be non-empty, without blanks".to_owned())
+        );
+        let c = Config::parse_from(["sandboxd", "--token", "t", "--node-name", "w"]);
+        let admin = c.admin_token().expect("an admin token");
+        assert!(admin.matches(&crate::auth::node_token("t", "w")) && !admin.matches("t"));
+        // A node given only its own token takes that one.
+        let own = crate::auth::node_token("t", "w");
+        let c = Config::parse_from(["sandboxd", "--node-token", &own, "--node-name", "w"]);
+        let admin = c.admin_token().expect("an admin token");
+        assert!(admin.matches(&own) && !admin.matches("t"));
+        let refused = |args: &[&str]| {
+            Config::parse_from(args)
+                .admin_token()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            refused(&["sandboxd", "--node-token", &own]),
+            Err(
+                "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            refused(&["sandboxd", "--token", "t", "--node-token", &own, "--node-name", "w"]),
+            Err("SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN are both set: give either the master (with SANDBOXD_NODE_NAME) or this node's own token, not both".to_owned())
+        );
     }
 
     #[test]

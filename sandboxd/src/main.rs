@@ -27,6 +27,15 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
+    if let Some(sandboxd::config::Command::AdminToken { node }) = &config.command {
+        return match admin_token(&config, node) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandboxd admin-token: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if config.command == Some(sandboxd::config::Command::RemoveNetwork) {
         return match sandboxd::server::remove_network(&config).await {
             Ok(()) => std::process::ExitCode::SUCCESS,
@@ -43,4 +52,19 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Prints the admin token of `node`, derived from the master in SANDBOXD_TOKEN (`--token`).
+fn admin_token(config: &sandboxd::config::Config, node: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let master = config.master_token().map_err(|_| {
+        anyhow::anyhow!(
+            "SANDBOXD_TOKEN (--token) is required: the master admin token that node tokens are derived from"
+        )
+    })?;
+    let node = sandboxd::config::check_node_name("--node", node)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", sandboxd::auth::node_token(&master, node))?;
+    out.flush()?;
+    Ok(())
 }

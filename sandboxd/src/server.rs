@@ -12,7 +12,6 @@ use tracing::{info, warn};
 use crate::agent_runner::{self, AgentRunner};
 use crate::api::{AppState, router};
 use crate::audit::{Audit, AuditStore};
-use crate::auth::AdminToken;
 use crate::config::{Config, RunBackend, WorkspaceQuota};
 use crate::core::{Core, Settings};
 use crate::disk::Disks;
@@ -58,7 +57,20 @@ async fn start_with(
     engine: Option<Engine>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
-    let (token, runtimes) = config.validate()?;
+    let (admin, runtimes) = config.validate()?;
+    match config.node()? {
+        Some(node) if config.node_token.is_some() => info!(
+            node,
+            "the admin token is this node's own (SANDBOXD_NODE_TOKEN); the master never reaches this node"
+        ),
+        Some(node) => info!(
+            node,
+            "the admin token is this node's own, derived from the master (SANDBOXD_NODE_NAME); the master and other nodes' tokens are refused"
+        ),
+        None => warn!(
+            "SANDBOXD_NODE_NAME is unset: the master admin token itself opens this sandboxd, so every sandboxd sharing SANDBOXD_TOKEN is one trust domain (a token taken from one opens them all); set SANDBOXD_NODE_NAME to accept only this node's own token"
+        ),
+    }
     std::fs::create_dir_all(&config.workspace_root).with_context(|| {
         format!(
             "cannot create SANDBOXD_WORKSPACE_ROOT {}",
@@ -165,7 +177,7 @@ async fn start_with(
         .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {}", e.message))?;
     let state = AppState {
         core,
-        admin: AdminToken::new(&token),
+        admin,
         metrics,
     };
     let listener = TcpListener::bind((config.host, config.port))

@@ -364,6 +364,17 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         Some("Bidirectional")
     );
     assert_eq!(pod.automount_service_account_token, Some(false));
+    // Each sandboxd is told its node, so it takes only that node's own admin token.
+    assert_eq!(
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "SANDBOXD_NODE_NAME")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
     // In the node's network namespace, with what the sandbox network's iptables rules need
     // (NET_ADMIN, NET_RAW, the node's xtables lock) and no other capability added.
     assert_eq!(pod.host_network, Some(true));

@@ -4,7 +4,7 @@
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::discovery::ApiResource;
-use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession};
 use std::time::Duration;
 
 use sandboxd_tests::{
@@ -125,6 +125,29 @@ async fn runtime_validation_rules_are_enforced_by_the_api_server() {
         dry_run_create(&api, &object("Runtime", name, spec.clone()))
             .await
             .unwrap_or_else(|e| panic!("a valid Runtime {name} {spec} was refused: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn a_host_node_name_is_never_empty() {
+    let client = client().await;
+    install_crds(&client).await;
+    let api = Api::all_with(client.clone(), &ApiResource::erase::<SandboxHost>(&()));
+    let spec = |node: Value| {
+        json!({"endpoint": "http://10.0.3.7:8080", "node": node,
+               "adminTokenSecret": {"namespace": "sandboxd-system", "name": "admin"}})
+    };
+    let message = api_message(
+        dry_run_create(&api, &object("SandboxHost", "empty-node", spec(json!("")))).await,
+    );
+    assert!(
+        message.contains("spec.node must not be empty when set: it names the node as sandboxd's SANDBOXD_NODE_NAME does"),
+        "{message:?}"
+    );
+    for (name, node) in [("named", json!("worker-1")), ("unnamed", Value::Null)] {
+        dry_run_create(&api, &object("SandboxHost", name, spec(node.clone())))
+            .await
+            .unwrap_or_else(|e| panic!("a valid SandboxHost with node {node} was refused: {e}"));
     }
 }
 

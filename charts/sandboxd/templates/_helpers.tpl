@@ -86,6 +86,11 @@ app.kubernetes.io/component: sandboxd
 - name: SANDBOXD_INSTANCE
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
+{{- /* The admin token it accepts is the one derived for its node from the master, and discovery
+  sets the node's SandboxHost spec.node from the same spec.nodeName. */}}
+- name: SANDBOXD_NODE_NAME
+  valueFrom:
+    fieldRef: {fieldPath: spec.nodeName}
 - name: SANDBOXD_IPTABLES
   value: {{ .Values.sandboxd.iptables | quote }}
 - name: SANDBOXD_NETWORK_DENY

@@ -40,10 +40,18 @@ pub struct SandboxHostSpec {
     /// Base URL of the host's sandboxd, for example http://10.0.3.7:8080.
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("spec.endpoint must be an http:// or https:// URL of the host's sandboxd"))]
     pub endpoint: String,
-    /// The Secret holding the host's admin token (root-equivalent on that host). It must live in
-    /// the operator's namespace: one named elsewhere is refused unread (Ready=False,
-    /// TokenSecretRefused) and the host takes no sessions.
+    /// The Secret holding the master admin token the host's sandboxd was started with
+    /// (SANDBOXD_TOKEN); the operator sends the master itself only when spec.node is unset. It
+    /// must live in the operator's namespace: one named elsewhere is refused unread
+    /// (Ready=False, TokenSecretRefused) and the host takes no sessions.
     pub admin_token_secret: SecretKeyRef,
+    /// The node the host's sandboxd runs on, as its SANDBOXD_NODE_NAME. When set, the operator
+    /// sends the admin token derived for this node from the master (`sandboxd admin-token
+    /// --node NAME`), which opens this node's sandboxd and no other; when unset, the master.
+    /// Discovery sets it from the pod's spec.nodeName.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self != ''").message("spec.node must not be empty when set: it names the node as sandboxd's SANDBOXD_NODE_NAME does"))]
+    pub node: Option<String>,
     /// Stops new placements on this host; its sessions and pending destroys go on.
     #[serde(default)]
     pub disabled: bool,

@@ -271,6 +271,12 @@ impl Scope {
 
     /// Registers `host` as a SandboxHost with its admin-token Secret.
     pub async fn register(&self, host: &Host) {
+        self.register_on_node(host, None).await;
+    }
+
+    /// [`Scope::register`] with `spec.node` set to `node` (the operator then sends the token
+    /// derived for that node).
+    pub async fn register_on_node(&self, host: &Host, node: Option<&str>) {
         let secret: Secret = serde_json::from_value(json!({
             "metadata": {"name": format!("{}-admin", host.name), "labels": self.labels()},
             "stringData": {"token": host.token},
@@ -280,19 +286,35 @@ impl Scope {
             .create(&PostParams::default(), &secret)
             .await
             .expect("secret created");
-        self.register_endpoint(
+        self.register_endpoint_on_node(
             &host.name,
             &host.endpoint(),
             &format!("{}-admin", host.name),
+            node,
         )
         .await;
     }
 
     pub async fn register_endpoint(&self, name: &str, endpoint: &str, secret: &str) {
+        self.register_endpoint_on_node(name, endpoint, secret, None)
+            .await;
+    }
+
+    pub async fn register_endpoint_on_node(
+        &self,
+        name: &str,
+        endpoint: &str,
+        secret: &str,
+        node: Option<&str>,
+    ) {
+        let mut spec = json!({"endpoint": endpoint, "adminTokenSecret": {"namespace": self.ns, "name": secret, "key": "token"}});
+        if let Some(node) = node {
+            spec["node"] = json!(node);
+        }
         let sbh: SandboxHost = serde_json::from_value(json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
             "metadata": {"name": name, "labels": self.labels()},
-            "spec": {"endpoint": endpoint, "adminTokenSecret": {"namespace": self.ns, "name": secret, "key": "token"}},
+            "spec": spec,
         }))
         .expect("host");
         Api::<SandboxHost>::all(self.client.clone())
