@@ -1226,8 +1226,6 @@ async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the
         assert_sleeps_at_shown(&scope, name).await;
         tokens.push(credentials(&scope.client, &s).await);
     }
-    // Once each session has been looked at after it ran: the next look is a probe period away.
-    tokio::time::sleep(Duration::from_secs(PERIOD)).await;
     let within = 5 * PERIOD;
     let ns = scope.ns.clone();
     let message_is = |want: String| {
