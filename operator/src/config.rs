@@ -74,7 +74,9 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_WORKSPACE_TTL")]
     pub workspace_ttl_seconds: Option<u64>,
 
-    /// How often a sleeping or reclaimed session is looked at, to follow a wake by a workspace operation.
+    /// The session probe period: how often, at least, a session on a host is looked at there
+    /// (running, sleeping or reclaimed), so a wake, a sandbox destroyed, a container removed or
+    /// a workspace deleted on the host shows in its status within this many seconds.
     #[arg(long, env = "SANDBOX_OPERATOR_FOLLOW_SECONDS", default_value_t = 60)]
     pub follow_seconds: u64,
 

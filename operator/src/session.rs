@@ -45,6 +45,8 @@ pub const HOST_ANNOTATION: &str = "sandboxd.dev/host";
 pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 /// Condition: the workspace is gone.
 pub const LOST: &str = "Lost";
+/// Condition reason: the open waits for the destroy a deleted object of the same name owes.
+pub const WAITING_FOR_TOMBSTONE: &str = "WaitingForTombstone";
 /// How often a Lost session is looked at again.
 const LOST_RECHECK: Duration = Duration::from_secs(3600);
 
@@ -206,7 +208,10 @@ struct Step {
 
 async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let old = s.status.clone().unwrap_or_default();
-    let step = advance(s, ctx, old.clone()).await?;
+    let step = settle(
+        advance(s, ctx, old.clone()).await?,
+        Duration::from_secs(ctx.config.follow_seconds),
+    );
     let mut status = step.status;
     status.observed_generation = s.metadata.generation;
     ctx.set_phase(&key(s), status.phase.map(|p| format!("{p:?}")));
@@ -440,6 +445,32 @@ async fn advance(
         status.briefing = Some(sandboxd_catalog::briefing(&runtime_entry(rt)));
     }
 
+    let follow = Duration::from_secs(cfg.follow_seconds);
+    // A deleted object of this name whose destroy on this host is still owed: an open now would
+    // race it, so a session never opened waits until its Tombstone is done.
+    if status.session_id.is_none() {
+        let tombstones = Api::<Tombstone>::all(ctx.client.clone())
+            .list(&ctx.list_params())
+            .await?
+            .items;
+        if let Some(t) = owed_destroy(&tombstones, &host_name, &id, uid.as_deref()) {
+            let m = waiting_for(t);
+            conditions::set(
+                &mut status.conditions,
+                ADMITTED,
+                false,
+                WAITING_FOR_TOMBSTONE,
+                &m,
+                generation,
+            );
+            set_phase(&mut status, SessionPhase::Pending, m);
+            return Ok(Step {
+                status,
+                requeue: tombstone_wait(t, follow),
+            });
+        }
+    }
+
     // 2. Open (idempotent by name) until the session exists on the host with a token Secret.
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
     let secret = secret_name(&name);
@@ -633,7 +664,10 @@ async fn advance(
     let view = match fetched {
         Ok(v) => v,
         Err(ClientError::NoSuchSession(_)) => {
-            let m = format!("host {host_name} no longer has this session; its workspace is gone");
+            let m = format!(
+                "host {host_name} no longer has this session: it was destroyed there, workspace included, not through this object; it is not replaced with an empty one. {}",
+                start_over(s)
+            );
             return Ok(lost(status, "SessionGone", m, generation));
         }
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
@@ -663,21 +697,21 @@ async fn advance(
         .idle_timeout_seconds
         .and_then(|v| u64::try_from(v).ok())
         .map_or(cfg.idle_timeout(), Duration::from_secs);
-    let follow = Duration::from_secs(cfg.follow_seconds);
 
     if !view.workspace_exists || view.state == State::Lost {
         let m = format!(
-            "the workspace of this session vanished on host {host_name}; it is not replaced with an empty one"
+            "the workspace of this session vanished on host {host_name}; it is not replaced with an empty one. {}",
+            start_over(s)
         );
         conditions::set(&mut status.conditions, READY, false, "Lost", &m, generation);
-        status.sleeps_at = None;
         return Ok(lost(status, "WorkspaceVanished", m, generation));
     }
 
     match view.state {
         State::Running => {
-            let sleeps_at = add(last, idle);
-            status.sleeps_at = Some(time(sleeps_at));
+            status.sleeps_at = sleeps_at(last, idle);
+            // Never: an idle timeout past what a time can hold.
+            let sleeps_at = status.sleeps_at.as_ref().map_or(Timestamp::MAX, |t| t.0);
             conditions::set(
                 &mut status.conditions,
                 READY,
@@ -813,12 +847,8 @@ async fn advance(
                 generation,
             );
             if status.phase != Some(SessionPhase::Reclaimed) {
-                set_phase(
-                    &mut status,
-                    SessionPhase::Reclaimed,
-                    "container removed, workspace kept; a workspace operation recreates it"
-                        .to_owned(),
-                );
+                let m = reclaimed_message(status.phase, &host_name);
+                set_phase(&mut status, SessionPhase::Reclaimed, m);
             }
             if let Some(ttl) = cfg.workspace_ttl_seconds {
                 let expires = add(last, Duration::from_secs(ttl));
@@ -884,10 +914,106 @@ fn lost(
         generation,
     );
     set_phase(&mut status, SessionPhase::Lost, message);
+    status.sleeps_at = None;
     Step {
         status,
         requeue: LOST_RECHECK,
     }
+}
+
+/// A step as it is written and requeued: `sleepsAt` only while Running (absent in every other
+/// phase), and a session that is not Lost looked at again within the probe period (`probe`),
+/// so a sandbox destroyed, stopped or removed under it is reported then, not at its next
+/// deadline. Lost is final and keeps its rare recheck.
+fn settle(mut step: Step, probe: Duration) -> Step {
+    if step.status.phase != Some(SessionPhase::Running) {
+        step.status.sleeps_at = None;
+    }
+    if step.status.phase != Some(SessionPhase::Lost) {
+        step.requeue = step.requeue.min(probe);
+    }
+    step
+}
+
+/// When a session running since `last` goes to sleep after `idle` without activity: a valid
+/// RFC 3339 time in whole seconds (as a `Time` is stored, so an unchanged one is not written
+/// again), or None when that is past what a time can hold (it never sleeps).
+fn sleeps_at(last: Timestamp, idle: Duration) -> Option<Time> {
+    let idle = SignedDuration::try_from(idle).ok()?;
+    let at = last.checked_add(idle).ok()?;
+    // Whole seconds, rounded down; a negative year would not be RFC 3339.
+    Timestamp::from_second(at.as_second())
+        .ok()
+        .filter(|t| *t >= Timestamp::UNIX_EPOCH)
+        .map(time)
+}
+
+/// What to do with a session whose workspace is gone: delete it and create it again.
+fn start_over(s: &SandboxSession) -> String {
+    format!(
+        "Delete it (kubectl delete sbx {} -n {}) and create it again for a new, empty workspace",
+        s.name_any(),
+        s.namespace().unwrap_or_default()
+    )
+}
+
+/// The message of a session whose host reports its container removed, from the phase it had.
+/// The operator only ever removes a stopped container (Sleeping past the container TTL), so a
+/// container that disappears while Running was removed on the host by someone else.
+fn reclaimed_message(was: Option<SessionPhase>, host: &str) -> String {
+    if was == Some(SessionPhase::Running) {
+        format!(
+            "the container was removed on host {host} while the session ran; the workspace is kept, and the next workspace operation recreates the container"
+        )
+    } else {
+        "container removed, workspace kept; a workspace operation recreates it".to_owned()
+    }
+}
+
+/// The Tombstone that still owes the destroy of another object's sandbox under `id` on `host`
+/// (a deleted SandboxSession of the same name), if any.
+fn owed_destroy<'a>(
+    tombstones: &'a [Tombstone],
+    host: &str,
+    id: &str,
+    uid: Option<&str>,
+) -> Option<&'a Tombstone> {
+    tombstones.iter().find(|t| {
+        t.spec.host == host && t.spec.session_id == id && Some(t.spec.source.uid.as_str()) != uid
+    })
+}
+
+/// Why a session waits for Tombstone `t`, in words: which one, for what, and how it fares.
+fn waiting_for(t: &Tombstone) -> String {
+    let st = t.status.clone().unwrap_or_default();
+    let progress = match (st.attempts, st.last_error, st.next_attempt_at) {
+        (0, _, _) => "its first attempt is under way".to_owned(),
+        (n, why, next) => format!(
+            "attempt {n} failed: {}; next attempt at {}",
+            why.as_deref().unwrap_or("no reason given"),
+            next.map_or_else(|| "once the host answers".to_owned(), |t| t.0.to_string())
+        ),
+    };
+    format!(
+        "waiting for Tombstone {}: the sandbox '{}' of the deleted SandboxSession {}/{} is still to be destroyed on host {} ({progress}); this session opens once it is, so it never gets the old workspace",
+        t.name_any(),
+        t.spec.session_id,
+        t.spec.source.namespace,
+        t.spec.source.name,
+        t.spec.host,
+    )
+}
+
+/// When to look again at a session waiting for Tombstone `t`: just after its next attempt, and
+/// within the probe period.
+fn tombstone_wait(t: &Tombstone, probe: Duration) -> Duration {
+    t.status
+        .as_ref()
+        .and_then(|s| s.next_attempt_at.as_ref())
+        .map_or(Duration::from_secs(1), |next| {
+            until(next.0).saturating_add(Duration::from_secs(1))
+        })
+        .min(probe)
 }
 
 fn host_err(host: &str, source: ClientError) -> Error {
@@ -1053,4 +1179,164 @@ async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     .await;
     let _ = s.meta();
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandboxd_crds::v1alpha1::TombstoneStatus;
+
+    fn step(phase: Option<SessionPhase>, sleeps: Option<Time>, requeue: Duration) -> Step {
+        Step {
+            status: SandboxSessionStatus {
+                phase,
+                sleeps_at: sleeps,
+                ..Default::default()
+            },
+            requeue,
+        }
+    }
+
+    fn tombstone(uid: &str, host: &str, id: &str, status: Option<TombstoneStatus>) -> Tombstone {
+        Tombstone {
+            metadata: ObjectMeta {
+                name: Some(format!("sbx-{uid}")),
+                ..Default::default()
+            },
+            spec: TombstoneSpec {
+                host: host.to_owned(),
+                session_id: id.to_owned(),
+                tenant: "org-1".to_owned(),
+                source: TombstoneSource {
+                    namespace: "agents".to_owned(),
+                    name: "s1".to_owned(),
+                    uid: uid.to_owned(),
+                },
+            },
+            status,
+        }
+    }
+
+    #[test]
+    fn sleeps_at_is_whole_seconds_rfc3339_or_absent() {
+        let last: Timestamp = "2026-12-03T12:00:00.75Z".parse().expect("a time");
+        let at = sleeps_at(last, Duration::from_secs(1800)).expect("a time");
+        let text = serde_json::to_value(&at).expect("serializes");
+        assert_eq!(text, json!("2026-12-03T12:30:00Z"));
+        // What is written reads back as the same time.
+        let back: Time = serde_json::from_value(text).expect("parses");
+        assert_eq!(back, at);
+        // Past what a time can hold: it never sleeps, and nothing is written.
+        assert_eq!(sleeps_at(last, Duration::from_secs(u64::MAX)), None);
+        assert_eq!(
+            sleeps_at(last, Duration::from_secs(400 * 365 * 86400 * 25)),
+            None
+        );
+        // Before 1970 (a host reporting an epoch of its own): absent, never a negative year.
+        let ancient: Timestamp = "0001-01-01T00:00:00Z".parse().expect("a time");
+        assert_eq!(sleeps_at(ancient, Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn settle_keeps_sleeps_at_only_while_running_and_looks_within_the_probe_period() {
+        let at = sleeps_at(Timestamp::now(), Duration::from_secs(1800));
+        let probe = Duration::from_secs(60);
+        let running = settle(
+            step(
+                Some(SessionPhase::Running),
+                at.clone(),
+                Duration::from_secs(1800),
+            ),
+            probe,
+        );
+        assert_eq!(running.status.sleeps_at, at);
+        assert_eq!(running.requeue, probe);
+        for phase in [
+            SessionPhase::Sleeping,
+            SessionPhase::Reclaimed,
+            SessionPhase::Pending,
+            SessionPhase::Preparing,
+            SessionPhase::Failed,
+        ] {
+            let s = settle(step(Some(phase), at.clone(), Duration::from_secs(5)), probe);
+            assert_eq!(s.status.sleeps_at, None, "{phase:?}");
+            assert_eq!(s.requeue, Duration::from_secs(5), "{phase:?}");
+        }
+        // Lost is final: no sleepsAt, and only the rare recheck.
+        let lost = settle(
+            step(Some(SessionPhase::Lost), at.clone(), LOST_RECHECK),
+            probe,
+        );
+        assert_eq!(lost.status.sleeps_at, None);
+        assert_eq!(lost.requeue, LOST_RECHECK);
+        assert_eq!(
+            settle(step(None, None, Duration::from_secs(300)), probe).requeue,
+            probe
+        );
+    }
+
+    #[test]
+    fn only_another_objects_tombstone_on_the_same_host_and_id_is_waited_for() {
+        let ts = vec![
+            tombstone("old", "h2", "agents.s1", None),
+            tombstone("mine", "h1", "agents.s1", None),
+            tombstone("other", "h1", "agents.s2", None),
+            tombstone("old", "h1", "agents.s1", None),
+        ];
+        let found = owed_destroy(&ts, "h1", "agents.s1", Some("mine")).expect("owed");
+        assert_eq!(
+            (found.spec.host.as_str(), found.spec.source.uid.as_str()),
+            ("h1", "old")
+        );
+        assert!(owed_destroy(&ts, "h3", "agents.s1", Some("mine")).is_none());
+        assert!(owed_destroy(&ts[..3], "h1", "agents.s1", Some("mine")).is_none());
+    }
+
+    #[test]
+    fn the_wait_names_the_tombstone_and_how_its_destroy_fares() {
+        let fresh = tombstone("old", "h1", "agents.s1", None);
+        assert_eq!(
+            waiting_for(&fresh),
+            "waiting for Tombstone sbx-old: the sandbox 'agents.s1' of the deleted SandboxSession agents/s1 is still to be destroyed on host h1 (its first attempt is under way); this session opens once it is, so it never gets the old workspace"
+        );
+        assert_eq!(
+            tombstone_wait(&fresh, Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+        let next: Timestamp = "2099-01-01T00:00:00Z".parse().expect("a time");
+        let failing = tombstone(
+            "old",
+            "h1",
+            "agents.s1",
+            Some(TombstoneStatus {
+                attempts: 3,
+                last_error: Some("connection refused".to_owned()),
+                next_attempt_at: Some(Time(next)),
+            }),
+        );
+        assert!(
+            waiting_for(&failing).contains(
+                "(attempt 3 failed: connection refused; next attempt at 2099-01-01T00:00:00Z)"
+            ),
+            "{}",
+            waiting_for(&failing)
+        );
+        // Far off: looked at again within the probe period all the same.
+        assert_eq!(
+            tombstone_wait(&failing, Duration::from_secs(60)),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_container_gone_while_running_says_it_was_removed_on_the_host() {
+        assert_eq!(
+            reclaimed_message(Some(SessionPhase::Running), "h1"),
+            "the container was removed on host h1 while the session ran; the workspace is kept, and the next workspace operation recreates the container"
+        );
+        assert_eq!(
+            reclaimed_message(Some(SessionPhase::Sleeping), "h1"),
+            "container removed, workspace kept; a workspace operation recreates it"
+        );
+    }
 }

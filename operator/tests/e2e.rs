@@ -1201,6 +1201,171 @@ async fn a_host_whose_admin_token_is_in_another_namespace_is_refused_unread() {
     scope.delete().await;
 }
 
+/// What a person sees of `status.sleepsAt`: absent unless the session runs, and then a valid
+/// RFC 3339 time (never empty, never unparsable); `kubectl get -o wide` never shows
+/// `<invalid>`. Read from the raw object, so a value the typed client could not even parse
+/// fails here with what it was.
+async fn assert_sleeps_at_shown(scope: &Scope, name: &str) {
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new(sandboxd_tests::kubectl())
+            .args(["get", "sbx", name, "-n", &scope.ns])
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let raw: serde_json::Value =
+        serde_json::from_str(&kubectl(&["-o", "json"])).expect("kubectl prints JSON");
+    let phase = raw["status"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    match raw["status"].get("sleepsAt") {
+        None => assert_ne!(phase, "Running", "a running session says when it sleeps"),
+        Some(v) => {
+            assert_eq!(phase, "Running", "only a running session sleeps: {v}");
+            let text = v.as_str().unwrap_or_default();
+            assert!(
+                text.parse::<k8s_openapi::jiff::Timestamp>().is_ok() && text.ends_with('Z'),
+                "sleepsAt {v} is not an RFC 3339 time"
+            );
+        }
+    }
+    let wide = kubectl(&["-o", "wide"]);
+    assert!(!wide.contains("<invalid>"), "{wide}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_session_waits_for_the_pending_tombstone_of_the_deleted_one() {
+    let mut scope = Scope::new("owed").await;
+    let mut host = Host::start(&format!("owed-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    // Destroys retried every 15 s: once the host is back, the old sandbox stays owed long
+    // enough for the new object to be seen waiting for it.
+    scope.start_operator(&[
+        "--tombstone-backoff-seconds",
+        "15",
+        "--tombstone-backoff-cap-seconds",
+        "15",
+    ]);
+    let sessions = scope.sessions();
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+
+    scope.kubectl_apply_session("xc-owed", serde_json::json!({}));
+    let old = scope
+        .wait_session("xc-owed", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_sleeps_at_shown(&scope, "xc-owed").await;
+    let old_uid = old.metadata.uid.clone().expect("uid");
+    let (id, old_token) = credentials(&scope.client, &old).await;
+    sandboxd::client::Client::new(&host.endpoint(), &old_token)
+        .write(&id, "old.txt", "from the deleted object")
+        .await
+        .expect("write");
+    let old_containers = host.container_ids(&id);
+    assert_eq!(old_containers.len(), 1, "{old_containers:?}");
+
+    // Deleted while its host is down: the Tombstone cannot destroy and stays.
+    host.kill9();
+    sessions
+        .delete("xc-owed", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(sessions.clone(), "xc-owed", 30).await;
+    let tomb = format!("sbx-{old_uid}");
+    let failed = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(tombstones.clone(), &tomb, |t: Option<&Tombstone>| {
+            t.and_then(|t| t.status.as_ref())
+                .is_some_and(|st| st.attempts >= 1)
+        }),
+    )
+    .await;
+    assert!(
+        matches!(failed, Ok(Ok(Some(_)))),
+        "the tombstone never tried: {:?}",
+        tombstones.get_opt(&tomb).await
+    );
+
+    // The same name again, and the host back: the new object waits for the old destroy.
+    scope.kubectl_apply_session("xc-owed", serde_json::json!({}));
+    host.spawn();
+    let waiting_uid = old_uid.clone();
+    let waiting = scope
+        .wait_session("xc-owed", "waiting for the tombstone", 30, move |s| {
+            s.metadata.uid.as_deref() != Some(waiting_uid.as_str())
+                && phase(s) == Some(SessionPhase::Pending)
+                && s.status.as_ref().is_some_and(|st| {
+                    st.conditions.iter().any(|c| {
+                        c.type_ == "Admitted"
+                            && c.status == "False"
+                            && c.reason == "WaitingForTombstone"
+                    })
+                })
+        })
+        .await;
+    assert_sleeps_at_shown(&scope, "xc-owed").await;
+    let status = waiting.status.expect("status");
+    let message = status.message.expect("a message");
+    let prefix = format!(
+        "waiting for Tombstone {tomb}: the sandbox '{id}' of the deleted SandboxSession {ns}/xc-owed is still to be destroyed on host {host} (attempt ",
+        ns = scope.ns,
+        host = host.name
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.ends_with("; this session opens once it is, so it never gets the old workspace"),
+        "{message}"
+    );
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .expect("Admitted");
+    assert_eq!(cond.message, message);
+    // Nothing was opened for it meanwhile: the old container is the only one.
+    assert_eq!(host.container_ids(&id), old_containers);
+
+    // The Tombstone done, the new object opens: a new sandbox, the old one destroyed.
+    wait_gone(tombstones.clone(), &tomb, 60).await;
+    let new_uid = waiting.metadata.uid.clone().expect("uid");
+    let new = scope
+        .wait_session("xc-owed", "Running as the new object", 30, move |s| {
+            s.metadata.uid.as_deref() == Some(new_uid.as_str())
+                && phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_sleeps_at_shown(&scope, "xc-owed").await;
+    let (new_id, new_token) = credentials(&scope.client, &new).await;
+    assert_eq!(new_id, id);
+    let fresh = sandboxd::client::Client::new(&host.endpoint(), &new_token);
+    let run = fresh
+        .run(
+            &id,
+            "ls -A; echo new > new.txt; cat new.txt",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("exec in the new sandbox");
+    assert_eq!(run.stdout, "new\n", "the workspace was not empty");
+    assert!(!host.workspace(&id).join("old.txt").exists());
+    let now = host.container_ids(&id);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, old_containers, "the old container was not destroyed");
+    assert_eq!(host.containers(), vec![(id.clone(), true)]);
+    scope.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
     let mut scope = Scope::new("nodetok").await;
@@ -1264,5 +1429,118 @@ async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
         Some(host.name.as_str())
     );
     assert_eq!(host.containers(), vec![(scope.host_id("xc-node"), true)]);
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the_probe_period() {
+    const PERIOD: u64 = 2;
+    let mut scope = Scope::new("gone").await;
+    let host = Host::start(&format!("gone-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    // The default idle timeout (30 minutes): only the probe period brings these news in time.
+    scope.start_operator(&["--follow-seconds", &PERIOD.to_string()]);
+    let names = ["xc-deleted", "xc-removed", "xc-wiped"];
+    for name in names {
+        scope.kubectl_apply_session(name, serde_json::json!({"tenant": format!("org-{name}")}));
+    }
+    let mut tokens = Vec::new();
+    for name in names {
+        let s = scope
+            .wait_session(name, "Running", 90, |s| {
+                phase(s) == Some(SessionPhase::Running)
+            })
+            .await;
+        assert_sleeps_at_shown(&scope, name).await;
+        tokens.push(credentials(&scope.client, &s).await);
+    }
+    let within = 5 * PERIOD;
+    let ns = scope.ns.clone();
+    let message_is = |want: String| {
+        move |s: &sandboxd_crds::v1alpha1::SandboxSession| {
+            s.status.as_ref().and_then(|st| st.message.as_deref()) == Some(want.as_str())
+        }
+    };
+
+    // An admin destroys the session on sandboxd directly: Lost, final.
+    let (deleted, _) = &tokens[0];
+    host.client()
+        .destroy(deleted)
+        .await
+        .expect("the admin's DELETE");
+    let lost = scope
+        .wait_session(
+            "xc-deleted",
+            "Lost",
+            within,
+            message_is(format!(
+                "host {h} no longer has this session: it was destroyed there, workspace included, not through this object; it is not replaced with an empty one. Delete it (kubectl delete sbx xc-deleted -n {ns}) and create it again for a new, empty workspace",
+                h = host.name
+            )),
+        )
+        .await;
+    assert_eq!(phase(&lost), Some(SessionPhase::Lost));
+    assert_sleeps_at_shown(&scope, "xc-deleted").await;
+
+    // Its container removed behind sandboxd's back: Reclaimed, and the next use recreates it.
+    let (removed, removed_token) = &tokens[1];
+    let ids = host.container_ids(removed);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let rm = std::process::Command::new("docker")
+        .args(["rm", "-f", &ids[0]])
+        .output()
+        .expect("docker rm");
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+    let reclaimed = scope
+        .wait_session(
+            "xc-removed",
+            "Reclaimed",
+            within,
+            message_is(format!(
+                "the container was removed on host {} while the session ran; the workspace is kept, and the next workspace operation recreates the container",
+                host.name
+            )),
+        )
+        .await;
+    assert_eq!(phase(&reclaimed), Some(SessionPhase::Reclaimed));
+    assert_sleeps_at_shown(&scope, "xc-removed").await;
+    let run = sandboxd::client::Client::new(&host.endpoint(), removed_token)
+        .run(removed, "echo back", None, None, None)
+        .await
+        .expect("a run recreates the container");
+    assert_eq!(run.stdout, "back\n");
+    scope
+        .wait_session("xc-removed", "Running again", within, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_sleeps_at_shown(&scope, "xc-removed").await;
+
+    // Its workspace deleted on the host: Lost, never replaced with an empty one.
+    let (wiped, wiped_token) = &tokens[2];
+    std::fs::remove_dir_all(host.dir.path().join("ws").join(wiped)).expect("delete on the host");
+    let lost = scope
+        .wait_session(
+            "xc-wiped",
+            "Lost",
+            within,
+            message_is(format!(
+                "the workspace of this session vanished on host {h}; it is not replaced with an empty one. Delete it (kubectl delete sbx xc-wiped -n {ns}) and create it again for a new, empty workspace",
+                h = host.name
+            )),
+        )
+        .await;
+    assert_eq!(phase(&lost), Some(SessionPhase::Lost));
+    assert_sleeps_at_shown(&scope, "xc-wiped").await;
+    let refused = sandboxd::client::Client::new(&host.endpoint(), wiped_token)
+        .run(wiped, "true", None, None, None)
+        .await;
+    assert!(refused.is_err(), "a lost session ran: {refused:?}");
+    assert!(!host.workspace(wiped).exists());
     scope.delete().await;
 }

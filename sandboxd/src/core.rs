@@ -14,7 +14,7 @@ use crate::audit::{Audit, NewOperation, Op};
 use crate::auth;
 use crate::config::{Config, RuntimeImage, parse_bytes};
 use crate::disk::{DiskError, Disks, human};
-use crate::docker::{Engine, SandboxSpec};
+use crate::docker::{Engine, Presence, SandboxSpec};
 use crate::error::ApiError;
 use crate::files::Workspace;
 use crate::metrics::Metrics;
@@ -591,8 +591,14 @@ impl Core {
         // The figures the idle decision takes are ones the sandbox cannot forge: CPU time from
         // the container's cgroup as Docker reports it, runs in flight from this process's own
         // table (never what anything inside the sandbox says).
-        let cpu_ns = match (&row.container_id, with_cpu && row.state == State::Running) {
-            (Some(c), true) => self.engine.cpu_ns(c).await.ok().flatten(),
+        // A container Docker no longer runs (stopped or removed behind our back) is shown as
+        // such: the row changes on the next use, which starts or recreates it.
+        let presence = match (&row.container_id, with_cpu && row.state == State::Running) {
+            (Some(c), true) => self.engine.presence(c).await.ok(),
+            _ => None,
+        };
+        let cpu_ns = match presence {
+            Some(Presence::Running(ns)) => ns,
             _ => None,
         };
         SessionView {
@@ -600,11 +606,7 @@ impl Core {
             tenant: row.tenant.clone(),
             runtime: row.runtime.clone(),
             image: row.image.clone(),
-            state: if workspace_exists || row.state == State::Destroying {
-                row.state
-            } else {
-                State::Lost
-            },
+            state: shown_state(row.state, workspace_exists, presence),
             created_at: rfc3339(row.created_at),
             last_activity_at: rfc3339(row.last_activity_at),
             runs_in_flight: self.runs_in_flight(&row.id),
@@ -1879,4 +1881,48 @@ pub struct Reconciled {
     /// Sessions that could not be brought in line (each logged with why); they stay as they
     /// were until the next start.
     pub sessions_failed: usize,
+}
+
+/// The state a session is shown in: its row's, except that a vanished workspace is `lost` and a
+/// running row whose container Docker has stopped or removed is `stopped` or `reclaimed`, which
+/// is what the next use finds (it starts or recreates the container).
+fn shown_state(row: State, workspace_exists: bool, container: Option<Presence>) -> State {
+    if !workspace_exists && row != State::Destroying {
+        return State::Lost;
+    }
+    match (row, container) {
+        (State::Running, Some(Presence::Gone)) => State::Reclaimed,
+        (State::Running, Some(Presence::Stopped)) => State::Stopped,
+        _ => row,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_shown_as_docker_and_the_disk_have_it() {
+        let gone = Some(Presence::Gone);
+        assert_eq!(shown_state(State::Running, true, gone), State::Reclaimed);
+        assert_eq!(
+            shown_state(State::Running, true, Some(Presence::Stopped)),
+            State::Stopped
+        );
+        assert_eq!(
+            shown_state(State::Running, true, Some(Presence::Running(Some(7)))),
+            State::Running
+        );
+        // Docker could not be asked: the row is all there is.
+        assert_eq!(shown_state(State::Running, true, None), State::Running);
+        // A stopped or reclaimed row is never second-guessed.
+        assert_eq!(shown_state(State::Stopped, true, gone), State::Stopped);
+        // A vanished workspace wins over everything but a destroy in progress.
+        assert_eq!(shown_state(State::Running, false, gone), State::Lost);
+        assert_eq!(shown_state(State::Reclaimed, false, None), State::Lost);
+        assert_eq!(
+            shown_state(State::Destroying, false, None),
+            State::Destroying
+        );
+    }
 }

@@ -118,6 +118,17 @@ fn err(action: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> Dock
     move |source| DockerError { action, source }
 }
 
+/// A session's container as Docker has it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Docker has no such container (removed behind sandboxd's back, `docker rm -f`).
+    Gone,
+    /// It exists and does not run.
+    Stopped,
+    /// It runs; its CPU time in nanoseconds, when it could be read.
+    Running(Option<u64>),
+}
+
 /// A container sandboxd owns, as Docker reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owned {
@@ -454,30 +465,52 @@ impl Engine {
 
     /// CPU time the container has used, in nanoseconds, when it runs.
     pub async fn cpu_ns(&self, id: &str) -> Result<Option<u64>, DockerError> {
+        Ok(match self.presence(id).await? {
+            Presence::Running(ns) => ns,
+            Presence::Stopped | Presence::Gone => None,
+        })
+    }
+
+    /// The container as Docker has it now: gone, stopped, or running with its CPU time.
+    pub async fn presence(&self, id: &str) -> Result<Presence, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
             // Nothing runs, so a running container has used no CPU time.
-            Backend::Noop(_) => return Ok(self.running(id).await?.filter(|r| *r).map(|_| 0)),
+            Backend::Noop(_) => {
+                return Ok(match self.running(id).await? {
+                    None => Presence::Gone,
+                    Some(false) => Presence::Stopped,
+                    Some(true) => Presence::Running(Some(0)),
+                });
+            }
         };
         // The container's cgroup read off the node's cgroup filesystem (a few microseconds);
         // Docker's one-shot stats wait for its next sample (up to a second) once any stats
         // subscriber is active, so they are only the fallback (a sandboxd in a cgroup
         // namespace of its own, where the node's cgroup filesystem is not in view).
-        let pid = match docker
+        let state = match docker
             .inspect_container(id, None::<InspectContainerOptions>)
             .await
         {
-            Ok(c) => c.state.and_then(|s| s.pid).filter(|p| *p > 0),
+            Ok(c) => c.state,
             Err(e) => {
                 let e = DockerError {
                     action: format!("inspect container {id}"),
                     source: e,
                 };
-                return if e.is_not_found() { Ok(None) } else { Err(e) };
+                return if e.is_not_found() {
+                    Ok(Presence::Gone)
+                } else {
+                    Err(e)
+                };
             }
         };
+        if !state.as_ref().and_then(|s| s.running).unwrap_or(false) {
+            return Ok(Presence::Stopped);
+        }
+        let pid = state.and_then(|s| s.pid).filter(|p| *p > 0);
         if let Some(ns) = pid.and_then(cgroup_cpu_ns) {
-            return Ok(Some(ns));
+            return Ok(Presence::Running(Some(ns)));
         }
         let options = StatsOptionsBuilder::default()
             .stream(false)
@@ -485,18 +518,24 @@ impl Engine {
             .build();
         let mut stream = docker.stats(id, Some(options));
         match stream.next().await {
-            Some(Ok(stats)) => Ok(stats
-                .cpu_stats
-                .and_then(|c| c.cpu_usage)
-                .and_then(|u| u.total_usage)),
+            Some(Ok(stats)) => Ok(Presence::Running(
+                stats
+                    .cpu_stats
+                    .and_then(|c| c.cpu_usage)
+                    .and_then(|u| u.total_usage),
+            )),
             Some(Err(e)) => {
                 let e = DockerError {
                     action: format!("read stats of {id}"),
                     source: e,
                 };
-                if e.is_not_found() { Ok(None) } else { Err(e) }
+                if e.is_not_found() {
+                    Ok(Presence::Gone)
+                } else {
+                    Err(e)
+                }
             }
-            None => Ok(None),
+            None => Ok(Presence::Running(None)),
         }
     }
 
@@ -683,6 +722,10 @@ mod tests {
         engine.stop(&id).await.expect("stop");
         assert_eq!(engine.running(&id).await.expect("running"), Some(false));
         assert_eq!(engine.cpu_ns(&id).await.expect("cpu"), None);
+        assert_eq!(
+            engine.presence(&id).await.expect("presence"),
+            Presence::Stopped
+        );
         engine
             .stop(&id)
             .await
@@ -706,6 +749,10 @@ mod tests {
         let clone = engine.clone();
         clone.remove(&id).await.expect("remove");
         assert_eq!(engine.running(&id).await.expect("running"), None);
+        assert_eq!(
+            engine.presence(&id).await.expect("presence"),
+            Presence::Gone
+        );
         assert!(engine.owned().await.expect("owned").is_empty());
         for e in [
             engine

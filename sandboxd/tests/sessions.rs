@@ -744,3 +744,42 @@ async fn concurrent_opens_of_one_name_by_two_owners_give_one_sandbox_to_one_of_t
     }
     assert_eq!(d.containers().len(), 1);
 }
+
+#[tokio::test]
+async fn get_shows_a_container_docker_stopped_or_removed_and_the_next_use_brings_it_back() {
+    let d = Daemon::start(&[]);
+    let admin = d.admin();
+    let opened = admin
+        .open("outside", "org-o", None, None)
+        .await
+        .expect("open");
+    let s = d.client(opened.token.as_deref().expect("token"));
+    s.write("outside", "kept.txt", "still here")
+        .await
+        .expect("write");
+
+    // Stopped behind sandboxd's back: shown stopped, and a run starts it again.
+    common::docker(&["stop", "-t", "0", &common::container_of(&d, "outside")]);
+    assert_eq!(s.get("outside").await.expect("get").state, State::Stopped);
+    let back = s
+        .run("outside", "cat kept.txt", None, None, None)
+        .await
+        .expect("a run after docker stop");
+    assert_eq!(back.stdout, "still here");
+    assert_eq!(s.get("outside").await.expect("get").state, State::Running);
+
+    // Removed behind its back: shown reclaimed, and a run recreates it, files intact.
+    common::docker(&["rm", "-f", &common::container_of(&d, "outside")]);
+    let seen = s.get("outside").await.expect("get");
+    assert_eq!(
+        (seen.state, seen.workspace_exists),
+        (State::Reclaimed, true)
+    );
+    let back = s
+        .run("outside", "cat kept.txt", None, None, None)
+        .await
+        .expect("a run after docker rm -f");
+    assert_eq!(back.stdout, "still here");
+    assert_eq!(s.get("outside").await.expect("get").state, State::Running);
+    assert_eq!(d.containers().len(), 1);
+}

@@ -160,7 +160,8 @@ pub struct SessionResources {
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 pub enum SessionPhase {
-    /// Not yet placed on a host.
+    /// Not yet opened on a host: waiting for a host, below a cap, or for the destroy a deleted
+    /// object of the same name still owes (see the conditions).
     #[default]
     Pending,
     /// Placed; waiting for its runtime to be built on the host.
@@ -169,9 +170,11 @@ pub enum SessionPhase {
     Running,
     /// Idle: the container is stopped and the files stay; a workspace operation wakes it.
     Sleeping,
-    /// The stopped container was removed after its TTL; the workspace stays.
+    /// The container was removed (stopped past its TTL, or removed on the host); the workspace
+    /// stays and the next workspace operation recreates the container.
     Reclaimed,
-    /// The workspace vanished on the host; reported, never replaced with an empty one.
+    /// The workspace vanished, or the session was destroyed on the host; reported, never
+    /// replaced with an empty one. Final: delete the object and create it again to start over.
     Lost,
     /// Opening failed for a reason retries cannot fix (see the conditions).
     Failed,
@@ -208,7 +211,8 @@ pub struct SandboxSessionStatus {
     /// When the session last ran a command or touched a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity_at: Option<Time>,
-    /// When the session goes to sleep if nothing happens before.
+    /// When the session goes to sleep if nothing happens before (RFC 3339); set only while
+    /// Running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleeps_at: Option<Time>,
     /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.

@@ -130,6 +130,23 @@ impl Host {
         sandboxd::client::Client::new(&self.endpoint(), &self.token)
     }
 
+    /// Docker's ids of the containers of `session` on this host.
+    pub fn container_ids(&self, session: &str) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--no-trunc"])
+            .args([
+                "--filter",
+                &format!("label=sandboxd.dev/instance={}", self.instance),
+            ])
+            .args(["--filter", &format!("label=sandboxd.dev/session={session}")])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Containers of this host, as Docker reports them: (session label, running).
     pub fn containers(&self) -> Vec<(String, bool)> {
         let out = Command::new("docker")
@@ -226,25 +243,22 @@ impl Scope {
                 "--identity",
                 &format!("op-{}-{}", self.scope, self.operators.len()),
             ])
-            .args([
-                "--http-addr",
-                "127.0.0.1:0",
-                "--lease-seconds",
-                "3",
-                "--probe-seconds",
-                "1",
-                "--follow-seconds",
-                "1",
-            ])
-            .args([
-                "--tombstone-backoff-seconds",
-                "1",
-                "--tombstone-backoff-cap-seconds",
-                "4",
-            ])
+            .args(["--http-addr", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Short periods for tests, unless the test sets its own.
+        for (flag, value) in [
+            ("--lease-seconds", "3"),
+            ("--probe-seconds", "1"),
+            ("--follow-seconds", "1"),
+            ("--tombstone-backoff-seconds", "1"),
+            ("--tombstone-backoff-cap-seconds", "4"),
+        ] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
         let mut child = cmd.spawn().expect("the operator starts");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
