@@ -15,7 +15,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, reflector};
+use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::watcher::watcher;
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
@@ -49,6 +49,35 @@ pub const LOST: &str = "Lost";
 pub const WAITING_FOR_TOMBSTONE: &str = "WaitingForTombstone";
 /// How often a Lost session is looked at again.
 const LOST_RECHECK: Duration = Duration::from_secs(3600);
+/// Reason of the RuntimeReady condition of a session whose Runtime does not exist.
+pub const RUNTIME_NOT_FOUND: &str = "RuntimeNotFound";
+
+/// What a session naming a Runtime that does not exist says.
+pub fn missing_runtime_message(runtime: &str) -> String {
+    format!(
+        "Runtime '{runtime}' does not exist: create it (`kubectl get runtimes` lists those there are) and this session opens by itself, or delete the session and name another"
+    )
+}
+
+/// The sessions a change of Runtime `rt` may unblock: those not yet open that name it (or name
+/// none, when it is a default).
+fn waiting_on_runtime(
+    rt: &Runtime,
+    sessions: &[Arc<SandboxSession>],
+) -> Vec<ObjectRef<SandboxSession>> {
+    let name = rt.name_any();
+    sessions
+        .iter()
+        .filter(|s| {
+            s.status
+                .as_ref()
+                .and_then(|st| st.session_id.as_ref())
+                .is_none()
+        })
+        .filter(|s| s.spec.runtime == name || (rt.spec.default && s.spec.runtime.is_empty()))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
 
 /// Runs the controller until the stream ends.
 ///
@@ -67,8 +96,14 @@ pub async fn run(ctx: Arc<Context>) {
     )
     .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
+    let waiting = sessions.clone();
     Controller::for_stream(session_stream, sessions)
         .with_config(ctx.controller_config())
+        .watches(
+            Api::<Runtime>::all(ctx.client.clone()),
+            ctx.watcher_config(),
+            move |rt| waiting_on_runtime(&rt, &waiting.state()),
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
@@ -334,6 +369,29 @@ async fn advance(
 
     // 1. Placement: once placed, a session never moves.
     let runtime = resolve_runtime(s, ctx).await?;
+    // A session naming a Runtime that does not exist says so at once, before it takes a host;
+    // it opens by itself when that Runtime is created (the controller watches Runtimes).
+    if runtime.is_none() && status.session_id.is_none() && !s.spec.runtime.is_empty() {
+        let m = missing_runtime_message(&s.spec.runtime);
+        conditions::set(
+            &mut status.conditions,
+            RUNTIME_READY,
+            false,
+            RUNTIME_NOT_FOUND,
+            &m,
+            generation,
+        );
+        set_phase(&mut status, SessionPhase::Pending, m);
+        return Ok(Step {
+            status,
+            requeue: Duration::from_secs(ctx.config.follow_seconds),
+        });
+    }
+    if conditions::get(&status.conditions, RUNTIME_READY)
+        .is_some_and(|c| c.reason == RUNTIME_NOT_FOUND)
+    {
+        conditions::clear(&mut status.conditions, RUNTIME_READY);
+    }
     let alias = runtime
         .as_ref()
         .map(|r| r.name_any())

@@ -1544,3 +1544,66 @@ async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the
     assert!(!host.workspace(wiped).exists());
     scope.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_naming_a_missing_runtime_says_so_and_opens_when_it_is_created() {
+    let mut scope = Scope::new("nort").await;
+    let host = Host::start(&format!("nort-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let runtime = format!("no-such-rt-{}", scope.scope);
+
+    scope.kubectl_apply_session("xc-nort", serde_json::json!({"runtime": runtime}));
+    let expected = sandboxd_operator::session::missing_runtime_message(&runtime);
+    assert!(
+        expected.starts_with(&format!("Runtime '{runtime}' does not exist")),
+        "{expected}"
+    );
+    let waiting = scope
+        .wait_session("xc-nort", "told its Runtime does not exist", 15, |s| {
+            s.status
+                .as_ref()
+                .and_then(|st| st.message.as_deref())
+                .is_some_and(|m| m == expected)
+        })
+        .await;
+    assert_eq!(phase(&waiting), Some(SessionPhase::Pending));
+    let condition = waiting
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "RuntimeReady"))
+        .cloned()
+        .expect("a RuntimeReady condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "RuntimeNotFound")
+    );
+    assert_eq!(condition.message, expected);
+    assert!(host.containers().is_empty(), "nothing opened on the host");
+
+    // Creating the Runtime is all it takes: the session opens by itself.
+    let rt: sandboxd_crds::v1alpha1::Runtime = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": runtime, "labels": scope.labels()},
+        "spec": {"description": "created after the session", "image": sandboxd_tests::base_image()},
+    }))
+    .expect("runtime");
+    Api::<sandboxd_crds::v1alpha1::Runtime>::all(scope.client.clone())
+        .create(&PostParams::default(), &rt)
+        .await
+        .expect("runtime created");
+    let running = scope
+        .wait_session("xc-nort", "Running once its Runtime exists", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let st = running.status.expect("status");
+    assert!(
+        !st.conditions.iter().any(|c| c.reason == "RuntimeNotFound"),
+        "a stale RuntimeNotFound: {:?}",
+        st.conditions
+    );
+    assert_eq!(host.containers(), vec![(scope.host_id("xc-nort"), true)]);
+    scope.delete().await;
+}
