@@ -278,7 +278,7 @@ impl Context {
             None => token.trim().to_owned(),
         };
         let token = token.as_str();
-        let ca = crate::trust::host_ca(&self.client, &self.config, host)
+        let ca = crate::trust::host_ca(&self.client, self.config.host_ca_file.as_deref(), host)
             .await
             .map_err(|e| Error::Ca {
                 host: name.clone(),

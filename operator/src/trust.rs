@@ -7,8 +7,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use sandboxd_crds::v1alpha1::SandboxHost;
 
-use crate::config::Config;
-
 /// A host's CA certificate (PEM) and where it came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostCa {
@@ -32,7 +30,7 @@ pub enum CaError {
 /// The CA configured for `host`, or None (the system's roots).
 pub async fn host_ca(
     client: &Client,
-    config: &Config,
+    host_ca_file: Option<&std::path::Path>,
     host: &SandboxHost,
 ) -> Result<Option<HostCa>, CaError> {
     if let Some(r) = &host.spec.ca_secret {
@@ -59,7 +57,7 @@ pub async fn host_ca(
             })?;
         return Ok(Some(HostCa { pem, origin }));
     }
-    match &config.host_ca_file {
+    match host_ca_file {
         Some(path) => {
             let pem = tokio::fs::read(path).await.map_err(|e| {
                 CaError::Missing(format!(
