@@ -211,6 +211,12 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "--set",
             "sandboxd.workspaceQuota=off",
         ],
+        vec![
+            "--set",
+            "tls.enabled=true",
+            "--set",
+            "tls.existingSecret=sandboxd-tls",
+        ],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
