@@ -137,10 +137,8 @@ impl Trust {
     pub fn system() -> Self {
         crate::tls::install_provider();
         Self {
-            // Building fails only for a TLS backend misconfigured at compile time.
-            http: reqwest::Client::builder()
-                .build()
-                .unwrap_or_else(|_| reqwest::Client::new()),
+            // With the provider installed, reqwest verifies against the system's roots.
+            http: reqwest::Client::new(),
             trust: "the system's CA roots",
         }
     }

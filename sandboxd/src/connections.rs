@@ -1,5 +1,5 @@
 //! The HTTP connections: accepted, served (HTTP/1.1, as `axum::serve` did), and cut when the
-//! client holds one without using it. Three timeouts, each configurable:
+//! client holds one without using it. Four timeouts, each configurable:
 //!
 //! - **header** (`SANDBOXD_HEADER_TIMEOUT`): once the first byte of a request has arrived (and no
 //!   other request is in progress on the connection), its headers must be complete within this
