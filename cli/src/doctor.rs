@@ -93,7 +93,7 @@ pub async fn doctor(
         // The CA: --ca-file, else the host's spec.caSecret (when this user may read it).
         let trusted = match ca_file {
             Some(_) => crate::session::trust(ca_file, None, ""),
-            None => match sandboxd_operator::trust::host_ca(client, None, host).await {
+            None => match sandboxd_operator::trust::host_ca(client, None, None, host).await {
                 Ok(ca) => {
                     let origin = ca.as_ref().map(|c| c.origin.clone()).unwrap_or_default();
                     crate::session::trust(None, ca.as_ref().map(|c| c.pem.as_slice()), &origin)

@@ -491,6 +491,7 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
         .expect("runtime created");
     let operator = Command::new(bin("sandbox-operator"))
         .env("RUST_LOG", "warn")
+        .env("POD_NAMESPACE", &ns)
         .args(["--selector", &selector, "--lease-namespace", &ns])
         .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
         .args(["--probe-seconds", "1", "--follow-seconds", "1"])

@@ -278,12 +278,17 @@ impl Context {
             None => token.trim().to_owned(),
         };
         let token = token.as_str();
-        let ca = crate::trust::host_ca(&self.client, self.config.host_ca_file.as_deref(), host)
-            .await
-            .map_err(|e| Error::Ca {
-                host: name.clone(),
-                why: e.to_string(),
-            })?;
+        let ca = crate::trust::host_ca(
+            &self.client,
+            Some(&self.namespace),
+            self.config.host_ca_file.as_deref(),
+            host,
+        )
+        .await
+        .map_err(|e| Error::Ca {
+            host: name.clone(),
+            why: e.to_string(),
+        })?;
         self.warn_plain_http(host);
         let mut clients = self.host_clients.lock().unwrap_or_else(|p| p.into_inner());
         let client = match clients.get(&name) {

@@ -27,13 +27,23 @@ pub enum CaError {
     Missing(String),
 }
 
-/// The CA configured for `host`, or None (the system's roots).
+/// The CA configured for `host`, or None (the system's roots). With `own_namespace` (the
+/// operator's), a `spec.caSecret` elsewhere is refused unread, as the admin-token Secret is.
 pub async fn host_ca(
     client: &Client,
+    own_namespace: Option<&str>,
     host_ca_file: Option<&std::path::Path>,
     host: &SandboxHost,
 ) -> Result<Option<HostCa>, CaError> {
     if let Some(r) = &host.spec.ca_secret {
+        if let Some(own) = own_namespace
+            && r.namespace != own
+        {
+            return Err(CaError::Missing(format!(
+                "spec.caSecret {}/{} is not read: it must live in the operator's namespace {own}, the only namespace the operator reads Secrets in",
+                r.namespace, r.name
+            )));
+        }
         let origin = format!("Secret {}/{} key {}", r.namespace, r.name, r.key);
         let secret = Api::<Secret>::namespaced(client.clone(), &r.namespace)
             .get_opt(&r.name)

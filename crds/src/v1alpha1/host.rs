@@ -57,7 +57,8 @@ pub struct SandboxHostSpec {
     pub disabled: bool,
     /// The Secret key holding the CA certificate (PEM) that signed this host's TLS
     /// certificate: an https:// endpoint is verified against it alone, its DNS or IP SAN
-    /// included. Unset: the operator's --host-ca-file, or else the system's CA roots.
+    /// included. Like adminTokenSecret, it must live in the operator's namespace. Unset: the
+    /// operator's --host-ca-file, or else the system's CA roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret: Option<CaSecretRef>,
 }
