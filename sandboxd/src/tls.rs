@@ -50,15 +50,14 @@ pub enum TlsError {
         missing: &'static str,
     },
     /// A file could not be read.
-    #[error("{var} {path} cannot be read: {source}")]
+    #[error("{var} {path} cannot be read: {error}")]
     Unreadable {
         /// The variable naming the file.
         var: &'static str,
         /// The file.
         path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// Why (in the message, so it is said once).
+        error: std::io::Error,
     },
     /// A file holds no usable PEM of the kind expected.
     #[error("{var} {path} holds no PEM {what}{why}")]
@@ -120,10 +119,10 @@ impl TlsFiles {
 
     fn read(&self) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
         let read = |var, path: &Path| {
-            std::fs::read(path).map_err(|source| TlsError::Unreadable {
+            std::fs::read(path).map_err(|error| TlsError::Unreadable {
                 var,
                 path: path.to_owned(),
-                source,
+                error,
             })
         };
         Ok((
