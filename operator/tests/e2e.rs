@@ -1691,6 +1691,16 @@ async fn a_tls_host_is_trusted_through_its_ca_secret_and_refused_with_another_ca
             serde_json::json!({"caSecret": {"namespace": scope.ns, "name": "wrong-ca", "key": "ca.crt"}}),
         )
         .await;
+    // A CA Secret outside the operator's namespace is refused unread, as an admin token is.
+    let foreign = format!("{}-foreign-ca", host.name);
+    scope
+        .register_endpoint_with(
+            &foreign,
+            &host.endpoint(),
+            &format!("{}-admin", host.name),
+            serde_json::json!({"caSecret": {"namespace": "kube-system", "name": "extension-apiserver-authentication", "key": "client-ca-file"}}),
+        )
+        .await;
     assert_eq!(
         hosts
             .get(&good)
@@ -1735,6 +1745,18 @@ async fn a_tls_host_is_trusted_through_its_ca_secret_and_refused_with_another_ca
                 "{untrusted}. Put the CA that signed sandboxd's certificate in the host's spec.caSecret (or the operator's --host-ca-file); the certificate must name the endpoint's address"
             )
         )
+    );
+
+    let refused_ca = wait_host(&scope.client, &foreign, "refused for its CA Secret", |h| {
+        condition(h, "Ready").is_some_and(|c| c.reason == "CaUnusable")
+    })
+    .await;
+    assert_eq!(
+        condition(&refused_ca, "Ready").map(|c| c.message.clone()),
+        Some(format!(
+            "the CA of host {foreign} could not be used: spec.caSecret kube-system/extension-apiserver-authentication is not read: it must live in the operator's namespace {}, the only namespace the operator reads Secrets in",
+            scope.ns
+        ))
     );
 
     // A session reaches Running over TLS, on the host that trusts the right CA only.
