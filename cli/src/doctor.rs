@@ -71,6 +71,7 @@ pub async fn doctor(
     selector: Option<&str>,
     image: &str,
     timeout: u64,
+    ca_file: Option<&std::path::Path>,
 ) -> Result<(), Error> {
     let mut lp = ListParams::default();
     if let Some(s) = selector {
@@ -89,11 +90,27 @@ pub async fn doctor(
     let mut unhealthy = 0;
     for host in &hosts {
         let endpoint = &host.spec.endpoint;
-        let probe = sandboxd::client::Client::new(endpoint, "");
-        let answer = match tokio::time::timeout(Duration::from_secs(timeout), probe.index()).await {
-            Ok(Ok(index)) => Ok(index),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer from {endpoint} within {timeout} s")),
+        // The CA: --ca-file, else the host's spec.caSecret (when this user may read it).
+        let trusted = match ca_file {
+            Some(_) => crate::session::trust(ca_file, None, ""),
+            None => match sandboxd_operator::trust::host_ca(client, None, None, host).await {
+                Ok(ca) => {
+                    let origin = ca.as_ref().map(|c| c.origin.clone()).unwrap_or_default();
+                    crate::session::trust(None, ca.as_ref().map(|c| c.pem.as_slice()), &origin)
+                }
+                Err(e) => Err(Error::Usage(e.to_string())),
+            },
+        };
+        let answer = match trusted {
+            Err(e) => Err(e.to_string()),
+            Ok(trust) => {
+                let probe = sandboxd::client::Client::with_trust(endpoint, "", &trust);
+                match tokio::time::timeout(Duration::from_secs(timeout), probe.index()).await {
+                    Ok(Ok(index)) => Ok(index),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer from {endpoint} within {timeout} s")),
+                }
+            }
         };
         let finding = judge(endpoint, answer.as_ref().map_err(Clone::clone), image);
         let mark = if finding.healthy { "ok  " } else { "FAIL" };

@@ -144,6 +144,11 @@ pub enum Error {
 
 fn sandbox_hint(e: &ClientError) -> String {
     match e {
+        ClientError::Transport {
+            untrusted: true, ..
+        } => format!(
+            "{e}. Pass the CA that signed sandboxd's certificate with --ca-file (SANDBOXD_CA_FILE); through `kubectl port-forward`, the certificate must also name 127.0.0.1"
+        ),
         ClientError::Transport { .. } => format!(
             "{e}. Check the host with `kubectl sandbox doctor`; from outside the cluster, reach sandboxd through `kubectl port-forward` and pass --endpoint http://127.0.0.1:<port>"
         ),

@@ -30,6 +30,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "KUBECTL_SANDBOX_ENDPOINT")]
     pub endpoint: Option<String>,
 
+    /// A CA certificate (PEM) to verify sandboxd's https:// certificate with. Unset: the CA
+    /// the operator put in the session's token Secret (`ca.crt`), or for `doctor` the host's
+    /// spec.caSecret; with neither, the system's CA roots.
+    #[arg(long, global = true, env = "SANDBOXD_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -189,6 +195,7 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         client: client.clone(),
         namespace: ns,
         endpoint: cli.endpoint.clone(),
+        ca_file: cli.ca_file.clone(),
     };
     match cli.command {
         Command::Open(args) => session::open(&target, &args).await.map(|()| 0),
@@ -212,9 +219,15 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
             selector,
             image,
             timeout,
-        } => doctor::doctor(&client, selector.as_deref(), &image, timeout)
-            .await
-            .map(|()| 0),
+        } => doctor::doctor(
+            &client,
+            selector.as_deref(),
+            &image,
+            timeout,
+            cli.ca_file.as_deref(),
+        )
+        .await
+        .map(|()| 0),
     }
 }
 

@@ -26,6 +26,28 @@ pub struct Target {
     pub namespace: String,
     /// Reach sandboxd here instead of the session's endpoint.
     pub endpoint: Option<String>,
+    /// Verify sandboxd's certificate with this CA instead of the Secret's `ca.crt`.
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// The trust of a sandboxd client: the CA in `ca_file` if given, else `ca` (a Secret's
+/// `ca.crt`, from `origin`), else the system's roots.
+pub fn trust(
+    ca_file: Option<&std::path::Path>,
+    ca: Option<&[u8]>,
+    origin: &str,
+) -> Result<sandboxd::client::Trust, Error> {
+    let trusted = match ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|source| Error::Local {
+                path: path.display().to_string(),
+                source,
+            })?;
+            sandboxd::client::Trust::ca(Some(&pem), &format!("--ca-file {}", path.display()))
+        }
+        None => sandboxd::client::Trust::ca(ca, origin),
+    };
+    trusted.map_err(|e| Error::Usage(e.to_string()))
 }
 
 impl Target {
@@ -75,7 +97,20 @@ impl Target {
             .and_then(|d| d.get("token"))
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
             .ok_or_else(|| token_error("it holds no `token` key".into()))?;
-        Ok((sandboxd::client::Client::new(&endpoint, &token), id))
+        let ca = found
+            .data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| b.0.clone());
+        let trust = trust(
+            self.ca_file.as_deref(),
+            ca.as_deref(),
+            &format!("Secret {}/{secret} key ca.crt", self.namespace),
+        )?;
+        Ok((
+            sandboxd::client::Client::with_trust(&endpoint, &token, &trust),
+            id,
+        ))
     }
 
     /// Refuses a session in a phase that has no sandbox to talk to.

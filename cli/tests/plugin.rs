@@ -396,3 +396,170 @@ where
         .await;
     let _ = api.delete(name, &kube::api::DeleteParams::default()).await;
 }
+
+/// Over https: the plugin trusts the CA the operator put in the session's token Secret
+/// (nothing to pass), refuses a sandboxd its --ca-file did not sign with the reason and what to
+/// do, and `doctor` checks the host with its spec.caSecret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_another() {
+    let client = client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "plugin-tls").await;
+    let ns = namespace.name.clone();
+    let scope = format!("plugin-tls-{:08x}", rand::rng().random::<u32>());
+    let labels = json!({ SCOPE_LABEL: scope });
+    let selector = format!("{SCOPE_LABEL}={scope}");
+    let host_name = format!("plugin-tls-host-{scope}");
+    let dir = tempfile::Builder::new()
+        .prefix("sandboxd-plugin-tls-")
+        .tempdir()
+        .expect("temp dir");
+    let ca = sandboxd_tests::pki::Ca::new("plugin test CA");
+    let leaf = ca.leaf(&["127.0.0.1"], dir.path(), "tls");
+    let other = sandboxd_tests::pki::Ca::new("another CA");
+    let other_file = dir.path().join("other-ca.crt");
+    std::fs::write(&other_file, &other.pem).expect("write the other CA");
+
+    let port = free_port();
+    let token = format!("admin-{:032x}", rand::rng().random::<u128>());
+    let mut procs = Processes {
+        children: vec![],
+        instance: format!("pt{:08x}", rand::rng().random::<u32>()),
+    };
+    let mut sandboxd = Command::new(bin("sandboxd"))
+        .env("SANDBOXD_TOKEN", &token)
+        .env("SANDBOXD_WORKSPACE_QUOTA", "off")
+        .env("SANDBOXD_PORT", port.to_string())
+        .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
+        .env("SANDBOXD_INSTANCE", &procs.instance)
+        .env("SANDBOXD_WORKSPACE_ROOT", dir.path().join("ws"))
+        .env("SANDBOXD_STATE_DIR", dir.path().join("state"))
+        .env("SANDBOXD_MEM_LIMIT", "256m")
+        .env("SANDBOXD_TLS_CERT_FILE", &leaf.cert)
+        .env("SANDBOXD_TLS_KEY_FILE", &leaf.key)
+        .env("RUST_LOG", "warn,sandboxd::server=error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sandboxd starts");
+    let mut line = String::new();
+    BufReader::new(sandboxd.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("sandboxd says where it listens");
+    procs.children.push(sandboxd);
+    let endpoint = format!("https://127.0.0.1:{port}");
+    assert_eq!(line.trim(), format!("sandboxd listening on {endpoint}"));
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    for (name, key, value) in [
+        ("host-admin", "token", &token),
+        ("host-ca", "ca.crt", &ca.pem),
+    ] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "stringData": {key: value},
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret created");
+    }
+    let sbh: SandboxHost = serde_json::from_value(json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+        "metadata": {"name": host_name, "labels": labels},
+        "spec": {
+            "endpoint": endpoint,
+            "adminTokenSecret": {"namespace": ns, "name": "host-admin"},
+            "caSecret": {"namespace": ns, "name": "host-ca"},
+        },
+    }))
+    .expect("host");
+    let hosts = Api::<SandboxHost>::all(client.clone());
+    hosts
+        .create(&PostParams::default(), &sbh)
+        .await
+        .expect("host created");
+    let runtime: Runtime = serde_json::from_value(json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": format!("base-{scope}"), "labels": labels},
+        "spec": {"description": "the local base image", "image": base_image(), "default": true},
+    }))
+    .expect("runtime");
+    let runtimes = Api::<Runtime>::all(client.clone());
+    runtimes
+        .create(&PostParams::default(), &runtime)
+        .await
+        .expect("runtime created");
+    let operator = Command::new(bin("sandbox-operator"))
+        .env("RUST_LOG", "warn")
+        .env("POD_NAMESPACE", &ns)
+        .args(["--selector", &selector, "--lease-namespace", &ns])
+        .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
+        .args(["--probe-seconds", "1", "--follow-seconds", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the operator starts");
+    procs.children.push(operator);
+
+    let label = format!("{SCOPE_LABEL}={scope}");
+    ok(
+        &ns,
+        &[
+            "open",
+            "s1",
+            "--tenant",
+            "org-1",
+            "--label",
+            &label,
+            "--timeout",
+            "120",
+        ],
+    );
+    // No flag: the CA comes from the session's token Secret.
+    let (out, _) = ok(&ns, &["exec", "s1", "--", "echo", "over-https"]);
+    assert_eq!(out, "over-https\n");
+    // Another CA: refused, saying why and what to pass.
+    let refused = plugin(
+        &ns,
+        &[
+            "--ca-file",
+            other_file.to_str().expect("utf-8"),
+            "exec",
+            "s1",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    let (_, err) = text(&refused);
+    assert!(
+        err.contains(&format!(
+            "sandboxd at {endpoint} could not be reached: its TLS certificate is not trusted (invalid peer certificate: UnknownIssuer); this client trusts only the CA it was given. Pass the CA that signed sandboxd's certificate with --ca-file (SANDBOXD_CA_FILE)"
+        )),
+        "{err}"
+    );
+    // doctor: the host's spec.caSecret.
+    let (out, _) = ok(&ns, &["doctor", "-l", &selector]);
+    assert!(
+        out.contains(&format!("ok   {host_name} {endpoint}: ")),
+        "{out}"
+    );
+
+    drop(procs);
+    strip_and_delete(&hosts, &host_name).await;
+    strip_and_delete(&runtimes, &format!("base-{scope}")).await;
+    strip_and_delete(
+        &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
+        "s1",
+    )
+    .await;
+    let tombstones = Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone());
+    if let Ok(list) = tombstones
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+    {
+        for t in list.items {
+            strip_and_delete(&tombstones, &kube::ResourceExt::name_any(&t)).await;
+        }
+    }
+    namespace.delete().await;
+}

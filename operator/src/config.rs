@@ -152,6 +152,13 @@ pub struct Config {
     )]
     pub host_token_secret: String,
 
+    /// A CA certificate (PEM) trusted for the https:// endpoints of hosts without
+    /// `spec.caSecret`. When set, discovery writes https:// endpoints (sandboxd serves TLS).
+    /// Unset: discovered hosts are http://, and other https:// hosts are verified against
+    /// the system's CA roots.
+    #[arg(long, env = "SANDBOX_OPERATOR_HOST_CA_FILE")]
+    pub host_ca_file: Option<std::path::PathBuf>,
+
     /// Log as JSON.
     #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
     pub json_logs: bool,

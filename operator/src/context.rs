@@ -13,13 +13,14 @@ use kube::api::PostParams;
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use sandboxd::client::{Client as HostClient, ClientError};
+use sandboxd::client::{Client as HostClient, ClientError, Trust};
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_crds::v1alpha1::host::SecretKeyRef;
 use tracing::warn;
 
 use crate::config::Config;
 use crate::metrics::{ControllerLabel, FailureLabel, Metrics};
+use crate::trust::HostCa;
 
 /// A reconcile failure, with a stable label for metrics and event reasons.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,14 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The CA to trust for a host's certificate could not be read or used.
+    #[error("the CA of host {host} could not be used: {why}")]
+    Ca {
+        /// The SandboxHost.
+        host: String,
+        /// Why.
+        why: String,
+    },
 }
 
 impl Error {
@@ -83,6 +92,7 @@ impl Error {
             Error::TokenSecretRefused { .. } => "TokenSecretRefused",
             Error::TombstonesLeft { .. } => "TombstonesLeft",
             Error::Finalizer(_) => "FinalizerError",
+            Error::Ca { .. } => "CaUnusable",
         }
     }
 }
@@ -107,6 +117,8 @@ pub struct Context {
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     host_clients: Mutex<HashMap<String, CachedClient>>,
+    /// Hosts already warned about for a plain http:// endpoint.
+    plain_http_warned: Mutex<std::collections::HashSet<String>>,
     /// Caches of the watched kinds, filled by reflectors (reads cost no API request).
     pub caches: std::sync::OnceLock<Caches>,
     /// The session controller's own store (sessions are not cached twice).
@@ -124,6 +136,8 @@ struct CachedClient {
     token: String,
     client: HostClient,
     fetched: Instant,
+    /// The CA the client trusts (None: the system's roots).
+    ca: Option<HostCa>,
 }
 
 impl CachedClient {
@@ -178,6 +192,7 @@ impl Context {
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
+            plain_http_warned: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
         }
@@ -263,10 +278,32 @@ impl Context {
             None => token.trim().to_owned(),
         };
         let token = token.as_str();
+        let ca = crate::trust::host_ca(
+            &self.client,
+            Some(&self.namespace),
+            self.config.host_ca_file.as_deref(),
+            host,
+        )
+        .await
+        .map_err(|e| Error::Ca {
+            host: name.clone(),
+            why: e.to_string(),
+        })?;
+        self.warn_plain_http(host);
         let mut clients = self.host_clients.lock().unwrap_or_else(|p| p.into_inner());
         let client = match clients.get(&name) {
-            Some(c) if c.serves(host) && c.token == token => c.client.clone(),
-            _ => HostClient::new(&host.spec.endpoint, token),
+            Some(c) if c.serves(host) && c.token == token && c.ca == ca => c.client.clone(),
+            _ => {
+                let trust = match &ca {
+                    Some(ca) => Trust::ca(Some(&ca.pem), &ca.origin),
+                    None => Ok(Trust::system()),
+                }
+                .map_err(|e| Error::Ca {
+                    host: name.clone(),
+                    why: e.to_string(),
+                })?;
+                HostClient::with_trust(&host.spec.endpoint, token, &trust)
+            }
         };
         clients.insert(
             name,
@@ -277,9 +314,36 @@ impl Context {
                 token: token.to_owned(),
                 client: client.clone(),
                 fetched: Instant::now(),
+                ca,
             },
         );
         Ok(client)
+    }
+
+    /// The CA certificate (PEM) the client of host `name` trusts, if one is configured: what
+    /// the platform needs to verify that host too.
+    pub fn host_ca(&self, name: &str) -> Option<Vec<u8>> {
+        self.host_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .and_then(|c| c.ca.as_ref().map(|ca| ca.pem.clone()))
+    }
+
+    /// Warns once per host (and endpoint) whose sandboxd is reached over plain http://.
+    fn warn_plain_http(&self, host: &SandboxHost) {
+        if !host.spec.endpoint.starts_with("http://") {
+            return;
+        }
+        let key = format!("{} {}", host.name_any(), host.spec.endpoint);
+        let first = self
+            .plain_http_warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+        if first {
+            warn!(host = %host.name_any(), endpoint = %host.spec.endpoint, "host is reached over plain HTTP: its admin token and the session tokens cross the network unencrypted; serve sandboxd with TLS (chart: tls.enabled=true) and give the operator its CA");
+        }
     }
 
     /// Forgets the client of a deleted host.

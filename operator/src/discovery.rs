@@ -29,10 +29,12 @@ pub fn host_name(node: &str) -> String {
     format!("node-{node}")
 }
 
-/// The SandboxHost for a sandboxd pod, or None while it has no node or IP.
+/// The SandboxHost for a sandboxd pod, or None while it has no node or IP; its endpoint is
+/// https:// when `tls` (sandboxd serves TLS, with the pod IP in its certificate).
 pub fn host_for(
     pod: &Pod,
     port: u16,
+    tls: bool,
     token: &SecretKeyRef,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Option<SandboxHost> {
@@ -43,10 +45,11 @@ pub fn host_for(
         .pod_ip
         .clone()
         .filter(|ip| !ip.is_empty())?;
+    let scheme = if tls { "https" } else { "http" };
     let endpoint = if ip.contains(':') {
-        format!("http://[{ip}]:{port}")
+        format!("{scheme}://[{ip}]:{port}")
     } else {
-        format!("http://{ip}:{port}")
+        format!("{scheme}://{ip}:{port}")
     };
     let mut labels = labels.clone();
     labels.insert(DISCOVERED_LABEL.into(), "true".into());
@@ -61,6 +64,7 @@ pub fn host_for(
             admin_token_secret: token.clone(),
             node: Some(node),
             disabled: false,
+            ca_secret: None,
         },
         status: None,
     })
@@ -110,7 +114,13 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         ),
     })?;
     if pod.metadata.deletion_timestamp.is_none()
-        && let Some(host) = host_for(&pod, ctx.config.host_port, &token, &ctx.labels)
+        && let Some(host) = host_for(
+            &pod,
+            ctx.config.host_port,
+            ctx.config.host_ca_file.is_some(),
+            &token,
+            &ctx.labels,
+        )
     {
         // Spec only: status, `disabled` set by a person, and the finalizer stay untouched
         // (server-side apply owns just these fields).
@@ -146,13 +156,26 @@ mod tests {
         }))
         .expect("pod");
         let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
-        let host = host_for(&pod, 8080, &token, &Default::default()).expect("a host");
+        let host = host_for(&pod, 8080, false, &token, &Default::default()).expect("a host");
         assert_eq!(host.name_any(), "node-worker-1");
         assert_eq!(host.spec.endpoint, "http://10.1.2.3:8080");
         assert_eq!(host.spec.admin_token_secret.key, "token");
         assert_eq!(host.spec.node.as_deref(), Some("worker-1"));
         let pending: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "w", "containers": []}})).expect("pod");
-        assert!(host_for(&pending, 8080, &token, &Default::default()).is_none());
+        assert!(host_for(&pending, 8080, false, &token, &Default::default()).is_none());
         assert!(parse_secret("nonamespace").is_none());
+    }
+
+    #[test]
+    fn with_tls_the_endpoint_is_https_on_the_pod_ip() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "sandboxd-abc"},
+            "spec": {"nodeName": "worker-1", "containers": []},
+            "status": {"podIP": "fd00::7"},
+        }))
+        .expect("pod");
+        let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
+        let host = host_for(&pod, 8443, true, &token, &Default::default()).expect("a host");
+        assert_eq!(host.spec.endpoint, "https://[fd00::7]:8443");
     }
 }

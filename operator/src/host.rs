@@ -122,12 +122,12 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
         Ok(c) => c,
         Err(e) => {
             // A Secret in another namespace is refused unread; any other failure is a token
-            // that could not be read. Either way no session is placed here (not Ready).
+            // (or a CA) that could not be read. Either way no session is placed here (not Ready).
             let refused = matches!(e, Error::TokenSecretRefused { .. });
-            let reason = if refused {
-                e.label()
-            } else {
-                "TokenUnreadable"
+            let reason = match e {
+                Error::TokenSecretRefused { .. } => e.label(),
+                Error::Ca { .. } => "CaUnusable",
+                _ => "TokenUnreadable",
             };
             if refused && conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason)
             {
@@ -148,11 +148,25 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     };
     match client.index().await {
         Err(e) => {
+            // A certificate that fails verification says so, and what to give the operator.
+            let (reason, ready) = if e.is_untrusted() {
+                (
+                    "CertificateUntrusted",
+                    format!(
+                        "{e}. Put the CA that signed sandboxd's certificate in the host's spec.caSecret (or the operator's --host-ca-file); the certificate must name the endpoint's address"
+                    ),
+                )
+            } else {
+                (
+                    "Unreachable",
+                    format!("sandboxd at {} does not answer", host.spec.endpoint),
+                )
+            };
             conditions::set(
                 &mut status.conditions,
                 REACHABLE,
                 false,
-                "Unreachable",
+                reason,
                 &e.to_string(),
                 generation,
             );
@@ -160,19 +174,13 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
                 &mut status.conditions,
                 READY,
                 false,
-                "Unreachable",
-                &format!("sandboxd at {} does not answer", host.spec.endpoint),
+                reason,
+                &ready,
                 generation,
             );
             if conditions::is_true(&old.conditions, REACHABLE) {
-                ctx.event(
-                    host,
-                    EventType::Warning,
-                    "Unreachable",
-                    "Probe",
-                    e.to_string(),
-                )
-                .await;
+                ctx.event(host, EventType::Warning, reason, "Probe", e.to_string())
+                    .await;
             }
         }
         Ok(index) => {

@@ -20,6 +20,7 @@ pub mod run;
 pub mod runtime;
 pub mod session;
 pub mod tombstone;
+pub mod trust;
 
 pub use context::{Context, Error};
 

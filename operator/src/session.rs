@@ -570,6 +570,7 @@ async fn advance(
                     &token,
                     &host.spec.endpoint,
                     &opened.session.id,
+                    ctx.host_ca(&host.name_any()).as_deref(),
                 )
                 .await?;
                 ctx.token_seen(&key(s));
@@ -1088,8 +1089,9 @@ async fn store_token(
     token: &str,
     endpoint: &str,
     session_id: &str,
+    ca: Option<&[u8]>,
 ) -> Result<(), Error> {
-    let data = BTreeMap::from([
+    let mut data = BTreeMap::from([
         ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
         (
             "endpoint".to_owned(),
@@ -1100,6 +1102,10 @@ async fn store_token(
             ByteString(session_id.as_bytes().to_vec()),
         ),
     ]);
+    // The CA that signed the host's certificate, for a platform that talks to it over https.
+    if let Some(ca) = ca {
+        data.insert("ca.crt".to_owned(), ByteString(ca.to_vec()));
+    }
     let secret = Secret {
         data: Some(data),
         ..token_secret(s, name)

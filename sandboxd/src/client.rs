@@ -57,10 +57,31 @@ pub enum ClientError {
         base: String,
         /// What failed.
         message: String,
+        /// Whether it failed because the server's TLS certificate was not trusted.
+        untrusted: bool,
+    },
+    /// The CA this client was given to trust is not usable.
+    #[error("the CA to trust for sandboxd ({origin}) holds no usable PEM certificate{why}")]
+    BadCa {
+        /// Where the CA came from (a file, a Secret's key).
+        origin: String,
+        /// What the parser said.
+        why: String,
     },
 }
 
 impl ClientError {
+    /// Whether the server could not be trusted: its TLS certificate failed verification.
+    pub fn is_untrusted(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Transport {
+                untrusted: true,
+                ..
+            }
+        )
+    }
+
     /// The server's error code, when it sent one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -93,6 +114,103 @@ pub struct Client {
     agent: Option<String>,
     run: Option<String>,
     http: reqwest::Client,
+    /// What https:// endpoints are verified against, for messages.
+    trust: &'static str,
+}
+
+/// What a client verifies sandboxd's certificate against: the CA it was given, or, with none,
+/// the system's roots. Made once and shared by clients of one host (its connections too).
+#[derive(Clone)]
+pub struct Trust {
+    http: reqwest::Client,
+    trust: &'static str,
+}
+
+impl std::fmt::Debug for Trust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trust").field("trust", &self.trust).finish()
+    }
+}
+
+impl Trust {
+    /// Trusts the system's CA roots for https:// endpoints.
+    pub fn system() -> Self {
+        crate::tls::install_provider();
+        Self {
+            // With the provider installed, reqwest verifies against the system's roots.
+            http: reqwest::Client::new(),
+            trust: "the system's CA roots",
+        }
+    }
+
+    /// Trusts only the CA certificates of the PEM bundle `ca` (from `origin`, named in the
+    /// error) for https:// endpoints; `None` is [`Trust::system`]. The certificate must name
+    /// the endpoint's host (DNS or IP SAN).
+    pub fn ca(ca: Option<&[u8]>, origin: &str) -> Result<Self, ClientError> {
+        let Some(ca) = ca else {
+            return Ok(Self::system());
+        };
+        crate::tls::install_provider();
+        let bad = |why: String| ClientError::BadCa {
+            origin: origin.to_owned(),
+            why,
+        };
+        let certs = crate::tls::certificates(ca).map_err(bad)?;
+        let mut roots = Vec::with_capacity(certs.len());
+        for c in certs {
+            roots.push(reqwest::Certificate::from_der(&c).map_err(|e| bad(format!(": {e}")))?);
+        }
+        let http = reqwest::Client::builder()
+            .tls_certs_only(roots)
+            .build()
+            .map_err(|e| bad(format!(": {e}")))?;
+        Ok(Self {
+            http,
+            trust: "only the CA it was given",
+        })
+    }
+}
+
+/// The rustls verdict on a certificate, when `e` failed on one.
+fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        // The connector wraps rustls' error in an io::Error, itself in another: io::Error's
+        // source() skips the error it wraps, so it is unwrapped by hand.
+        let mut inner: &(dyn std::error::Error + 'static) = err;
+        while let Some(wrapped) = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            inner = wrapped;
+        }
+        let tls = inner.downcast_ref::<rustls::Error>();
+        if let Some(
+            t @ (rustls::Error::InvalidCertificate(_)
+            | rustls::Error::NoCertificatesPresented
+            | rustls::Error::UnsupportedNameType),
+        ) = tls
+        {
+            return Some(t.to_string());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// `e` and its sources, joined (reqwest's own message is only "error sending request").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
 }
 
 impl std::fmt::Debug for Client {
@@ -118,14 +236,21 @@ fn enc(path: &str) -> String {
 }
 
 impl Client {
-    /// A client of the sandboxd at `base` (for example `http://127.0.0.1:8080`).
+    /// A client of the sandboxd at `base` (for example `http://127.0.0.1:8080`); an https://
+    /// base is verified against the system's CA roots.
     pub fn new(base: &str, token: &str) -> Self {
+        Self::with_trust(base, token, &Trust::system())
+    }
+
+    /// A client of the sandboxd at `base` that verifies an https:// base with `trust`.
+    pub fn with_trust(base: &str, token: &str, trust: &Trust) -> Self {
         Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             agent: None,
             run: None,
-            http: reqwest::Client::new(),
+            http: trust.http.clone(),
+            trust: trust.trust,
         }
     }
 
@@ -151,7 +276,23 @@ impl Client {
         ClientError::Transport {
             base: self.base.clone(),
             message: e.to_string(),
+            untrusted: false,
         }
+    }
+
+    /// A request that failed: an untrusted certificate says so and what this client trusts.
+    fn send_failed(&self, e: reqwest::Error) -> ClientError {
+        if let Some(why) = certificate_error(&e) {
+            return ClientError::Transport {
+                base: self.base.clone(),
+                message: format!(
+                    "its TLS certificate is not trusted ({why}); this client trusts {}",
+                    self.trust
+                ),
+                untrusted: true,
+            };
+        }
+        self.transport(error_chain(&e))
     }
 
     async fn send(
@@ -177,7 +318,7 @@ impl Client {
         } else if let Some(b) = body {
             req = req.body(b);
         }
-        let resp = req.send().await.map_err(|e| self.transport(e))?;
+        let resp = req.send().await.map_err(|e| self.send_failed(e))?;
         if resp.status().is_success() {
             return Ok(resp);
         }

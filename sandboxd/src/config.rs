@@ -103,6 +103,21 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_IDLE_TIMEOUT", default_value_t = 90)]
     pub idle_timeout: u64,
 
+    /// The certificate chain (PEM, leaf first) to serve HTTPS with; with SANDBOXD_TLS_KEY_FILE
+    /// sandboxd serves HTTPS only. Both files are read again when they change and on SIGHUP.
+    /// Unset: plain HTTP, and the tokens cross the network unencrypted.
+    #[arg(long, env = "SANDBOXD_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The private key (PEM) of SANDBOXD_TLS_CERT_FILE's certificate.
+    #[arg(long, env = "SANDBOXD_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// Seconds a client has, from the accept, to complete the TLS handshake; a connection that
+    /// never says hello is closed. With TLS only.
+    #[arg(long, env = "SANDBOXD_TLS_HANDSHAKE_TIMEOUT", default_value_t = 10)]
+    pub tls_handshake_timeout: u64,
+
     /// What to do instead of serving (`prepare`).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -447,7 +462,18 @@ impl Config {
             header: std::time::Duration::from_secs(self.header_timeout),
             body: std::time::Duration::from_secs(self.body_timeout),
             idle: std::time::Duration::from_secs(self.idle_timeout),
+            handshake: std::time::Duration::from_secs(self.tls_handshake_timeout),
         }
+    }
+
+    /// The certificate and key to serve HTTPS with, None for plain HTTP, or the error naming
+    /// the one of the two that is missing.
+    pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+        crate::tls::TlsFiles::from_options(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
     /// The live policy this configuration starts with.
@@ -546,6 +572,7 @@ impl Config {
             ("SANDBOXD_HEADER_TIMEOUT", self.header_timeout),
             ("SANDBOXD_BODY_TIMEOUT", self.body_timeout),
             ("SANDBOXD_IDLE_TIMEOUT", self.idle_timeout),
+            ("SANDBOXD_TLS_HANDSHAKE_TIMEOUT", self.tls_handshake_timeout),
         ] {
             if !(1..=MAX_CONNECTION_TIMEOUT).contains(&value) {
                 return Err(ConfigError::Invalid(format!(
@@ -553,6 +580,7 @@ impl Config {
                 )));
             }
         }
+        self.tls_files()?;
         if self.audit_queue == 0 {
             return Err(ConfigError::Invalid(
                 "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),

@@ -1,5 +1,5 @@
 //! The HTTP connections: accepted, served (HTTP/1.1, as `axum::serve` did), and cut when the
-//! client holds one without using it. Three timeouts, each configurable:
+//! client holds one without using it. Four timeouts, each configurable:
 //!
 //! - **header** (`SANDBOXD_HEADER_TIMEOUT`): once the first byte of a request has arrived (and no
 //!   other request is in progress on the connection), its headers must be complete within this
@@ -10,6 +10,9 @@
 //!   does not read for this long (its writes blocked) is cut.
 //! - **idle** (`SANDBOXD_IDLE_TIMEOUT`): a connection with no request in progress and no byte of
 //!   a new one is closed after this time (keep-alive idle).
+//! - **handshake** (`SANDBOXD_TLS_HANDSHAKE_TIMEOUT`, with TLS only): from the accept to the end
+//!   of the TLS handshake. A client that opens a connection and never says hello (or stalls in
+//!   the handshake) is disconnected; the three timeouts above start once the handshake is done.
 //!
 //! A request in progress is never cut for being slow to answer: a run that waits for its
 //! command, or streams its output for up to the execute timeout, keeps its connection, as long
@@ -35,6 +38,8 @@ use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+use crate::tls::Reloading;
+
 /// The three timeouts of every connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
@@ -44,6 +49,8 @@ pub struct Timeouts {
     pub body: Duration,
     /// Longest a connection stays open with no request in progress.
     pub idle: Duration,
+    /// From the accept to the end of the TLS handshake (with TLS only).
+    pub handshake: Duration,
 }
 
 impl Timeouts {
@@ -334,16 +341,22 @@ impl http_body::Body for TrackedBody {
 
 /// Serves `router` on `listener` until `stop` completes, then lets the requests in progress
 /// finish (as `axum::serve(..).with_graceful_shutdown`), with [`Timeouts`] on every connection.
+/// With `tls`, every connection is TLS (a plain-HTTP request fails its handshake and is
+/// closed), with the certificate in use at its accept.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     timeouts: Timeouts,
+    tls: Option<Reloading>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let mut stop = std::pin::pin!(stop);
+    // Connections still in their TLS handshake; stopping waits for none of them.
+    let mut handshakes = tokio::task::JoinSet::new();
     loop {
         let (tcp, peer) = tokio::select! {
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -357,29 +370,65 @@ pub async fn serve(
         };
         // Small responses must not wait for delayed ACKs (Nagle's algorithm).
         let _ = tcp.set_nodelay(true);
-        let watch = Watch::new();
-        let conn = hyper::server::conn::http1::Builder::new().serve_connection(
-            TokioIo::new(Watched {
-                io: tcp,
-                watch: watch.clone(),
-            }),
-            service(router.clone(), watch.clone(), timeouts.body),
-        );
-        let served = graceful.watch(conn);
-        tokio::spawn(async move {
-            tokio::select! {
-                served = served => if let Err(e) = served {
-                    debug!(%peer, error = %e, "connection ended with an error");
-                },
-                cut = watchdog(watch, timeouts) => {
-                    debug!(%peer, reason = cut.as_str(), "connection cut");
-                }
+        match &tls {
+            None => serve_connection(tcp, peer, &router, timeouts, &graceful),
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+                let (router, graceful) = (router.clone(), graceful.clone());
+                handshakes.spawn(async move {
+                    match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, peer, &router, timeouts, &graceful)
+                        }
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => debug!(
+                            %peer,
+                            "connection cut: TLS handshake not complete within SANDBOXD_TLS_HANDSHAKE_TIMEOUT"
+                        ),
+                    }
+                });
             }
-        });
+        }
     }
     drop(listener);
-    graceful.shutdown().await;
+    // A handshake under way when the stop came is not waited for.
+    handshakes.shutdown().await;
+    // The handshake tasks held the only other references.
+    if let Some(graceful) = Arc::into_inner(graceful) {
+        graceful.shutdown().await;
+    }
     Ok(())
+}
+
+/// Serves one accepted connection (plain TCP or a finished TLS handshake) in a task of its own.
+fn serve_connection<T>(
+    io: T,
+    peer: std::net::SocketAddr,
+    router: &Router,
+    timeouts: Timeouts,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let watch = Watch::new();
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
+        TokioIo::new(Watched {
+            io,
+            watch: watch.clone(),
+        }),
+        service(router.clone(), watch.clone(), timeouts.body),
+    );
+    let served = graceful.watch(conn);
+    tokio::spawn(async move {
+        tokio::select! {
+            served = served => if let Err(e) = served {
+                debug!(%peer, error = %e, "connection ended with an error");
+            },
+            cut = watchdog(watch, timeouts) => {
+                debug!(%peer, reason = cut.as_str(), "connection cut");
+            }
+        }
+    });
 }
 
 /// The service of one connection: each request marked in progress until its response is
@@ -443,6 +492,7 @@ mod tests {
         header: Duration::from_secs(10),
         body: Duration::from_secs(20),
         idle: Duration::from_secs(60),
+        handshake: Duration::from_secs(10),
     };
 
     #[tokio::test]

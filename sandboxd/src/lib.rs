@@ -10,6 +10,7 @@
 //! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
 //! - [`trash`]: folders moved aside and deleted in the background, iteratively;
 //!   [`connections`]: the HTTP connections and their header, body and idle timeouts;
+//!   [`tls`]: HTTPS on sandboxd's port (certificate reloaded on change), and its clients' trust;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
@@ -33,6 +34,7 @@ pub mod runner;
 pub mod runtimes;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod trash;
 pub mod view;
 pub mod wire;

@@ -21,12 +21,18 @@ use crate::network::SandboxNetwork;
 use crate::runner::ExecRunner;
 use crate::runtimes::{self, Runtimes};
 use crate::store::Store;
+use crate::tls::Reloading;
 
 /// Runs sandboxd with `config` until it is told to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let scheme = if config.tls_cert_file.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let (addr, serve) = start(config).await?;
     // The first line on stdout says where it listens (tests and scripts read it with port 0).
-    println!("sandboxd listening on http://{addr}");
+    println!("sandboxd listening on {scheme}://{addr}");
     serve.await?;
     info!("sandboxd stopped");
     Ok(())
@@ -71,6 +77,19 @@ async fn start_with(
             "SANDBOXD_NODE_NAME is unset: the master admin token itself opens this sandboxd, so every sandboxd sharing SANDBOXD_TOKEN is one trust domain (a token taken from one opens them all); set SANDBOXD_NODE_NAME to accept only this node's own token"
         ),
     }
+    let tls = match config.tls_files()? {
+        Some(files) => {
+            let tls = Reloading::new(files.clone())?;
+            info!(cert = %files.cert.display(), key = %files.key.display(), "serving HTTPS only; the certificate is read again when its files change and on SIGHUP");
+            Some(tls)
+        }
+        None => {
+            warn!(
+                "SERVING PLAIN HTTP: the admin token, the session tokens and every file and command cross the network unencrypted. Set SANDBOXD_TLS_CERT_FILE and SANDBOXD_TLS_KEY_FILE (PEM) to serve HTTPS (in the Helm chart: tls.enabled=true)"
+            );
+            None
+        }
+    };
     std::fs::create_dir_all(&config.workspace_root).with_context(|| {
         format!(
             "cannot create SANDBOXD_WORKSPACE_ROOT {}",
@@ -200,9 +219,13 @@ async fn start_with(
             .context("the sandbox network of an earlier run is there")?;
     }
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
-    let serve = crate::connections::serve(listener, router(state), config.timeouts(), stop);
+    let watcher = tls.as_ref().map(Reloading::spawn_watcher);
+    let serve = crate::connections::serve(listener, router(state), config.timeouts(), tls, stop);
     Ok((addr, async move {
         let served = serve.await;
+        if let Some(w) = watcher {
+            w.abort();
+        }
         // A deletion under way stops within one entry and goes on at the next start, so that
         // stopping never waits for a deep tree to go.
         trash.stop();

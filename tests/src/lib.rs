@@ -16,6 +16,8 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use rand::Rng;
 
+pub mod pki;
+
 /// The field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "sandboxd-tests";
 /// The label every test namespace carries, so leftovers can be found and removed.

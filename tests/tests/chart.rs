@@ -211,6 +211,12 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "--set",
             "sandboxd.workspaceQuota=off",
         ],
+        vec![
+            "--set",
+            "tls.enabled=true",
+            "--set",
+            "tls.existingSecret=sandboxd-tls",
+        ],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
@@ -1029,4 +1035,137 @@ async fn the_service_accounts_may_do_only_what_they_need() {
     ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
     other.delete().await;
     ns.delete().await;
+}
+
+/// The value of `name` in a container's env, if set.
+fn env_of<'a>(container: &'a serde_yaml::Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_sequence()?
+        .iter()
+        .find(|e| e["name"].as_str() == Some(name))
+        .and_then(|e| e["value"].as_str())
+}
+
+#[test]
+fn without_tls_sandboxd_serves_plain_http_and_the_operator_trusts_no_ca() {
+    let docs = documents(&template(&[]));
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    let sandboxd = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_of(sandboxd, "SANDBOXD_TLS_CERT_FILE"), None);
+    assert!(sandboxd["livenessProbe"]["httpGet"]["scheme"].is_null());
+    let op = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the operator");
+    let operator = &op["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_of(operator, "SANDBOX_OPERATOR_HOST_CA_FILE"), None);
+    assert!(op["spec"]["template"]["spec"]["volumes"].is_null());
+}
+
+#[test]
+fn tls_from_an_existing_secret_gives_sandboxd_its_certificate_and_the_operator_only_the_ca() {
+    let docs = documents(&template(&[
+        "--set",
+        "tls.enabled=true",
+        "--set",
+        "tls.existingSecret=sandboxd-tls",
+        "--set",
+        "serviceMonitor.enabled=true",
+    ]));
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let sandboxd = &pod["containers"][0];
+    assert_eq!(
+        env_of(sandboxd, "SANDBOXD_TLS_CERT_FILE"),
+        Some("/etc/sandboxd-tls/tls.crt")
+    );
+    assert_eq!(
+        env_of(sandboxd, "SANDBOXD_TLS_KEY_FILE"),
+        Some("/etc/sandboxd-tls/tls.key")
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            sandboxd[probe]["httpGet"]["scheme"].as_str(),
+            Some("HTTPS"),
+            "{probe}"
+        );
+    }
+    let mount = sandboxd["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "tls")
+        .expect("the TLS mount");
+    assert_eq!(mount["mountPath"].as_str(), Some("/etc/sandboxd-tls"));
+    assert_eq!(mount["readOnly"].as_bool(), Some(true));
+    let volume = pod["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "tls")
+        .expect("the TLS volume");
+    assert_eq!(
+        volume["secret"]["secretName"].as_str(),
+        Some("sandboxd-tls")
+    );
+
+    // The operator: the CA alone (never the key), and discovery writes https:// with it.
+    let op = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the operator");
+    let operator = &op["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env_of(operator, "SANDBOX_OPERATOR_HOST_CA_FILE"),
+        Some("/etc/sandboxd-host-ca/ca.crt")
+    );
+    let volume = &op["spec"]["template"]["spec"]["volumes"][0];
+    assert_eq!(volume["name"].as_str(), Some("host-ca"));
+    assert_eq!(
+        volume["secret"]["secretName"].as_str(),
+        Some("sandboxd-tls")
+    );
+    let items: Vec<&str> = volume["secret"]["items"]
+        .as_sequence()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["key"].as_str())
+        .collect();
+    assert_eq!(items, ["ca.crt"]);
+
+    // Prometheus scrapes over https with the same CA.
+    let sm = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("the ServiceMonitor");
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+    assert_eq!(
+        endpoint["tlsConfig"]["ca"]["secret"]["key"].as_str(),
+        Some("ca.crt")
+    );
+}
+
+#[test]
+fn tls_without_a_secret_is_refused_naming_the_value() {
+    let out = run(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args(["--kube-version", "1.37.2", "--set", "tls.enabled=true"]));
+    assert!(
+        !out.status.success(),
+        "tls.enabled without a Secret must be refused"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("at '/tls/existingSecret': minLength: got 0, want 1"),
+        "{err}"
+    );
 }

@@ -39,6 +39,11 @@ app.kubernetes.io/component: sandboxd
 {{- default (printf "%s-admin-token" (include "sandboxd.fullname" .)) .Values.adminToken.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret with tls.crt, tls.key and ca.crt, when TLS is on. */}}
+{{- define "sandboxd.tlsSecret" -}}
+{{- required "tls.enabled=true needs tls.existingSecret: a Secret in the release namespace with tls.crt, tls.key (a certificate naming every node's IP) and ca.crt" .Values.tls.existingSecret -}}
+{{- end -}}
+
 {{/* The sandboxd container's environment, shared by the DaemonSet and the prepare hook. */}}
 {{- define "sandboxd.env" -}}
 - name: SANDBOXD_TOKEN

@@ -55,6 +55,29 @@ pub struct SandboxHostSpec {
     /// Stops new placements on this host; its sessions and pending destroys go on.
     #[serde(default)]
     pub disabled: bool,
+    /// The Secret key holding the CA certificate (PEM) that signed this host's TLS
+    /// certificate: an https:// endpoint is verified against it alone, its DNS or IP SAN
+    /// included. Like adminTokenSecret, it must live in the operator's namespace. Unset: the
+    /// operator's --host-ca-file, or else the system's CA roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<CaSecretRef>,
+}
+
+/// A key in a Secret holding a CA certificate.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaSecretRef {
+    /// Namespace of the Secret.
+    pub namespace: String,
+    /// Name of the Secret.
+    pub name: String,
+    /// Key within the Secret; defaults to ca.crt.
+    #[serde(default = "default_ca_key")]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".to_owned()
 }
 
 /// A key in a Secret.

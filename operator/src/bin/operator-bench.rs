@@ -296,6 +296,8 @@ struct Names {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    // reqwest finds the one crypto provider (ring) sandboxd's clients use.
+    sandboxd::tls::install_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

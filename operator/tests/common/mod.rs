@@ -83,8 +83,14 @@ impl Host {
         h
     }
 
+    /// Its base URL: https:// when started with SANDBOXD_TLS_CERT_FILE.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.env.iter().any(|(k, _)| k == "SANDBOXD_TLS_CERT_FILE") {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn workspace(&self, id: &str) -> PathBuf {
@@ -321,9 +327,27 @@ impl Scope {
         secret: &str,
         node: Option<&str>,
     ) {
+        let extra = match node {
+            Some(node) => json!({"node": node}),
+            None => json!({}),
+        };
+        self.register_endpoint_with(name, endpoint, secret, extra)
+            .await;
+    }
+
+    /// [`Scope::register_endpoint`] with more fields of the spec (`node`, `caSecret`).
+    pub async fn register_endpoint_with(
+        &self,
+        name: &str,
+        endpoint: &str,
+        secret: &str,
+        extra_spec: serde_json::Value,
+    ) {
         let mut spec = json!({"endpoint": endpoint, "adminTokenSecret": {"namespace": self.ns, "name": secret, "key": "token"}});
-        if let Some(node) = node {
-            spec["node"] = json!(node);
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            for (k, v) in e {
+                s.insert(k.clone(), v.clone());
+            }
         }
         let sbh: SandboxHost = serde_json::from_value(json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",

@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use rand::Rng;
 use sandboxd::client::Client;
 
+pub mod pki;
+
 fn need(what: &str) -> String {
     std::env::var(what).unwrap_or_else(|_| {
         panic!("{what} is not set: start the local dockerd with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
@@ -94,6 +96,8 @@ impl Daemon {
 
     fn start_with(parent: &Path, env: &[(&str, &str)], tmpfs: Option<&str>) -> Self {
         need("DOCKER_HOST");
+        // The tests' own reqwest clients find the crypto provider sandboxd's clients use.
+        sandboxd::tls::install_provider();
         let dir = tempfile::Builder::new()
             .prefix("sandboxd-test-")
             .tempdir_in(parent)
