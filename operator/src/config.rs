@@ -95,6 +95,25 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,
 
+    /// The longest a call to a host may take, answer included (connections: 5 s): a host that
+    /// hangs — stopped, or dropping packets — is unreachable like one that is down, and holds
+    /// no reconcile longer than this.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_HOST_REQUEST_SECONDS",
+        default_value_t = 30
+    )]
+    pub host_request_seconds: u64,
+
+    /// The longest an open may take on a host (it creates the workspace's disk and starts the
+    /// container; a runtime still building answers at once).
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_HOST_OPEN_SECONDS",
+        default_value_t = 120
+    )]
+    pub host_open_seconds: u64,
+
     /// How often hosts are probed.
     #[arg(long, env = "SANDBOX_OPERATOR_PROBE_SECONDS", default_value_t = 30)]
     pub probe_seconds: u64,

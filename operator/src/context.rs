@@ -303,6 +303,7 @@ impl Context {
                     why: e.to_string(),
                 })?;
                 HostClient::with_trust(&host.spec.endpoint, token, &trust)
+                    .with_deadline(Duration::from_secs(self.config.host_request_seconds.max(1)))
             }
         };
         clients.insert(

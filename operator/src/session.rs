@@ -544,6 +544,7 @@ async fn advance(
             workspace_size: r.workspace_size.clone(),
         });
         match client
+            .with_deadline(Duration::from_secs(ctx.config.host_open_seconds.max(1)))
             .open_as(
                 &id,
                 &s.spec.tenant,

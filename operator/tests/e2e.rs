@@ -1802,3 +1802,87 @@ async fn a_tls_host_is_trusted_through_its_ca_secret_and_refused_with_another_ca
 
     scope.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_hangs_is_unreachable_like_a_dead_one_and_holds_nothing_up() {
+    let mut scope = Scope::new("hang").await;
+    let hung = Host::start(&format!("hung-{}", scope.scope), &[]);
+    let healthy = Host::start(&format!("healthy-{}", scope.scope), &[]);
+    scope.register(&hung).await;
+    scope.register(&healthy).await;
+    scope.default_runtime().await;
+    scope.start_operator(&["--host-request-seconds", "2"]);
+    let sessions = scope.sessions();
+    let tombstones = Api::<Tombstone>::all(scope.client.clone());
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+
+    scope.kubectl_apply_session("xc-hung", serde_json::json!({"host": hung.name}));
+    let s = scope
+        .wait_session("xc-hung", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let tomb = format!("sbx-{}", s.metadata.uid.clone().expect("uid"));
+
+    // The host stops answering (SIGSTOP: connections are still accepted, nothing is said).
+    hung.signal("STOP");
+    let down = wait_host_ready_condition(&hosts, &hung.name, 30, |c| c.status == "False").await;
+    assert_eq!(
+        (down.reason.as_str(), down.message.clone()),
+        (
+            "Unreachable",
+            format!("sandboxd at {} does not answer", hung.endpoint())
+        )
+    );
+    let reachable = hosts
+        .get(&hung.name)
+        .await
+        .expect("the host")
+        .status
+        .and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Reachable"))
+        .expect("a Reachable condition");
+    assert!(
+        reachable.message.contains("no answer within 2 s"),
+        "the host's Reachable condition does not say it hangs: {reachable:?}"
+    );
+    // A destroy on it fails within the deadline and is retried with backoff, not hung.
+    sessions
+        .delete("xc-hung", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(sessions.clone(), "xc-hung", 30).await;
+    let backing_off = tokio::time::timeout(
+        Duration::from_secs(45),
+        await_condition(tombstones.clone(), &tomb, |t: Option<&Tombstone>| {
+            t.and_then(|t| t.status.as_ref()).is_some_and(|st| {
+                st.attempts >= 3
+                    && st
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("no answer within 2 s"))
+            })
+        }),
+    )
+    .await;
+    assert!(
+        matches!(backing_off, Ok(Ok(Some(_)))),
+        "the tombstone's attempts did not grow while the host hung: {:?}",
+        tombstones.get_opt(&tomb).await
+    );
+    // Meanwhile sessions on the other host open as usual.
+    scope.kubectl_apply_session("xc-fine", serde_json::json!({"host": healthy.name}));
+    scope
+        .wait_session("xc-fine", "Running beside a hung host", 60, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+
+    // The host comes back: the destroy completes.
+    hung.signal("CONT");
+    wait_gone(tombstones.clone(), &tomb, 60).await;
+    assert!(
+        hung.containers().is_empty(),
+        "the hung host's sandbox stayed"
+    );
+    scope.delete().await;
+}

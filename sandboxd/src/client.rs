@@ -116,7 +116,13 @@ pub struct Client {
     http: reqwest::Client,
     /// What https:// endpoints are verified against, for messages.
     trust: &'static str,
+    /// The longest a request may take, answer included ([`Client::with_deadline`]); none
+    /// waits as long as the server takes (a run streams for as long as it runs).
+    deadline: Option<std::time::Duration>,
 }
+
+/// The longest a connection to sandboxd may take to be set up.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a client verifies sandboxd's certificate against: the CA it was given, or, with none,
 /// the system's roots. Made once and shared by clients of one host (its connections too).
@@ -137,8 +143,12 @@ impl Trust {
     pub fn system() -> Self {
         crate::tls::install_provider();
         Self {
-            // With the provider installed, reqwest verifies against the system's roots.
-            http: reqwest::Client::new(),
+            // With the provider installed, reqwest verifies against the system's roots. A
+            // builder that cannot be built (no TLS backend) falls back to reqwest's defaults.
+            http: reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .build()
+                .unwrap_or_default(),
             trust: "the system's CA roots",
         }
     }
@@ -161,6 +171,7 @@ impl Trust {
             roots.push(reqwest::Certificate::from_der(&c).map_err(|e| bad(format!(": {e}")))?);
         }
         let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
             .tls_certs_only(roots)
             .build()
             .map_err(|e| bad(format!(": {e}")))?;
@@ -251,6 +262,16 @@ impl Client {
             run: None,
             http: trust.http.clone(),
             trust: trust.trust,
+            deadline: None,
+        }
+    }
+
+    /// The same client, giving up on a request that has not been answered in full within
+    /// `deadline`: a host that hangs (stopped, packets dropped) fails like one that is down.
+    pub fn with_deadline(&self, deadline: std::time::Duration) -> Self {
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
         }
     }
 
@@ -282,6 +303,15 @@ impl Client {
 
     /// A request that failed: an untrusted certificate says so and what this client trusts.
     fn send_failed(&self, e: reqwest::Error) -> ClientError {
+        if e.is_timeout() {
+            let within = match self.deadline {
+                Some(d) if !e.is_connect() => format!("answer within {} s", d.as_secs_f64()),
+                _ => format!("connection within {} s", CONNECT_TIMEOUT.as_secs()),
+            };
+            return self.transport(format!(
+                "no {within}: the host hangs, is overloaded or drops packets"
+            ));
+        }
         if let Some(why) = certificate_error(&e) {
             return ClientError::Transport {
                 base: self.base.clone(),
@@ -307,6 +337,9 @@ impl Client {
             .http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.token);
+        if let Some(d) = self.deadline {
+            req = req.timeout(d);
+        }
         if let Some(a) = &self.agent {
             req = req.header(AGENT_HEADER, a);
         }

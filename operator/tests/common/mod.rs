@@ -132,6 +132,18 @@ impl Host {
         }
     }
 
+    /// Sends `signal` (STOP, CONT) to the host's sandboxd: a stopped one still accepts
+    /// connections (the kernel does) and answers nothing, as a hung host does.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("sandboxd runs").id();
+        let ok = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
     pub fn client(&self) -> sandboxd::client::Client {
         sandboxd::client::Client::new(&self.endpoint(), &self.token)
     }
