@@ -2443,6 +2443,9 @@ mod tests {
         let f = fixture();
         f.file("in/sentinel", b"inside");
         f.file("real/sentinel", b"inside");
+        // `d` is a real folder before the swapper starts (moving it there while the swapper
+        // already plays with `d` would meet its link).
+        fs::rename(f.dir.join("real"), f.dir.join("d")).expect("d");
         // The agent swaps `sw` between a link inside and links out, and the directory `d`
         // between a real folder and a link out, as fast as it can.
         let stop = Arc::new(AtomicBool::new(false));
@@ -2472,7 +2475,6 @@ mod tests {
                 }
             })
         };
-        fs::rename(f.dir.join("real"), f.dir.join("d")).expect("d");
         let mut inside_reads = 0;
         for i in 0..300 {
             for path in ["sw/sentinel", "d/sentinel"] {
