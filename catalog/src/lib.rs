@@ -18,7 +18,7 @@ pub mod memory;
 pub use briefing::{briefing, briefing_for};
 
 /// One runtime of the catalog, in the catalog's own (snake_case) format.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CatalogEntry {
     /// What a spec names: `[a-z][a-z0-9-]*`.
     pub alias: String,

@@ -106,7 +106,7 @@ impl Settings {
 }
 
 /// Per-session resource limits, within the host's ceilings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// CPUs.
@@ -124,7 +124,7 @@ pub struct Limits {
 }
 
 /// A request to open a session by name.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OpenRequest {
     /// The session name (its id on this host).
@@ -145,7 +145,7 @@ pub struct OpenRequest {
 }
 
 /// What an open did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Opened {
     /// Whether this request created the session.
     #[serde(skip)]
@@ -159,7 +159,7 @@ pub struct Opened {
 }
 
 /// A session as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionView {
     /// The id.
     pub id: String,
@@ -188,7 +188,7 @@ pub struct SessionView {
 }
 
 /// What a destroy did.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Destroyed {
     /// The id.
     pub id: String,
@@ -199,7 +199,7 @@ pub struct Destroyed {
 }
 
 /// A run request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// The command, run under POSIX `/bin/sh -c` in /workspace.

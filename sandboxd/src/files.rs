@@ -223,7 +223,7 @@ impl FileError {
 }
 
 /// What a file, directory or link is. Symlinks are never followed to decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     /// A regular file.
@@ -237,7 +237,7 @@ pub enum EntryKind {
 }
 
 /// One file, directory or link of the workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Entry {
     /// The last component of the path (empty for the workspace root).
     pub name: String,
@@ -254,7 +254,7 @@ pub struct Entry {
 }
 
 /// One folder's entries, as [`Workspace::list`] and [`Workspace::list_all`] return them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Listing {
     /// The entries, sorted by name.
     pub entries: Vec<Entry>,
@@ -310,7 +310,7 @@ impl Default for TreeLimits {
 }
 
 /// The result of a [`Workspace::tree`] walk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Tree {
     /// The starting directory, relative to the workspace root (empty for the root).
     pub root: String,
