@@ -182,6 +182,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
     (
         "POST /v1/sessions/{id}/token",
         &[
+            (400, &["bad_request"]),
             AUTH,
             ADMIN,
             (404, &["session_not_found"]),
