@@ -201,3 +201,56 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
     let view = admin.get("fuzz").await.expect("the session");
     assert_eq!(view.id, "fuzz");
 }
+
+/// The document is served without a token and is the committed one; every route it describes
+/// is one the daemon serves: without a token, the public ones answer 200 and every other one
+/// 401 `unauthorized` (never 404 `route_not_found` or 405).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_document_describes_the_served_routes() {
+    let d = Daemon::start(&[]);
+    let resp = reqwest::get(format!("{}/openapi.json", d.base))
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.text().await.expect("a body");
+    let committed =
+        std::fs::read_to_string(repo().join("docs/openapi.json")).expect("docs/openapi.json");
+    assert_eq!(
+        text, committed,
+        "GET /openapi.json serves docs/openapi.json"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut checked = 0;
+    for (path, item) in paths {
+        let url = format!(
+            "{}{}",
+            d.base,
+            path.replace("{id}", "nobody")
+                .replace("{run_id}", "r1")
+                .replace("{path}", "a/b.txt")
+        );
+        for method in ["get", "put", "post", "delete"] {
+            let Some(op) = item.get(method) else { continue };
+            let public = op["security"] == serde_json::json!([{}]);
+            let (status, body) = common::raw(
+                method.to_uppercase().parse().expect("a method"),
+                &url,
+                None,
+                None,
+            )
+            .await;
+            if public {
+                assert_eq!(status, 200, "{method} {path} without a token");
+            } else {
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (401, Some("unauthorized")),
+                    "{method} {path} without a token"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, sandboxd::api::ROUTES.len());
+}
