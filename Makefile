@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo images generate lint test unit e2e wire-venv
+.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -34,8 +34,11 @@ lint: ## formatting and clippy, warnings are errors
 wire-venv: ## the wire tests' virtualenv: pydantic-ai-backend at its pin, from PyPI (once per pin)
 	@hack/wire-venv.sh >/dev/null
 
+schemathesis-venv: ## the API fuzz test's virtualenv: Schemathesis at its pin, from PyPI (once per pin)
+	@hack/schemathesis-venv.sh >/dev/null
+
 # The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
 # built first. A hung test must not hold CI to its own limit: the run is bounded.
-test: up lint wire-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
+test: up lint wire-venv schemathesis-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
 	$(CARGO) build --workspace --bins
 	$(ENV) && timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast

@@ -128,6 +128,7 @@ pub struct Limits {
 #[serde(deny_unknown_fields)]
 pub struct OpenRequest {
     /// The session name (its id on this host).
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     pub name: String,
     /// The tenant, counted against the per-tenant cap.
     pub tenant: String,
@@ -141,6 +142,7 @@ pub struct OpenRequest {
     /// open naming another owner than the session's is refused (409 `owner_mismatch`); a
     /// session without one is adopted. Absent: no owner is checked or recorded.
     #[serde(default)]
+    #[schema(pattern = "^[!-~]{1,128}$")]
     pub owner: Option<String>,
 }
 

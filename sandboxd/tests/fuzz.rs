@@ -38,6 +38,8 @@ fn schemathesis() -> String {
         .to_owned()
 }
 
+/// The run every `{run_id}` names: one that finished in the session.
+const RUN: &str = "fuzz-run";
 /// Examples per operation and phase.
 const MAX_EXAMPLES: &str = "12";
 
@@ -46,7 +48,7 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
     let config = d.dir.path().join(format!("schemathesis-{label}.toml"));
     std::fs::write(
         &config,
-        format!("[parameters]\n\"path.id\" = \"{session}\"\n"),
+        format!("[parameters]\n\"path.id\" = \"{session}\"\n\"path.run_id\" = \"{RUN}\"\n"),
     )
     .expect("the config file");
     let out = Command::new(st)
@@ -86,6 +88,12 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
         "schemathesis with the {label} token found failures ({}):\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+    // A token that stopped working would leave routes at 401, which the document lists (403
+    // from the admin routes is what a session token gets).
+    assert!(
+        !stdout.contains("401 Unauthorized ("),
+        "schemathesis with the {label} token got only 401 from some routes:\n{stdout}"
     );
     eprintln!("schemathesis with the {label} token:\n{stdout}");
 }
@@ -133,6 +141,12 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
         .write("fuzz", "inside/notes.txt", "kept")
         .await
         .expect("write");
+
+    let ran = session
+        .run("fuzz", "echo fuzz", None, None, Some(RUN))
+        .await
+        .expect("a run");
+    assert_eq!(ran.exit_code, 0);
 
     // Outside the workspace: a canary folder next to the workspaces, and a symlink to it from
     // inside the session's workspace.
@@ -186,6 +200,8 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
     }
 
     fuzz(&st, &d, &d.admin, "fuzz", "admin");
+    // The admin run rotated the session's token (`POST /v1/sessions/{id}/token`): a fresh one.
+    let token = admin.rotate_token("fuzz").await.expect("a new token");
     fuzz(&st, &d, &token, "fuzz", "session");
 
     assert_eq!(
