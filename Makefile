@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo images generate lint test unit e2e wire-venv
+.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -21,9 +21,11 @@ demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session o
 images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)
 	hack/images.sh
 
-generate: ## regenerate every generated file (CRD YAML, Runtime manifests)
+generate: ## regenerate every generated file (CRD YAML, Runtime manifests, docs/openapi.json)
 	$(CARGO) run -q -p sandboxd-crds --bin crdgen -- .
 	$(CARGO) run -q -p sandboxd-crds --bin runtimegen -- .
+	$(CARGO) run -q -p sandboxd --bin sandboxd -- openapi > docs/openapi.json.tmp
+	mv docs/openapi.json.tmp docs/openapi.json
 
 lint: ## formatting and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
@@ -32,8 +34,11 @@ lint: ## formatting and clippy, warnings are errors
 wire-venv: ## the wire tests' virtualenv: pydantic-ai-backend at its pin, from PyPI (once per pin)
 	@hack/wire-venv.sh >/dev/null
 
+schemathesis-venv: ## the API fuzz test's virtualenv: Schemathesis at its pin, from PyPI (once per pin)
+	@hack/schemathesis-venv.sh >/dev/null
+
 # The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
 # built first. A hung test must not hold CI to its own limit: the run is bounded.
-test: up lint wire-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
+test: up lint wire-venv schemathesis-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
 	$(CARGO) build --workspace --bins
 	$(ENV) && timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast

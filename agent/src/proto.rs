@@ -362,3 +362,108 @@ mod tests {
         assert_eq!(negotiate(&[]), None);
     }
 }
+
+/// Properties of the frame codec on arbitrary input: decoding never panics, and decoding what
+/// was encoded gives it back.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn msg() -> impl Strategy<Value = Msg> {
+        prop_oneof![
+            (prop::collection::vec(any::<u32>(), 0..4), any::<String>())
+                .prop_map(|(protocols, session)| Msg::Hello { protocols, session }),
+            (any::<String>(), any::<String>())
+                .prop_map(|(code, message)| Msg::Error { code, message }),
+            (
+                any::<String>(),
+                prop::collection::vec(any::<String>(), 0..4),
+                prop::collection::vec((any::<String>(), any::<String>()), 0..3),
+                prop::option::of(any::<String>()),
+                any::<u64>(),
+                any::<u64>(),
+            )
+                .prop_map(|(run_id, argv, env, cwd, timeout_ms, max_output_bytes)| {
+                    Msg::Run(RunRequest {
+                        run_id,
+                        argv,
+                        env,
+                        cwd,
+                        timeout_ms,
+                        max_output_bytes,
+                    })
+                }),
+            (
+                any::<i64>(),
+                prop::option::of(any::<i32>()),
+                any::<[bool; 3]>(),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(
+                    |(exit_code, signal, [timed_out, stopped, truncated], cpu_ns, duration_ms)| {
+                        Msg::Exit(RunExit {
+                            exit_code,
+                            signal,
+                            timed_out,
+                            stopped,
+                            truncated,
+                            cpu_ns,
+                            duration_ms,
+                        })
+                    }
+                ),
+            prop::option::of(any::<String>()).prop_map(|run_id| Msg::Stop { run_id }),
+        ]
+    }
+
+    fn frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            msg().prop_map(Frame::Msg),
+            prop::collection::vec(any::<u8>(), 0..2048).prop_map(Frame::Stdout),
+            prop::collection::vec(any::<u8>(), 0..2048).prop_map(Frame::Stderr),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn decoding_any_bytes_never_panics(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(body.clone());
+            let _ = read_frame(&mut body.as_slice());
+            let mut header = [0u8; 4];
+            for (h, b) in header.iter_mut().zip(&body) {
+                *h = *b;
+            }
+            if let Ok(len) = frame_len(header) {
+                prop_assert!((1..=MAX_FRAME + 1).contains(&len));
+            }
+        }
+
+        #[test]
+        fn a_stream_of_frames_reads_back_as_written(frames in prop::collection::vec(frame(), 0..6)) {
+            let mut wire = Vec::new();
+            for f in &frames {
+                wire.extend(encode_frame(f));
+            }
+            let mut r = wire.as_slice();
+            let mut read = Vec::new();
+            while let Some(f) = read_frame(&mut r).map_err(|e| TestCaseError::fail(e.to_string()))? {
+                read.push(f);
+            }
+            prop_assert_eq!(read, frames);
+        }
+
+        #[test]
+        fn a_cut_frame_is_an_error_never_a_frame(f in frame(), cut in any::<prop::sample::Index>()) {
+            let wire = encode_frame(&f);
+            let at = cut.index(wire.len());
+            prop_assume!(at > 0);
+            let mut r = &wire[..at];
+            prop_assert!(read_frame(&mut r).is_err());
+        }
+    }
+}

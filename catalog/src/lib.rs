@@ -18,7 +18,7 @@ pub mod memory;
 pub use briefing::{briefing, briefing_for};
 
 /// One runtime of the catalog, in the catalog's own (snake_case) format.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CatalogEntry {
     /// What a spec names: `[a-z][a-z0-9-]*`.
     pub alias: String,
@@ -368,5 +368,102 @@ mod tests {
                 .first()
                 .is_some_and(|m| m.starts_with("catalog: not valid JSON"))
         );
+    }
+}
+
+/// Properties of the catalog parser on arbitrary input: it never panics, what it accepts
+/// written back parses to the same entries, and a refusal always names its errors.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Entries that are mostly valid: an alias, an image or a base image, some of the other
+    /// fields, sometimes one of them wrong.
+    fn entry() -> impl Strategy<Value = Value> {
+        (
+            prop_oneof!["[a-z][a-z0-9-]{0,12}", any::<String>()],
+            prop_oneof![
+                "[a-z]{1,8}(:[a-z0-9.]{1,5})?".prop_map(|i| json!({ "image": i })),
+                "[a-z]{1,8}".prop_map(|i| json!({ "base_image": i, "packages": ["requests"] })),
+                Just(json!({})),
+            ],
+            prop::option::of(any::<String>()),
+            prop::option::of(prop_oneof!["[0-9]{1,4}[kmg]", any::<String>()]),
+            any::<bool>(),
+        )
+            .prop_map(|(alias, source, description, mem, net)| {
+                let mut v = source;
+                v["alias"] = json!(alias);
+                if let Some(d) = description {
+                    v["description"] = json!(d);
+                }
+                if let Some(m) = mem {
+                    v["mem_limit"] = json!(m);
+                }
+                v["needs_network"] = json!(net);
+                v
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn never_panics_on_any_text(text in any::<String>()) {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn never_panics_on_any_json(value in any_json()) {
+            if let Err(e) = parse(&value.to_string()) {
+                prop_assert!(!e.0.is_empty());
+            }
+        }
+
+        #[test]
+        fn accepted_catalogs_round_trip(entries in prop::collection::vec(entry(), 1..5)) {
+            let text = Value::Array(entries).to_string();
+            match parse(&text) {
+                Ok(parsed) => {
+                    let again = serde_json::to_string(&parsed).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(parse(&again).ok(), Some(parsed.clone()));
+                    for e in &parsed {
+                        prop_assert!(is_valid_alias(&e.alias));
+                        prop_assert!(e.image.is_some() != e.base_image.is_some());
+                    }
+                }
+                Err(errors) => {
+                    prop_assert!(!errors.0.is_empty());
+                    prop_assert!(!errors.to_string().is_empty());
+                }
+            }
+        }
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<String>().prop_map(Value::String),
+            prop::sample::select(FIELDS.to_vec()).prop_map(|f| json!(f)),
+        ];
+        leaf.prop_recursive(3, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        prop::sample::select(FIELDS.to_vec()).prop_map(str::to_owned),
+                        any::<String>()
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
     }
 }

@@ -360,3 +360,101 @@ mod tests {
         );
     }
 }
+
+/// Properties of the session key and the host id on arbitrary parts: never a panic, always a
+/// valid name that fits, the same parts always the same key.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn backend() -> impl Strategy<Value = Backend> {
+        prop_oneof![Just(Backend::Container), Just(Backend::Document)]
+    }
+
+    fn scope() -> impl Strategy<Value = Scope> {
+        prop_oneof![
+            Just(Scope::Run),
+            Just(Scope::Conversation),
+            Just(Scope::Channel),
+            Just(Scope::User),
+            Just(Scope::Agent),
+        ]
+    }
+
+    fn actor() -> impl Strategy<Value = Actor> {
+        prop_oneof![
+            Just(Actor::Member),
+            Just(Actor::WidgetVisitor),
+            any::<bool>().prop_map(|as_creator| Actor::Trigger { as_creator }),
+        ]
+    }
+
+    /// RFC 1123 labels, as Kubernetes namespaces and names are.
+    fn label() -> impl Strategy<Value = String> {
+        "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_key_is_a_valid_name_that_fits(
+            backend in backend(),
+            scope in scope(),
+            actor in actor(),
+            tenant in any::<String>(),
+            host in any::<String>(),
+            subject in prop_oneof![any::<String>(), label(), "[a-z0-9-]{0,80}"],
+        ) {
+            let parts = KeyParts { backend, scope, tenant: &tenant, host: &host, subject: &subject, actor };
+            match session_key(&parts) {
+                Ok(key) => {
+                    prop_assert!(is_valid_name(&key), "{key:?}");
+                    prop_assert!(key.len() <= MAX_LEN);
+                    prop_assert_eq!(session_key(&parts), Ok(key.clone()));
+                    // A subject that is itself a short name is kept readable at the end.
+                    if is_name_part(&subject) && subject.len() <= MAX_LEN - 21 {
+                        prop_assert_eq!(key.len(), 21 + subject.len());
+                        prop_assert!(key.ends_with(&subject));
+                    }
+                }
+                Err(KeyError::Empty(_)) => {
+                    prop_assert!(tenant.is_empty() || host.is_empty() || subject.is_empty())
+                }
+                Err(KeyError::ActsForSomeoneElse(_)) => {
+                    prop_assert_eq!(scope, Scope::User);
+                    let someone_else = matches!(actor, Actor::WidgetVisitor | Actor::Trigger { as_creator: false });
+                    prop_assert!(someone_else);
+                }
+            }
+        }
+
+        #[test]
+        fn different_subjects_give_different_keys(a in label(), b in label()) {
+            prop_assume!(a != b);
+            let key = |subject: &str| session_key(&KeyParts {
+                backend: Backend::Container,
+                scope: Scope::Conversation,
+                tenant: "org",
+                host: "host",
+                subject,
+                actor: Actor::Member,
+            });
+            prop_assert_ne!(key(&a), key(&b));
+        }
+
+        #[test]
+        fn a_host_id_fits_sandboxd_and_names_one_object(ns in label(), name in label(), other in label()) {
+            let id = host_session_id(&ns, &name);
+            prop_assert!(id.len() <= MAX_HOST_ID_LEN, "{id:?}");
+            let prefix = format!("{ns}.");
+            prop_assert!(id.starts_with(&prefix) || id.len() == MAX_HOST_ID_LEN, "{}", id);
+            prop_assert!(id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'));
+            if other != name {
+                prop_assert_ne!(host_session_id(&ns, &other), id);
+            }
+        }
+    }
+}

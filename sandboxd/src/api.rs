@@ -17,16 +17,19 @@ use tokio::sync::mpsc;
 
 use crate::audit::{Op, OperationQuery};
 use crate::auth::{AdminToken, bearer};
-use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest};
+use crate::core::{Actor, Core, Destroyed, OpenRequest, Opened, Outcome, RunRequest, SessionView};
 use crate::error::ApiError;
 use crate::files::{MAX_LIST_ENTRIES, TreeLimits};
 use crate::metrics::{Metrics, StateLabel};
+use crate::openapi::{Binary, FilePath, PolicyChange, RunId, SessionId};
+use crate::runner::{RunEvent, RunOutcome, RunStatus};
 
 /// Every route this server serves, as the index lists them.
 pub const ROUTES: &[&str] = &[
     "GET /",
     "GET /healthz",
     "GET /metrics",
+    "GET /openapi.json",
     "GET /v1/sessions",
     "POST /v1/sessions",
     "GET /v1/sessions/{id}",
@@ -149,6 +152,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(index))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/sessions", get(list).post(open))
         .route("/v1/sessions/{id}", get(show).delete(destroy))
         .route("/v1/sessions/{id}/stop", post(stop))
@@ -180,8 +184,9 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The routes anyone may call: the index, health and metrics (no body, nothing of a session).
-pub const PUBLIC_ROUTES: [&str; 3] = ["/", "/healthz", "/metrics"];
+/// The routes anyone may call: the index, health, metrics and the OpenAPI document (no body,
+/// nothing of a session).
+pub const PUBLIC_ROUTES: [&str; 4] = ["/", "/healthz", "/metrics", "/openapi.json"];
 
 /// The largest body of a request other than a file write (JSON requests, catalogs).
 pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
@@ -279,7 +284,7 @@ async fn not_found() -> ApiError {
     )
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, utoipa::ToSchema)]
 /// The index: what a client reads to know which server and version it talks to.
 pub struct Index {
     /// Always "sandboxd".
@@ -292,7 +297,13 @@ pub struct Index {
 
 /// The index: [`Index`] (every route of both surfaces), and the fields of the wire protocol's
 /// own index (`health`, `endpoints`, …, and `wire`: the pydantic-ai-backend release served).
-async fn index(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+#[utoipa::path(
+    get, path = "/", tag = "service", security(()),
+    responses((status = 200, description = "The service, its version and every route it serves, with the wire protocol's index fields", body = Index))
+)]
+pub(crate) async fn index(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let index = Index {
         service: crate::SERVICE.into(),
         version: crate::VERSION.into(),
@@ -310,11 +321,21 @@ async fn index(State(state): State<AppState>) -> Result<Json<serde_json::Value>,
 }
 
 /// Health: `{"status": "ok"}` and the wire protocol's capacity summary (`ServiceHealth`).
-async fn healthz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+#[utoipa::path(
+    get, path = "/healthz", tag = "service", security(()),
+    responses((status = 200, description = "`{\"status\": \"ok\"}` and the capacity summary", body = Object))
+)]
+pub(crate) async fn healthz(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     Ok(Json(crate::wire::health(&state.core).await?))
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+#[utoipa::path(
+    get, path = "/metrics", tag = "service", security(()),
+    responses((status = 200, description = "Prometheus metrics", body = String, content_type = "application/openmetrics-text"))
+)]
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(rows) = state.core.store().list().await {
         state.metrics.sessions.clear();
         for row in rows {
@@ -337,12 +358,30 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get, path = "/v1/sessions", tag = "sessions",
+    responses((status = 200, description = "Every session of this host", body = SessionList))
+)]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     admin(&state, &headers).await?;
-    Ok(Json(json!({"sessions": state.core.list().await?})).into_response())
+    Ok(Json(SessionList {
+        sessions: state.core.list().await?,
+    })
+    .into_response())
 }
 
-async fn open(
+#[utoipa::path(
+    post, path = "/v1/sessions", tag = "sessions",
+    request_body = OpenRequest,
+    responses(
+        (status = 201, description = "Created; the body carries the session token (only here)", body = Opened),
+        (status = 200, description = "It existed already (opened again, woken if it slept)", body = Opened),
+    )
+)]
+pub(crate) async fn open(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
@@ -360,7 +399,11 @@ async fn open(
     Ok((status, Json(opened)).into_response())
 }
 
-async fn show(
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session", body = SessionView))
+)]
+pub(crate) async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -370,13 +413,20 @@ async fn show(
 }
 
 /// `?owner=`: the object a destroy or token rotation acts for.
-#[derive(Deserialize)]
-struct OwnerQuery {
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct OwnerQuery {
+    /// The object the session belongs to; another owner than the session's is refused
+    /// (409 `owner_mismatch`).
     #[serde(default)]
     owner: Option<String>,
 }
 
-async fn destroy(
+#[utoipa::path(
+    delete, path = "/v1/sessions/{id}", tag = "sessions", params(SessionId, OwnerQuery),
+    responses((status = 200, description = "What the destroy did (`destroyed: false` when nothing was left)", body = Destroyed))
+)]
+pub(crate) async fn destroy(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -390,7 +440,11 @@ async fn destroy(
     Ok(Json(destroyed).into_response())
 }
 
-async fn stop(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/stop", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session, stopped", body = SessionView))
+)]
+pub(crate) async fn stop(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -401,7 +455,11 @@ async fn stop(
     Ok(Json(stopped).into_response())
 }
 
-async fn start(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/start", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session, running", body = SessionView))
+)]
+pub(crate) async fn start(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -413,7 +471,11 @@ async fn start(
     Ok(Json(state.core.get(&id).await?).into_response())
 }
 
-async fn reclaim(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/reclaim", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session, its container removed (the workspace kept)", body = SessionView))
+)]
+pub(crate) async fn reclaim(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -424,7 +486,11 @@ async fn reclaim(
     Ok(Json(reclaimed).into_response())
 }
 
-async fn rotate_token(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/token", tag = "sessions", params(SessionId, OwnerQuery),
+    responses((status = 200, description = "A new session token; the old one no longer works", body = TokenRotated))
+)]
+pub(crate) async fn rotate_token(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -432,16 +498,30 @@ async fn rotate_token(
 ) -> Result<Response, ApiError> {
     admin(&state, &headers).await?;
     let token = state.core.rotate_token_as(&id, q.owner.as_deref()).await?;
-    Ok(Json(json!({"id": id, "token": token})).into_response())
+    Ok(Json(TokenRotated { id, token }).into_response())
 }
 
-#[derive(Deserialize)]
-struct RunQuery {
+/// `?stream=`: whether a run answers with NDJSON events as they come.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct RunQuery {
+    /// Stream the output as NDJSON events, then the outcome.
     #[serde(default)]
     stream: bool,
 }
 
-async fn run(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/runs", tag = "runs", params(SessionId, RunQuery),
+    request_body = RunRequest,
+    responses(
+        (status = 200, description = "How the run ended; with `stream=true`, NDJSON: one `stdout`/`stderr` event a line, then an `exit` line (the outcome without its output) or an `error` line (`type`, `code`, `message`)",
+            content(
+                (RunOutcome = "application/json"),
+                (RunEvent = "application/x-ndjson"),
+            )),
+    )
+)]
+pub(crate) async fn run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -634,7 +714,11 @@ pub(crate) fn record_run(
     core.record(id, who, Op::Execute, command, outcome, started);
 }
 
-async fn run_status(
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/runs/{run_id}", tag = "runs", params(SessionId, RunId),
+    responses((status = 200, description = "The run, in flight or finished", body = RunStatus))
+)]
+pub(crate) async fn run_status(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
@@ -643,27 +727,52 @@ async fn run_status(
     Ok(Json(state.core.run_status(&id, &run_id).await?).into_response())
 }
 
-async fn stop_run(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/runs/{run_id}/stop", tag = "runs", params(SessionId, RunId),
+    responses((status = 200, description = "The run is being stopped", body = RunStopping))
+)]
+pub(crate) async fn stop_run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
     state.core.stop_run_or_detached(&id, &run_id).await?;
-    Ok(Json(json!({"run_id": run_id, "stopping": true})).into_response())
+    Ok(Json(RunStopping {
+        run_id,
+        stopping: true,
+    })
+    .into_response())
 }
 
-#[derive(Deserialize)]
-struct ReadQuery {
+/// What part of a file a read returns.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ReadQuery {
+    /// The first byte (past the end: nothing, at the end).
     #[serde(default)]
     offset: u64,
+    /// Bytes at most (and at most the policy's `max_read_bytes`).
     #[serde(default)]
     limit: Option<u64>,
+}
+
+/// Whether a remove takes a folder with what it holds.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct RemoveQuery {
+    /// Remove a non-empty folder with its contents.
     #[serde(default)]
     recursive: bool,
 }
 
-async fn read_file(
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/files/{path}", tag = "files", params(SessionId, FilePath, ReadQuery),
+    responses((status = 200, description = "The bytes `[offset, offset + limit)` of the file; `x-file-size` is the whole file's size, `x-file-offset` where the bytes start",
+        body = Binary, content_type = "application/octet-stream",
+        headers(("x-file-size" = u64, description = "The size of the whole file"), ("x-file-offset" = u64, description = "Where the bytes start"))))
+)]
+pub(crate) async fn read_file(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
@@ -707,7 +816,12 @@ const WRITE_BATCH: usize = 1024 * 1024;
 /// the temporary file on a blocking thread while the next is received (no thread waits on a
 /// slow client), and the file is put in place once the body is complete. A body that breaks
 /// off or passes [`MAX_WRITE_BYTES`] leaves the file as it was.
-async fn write_file(
+#[utoipa::path(
+    put, path = "/v1/sessions/{id}/files/{path}", tag = "files", params(SessionId, FilePath),
+    request_body(content = Binary, content_type = "application/octet-stream", description = "The file's new content (at most 256 MiB)"),
+    responses((status = 200, description = "Written: the file was replaced whole", body = Written))
+)]
+pub(crate) async fn write_file(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
@@ -734,7 +848,11 @@ async fn write_file(
         .core
         .record(&id, &actor(&headers), Op::Write, &path, o, started);
     let written = written?;
-    Ok(Json(json!({"path": path, "size": written.size})).into_response())
+    Ok(Json(Written {
+        path,
+        size: written.size,
+    })
+    .into_response())
 }
 
 fn write_too_large() -> ApiError {
@@ -799,11 +917,15 @@ async fn stream_to(
     .map_err(ApiError::from)
 }
 
-async fn remove_file(
+#[utoipa::path(
+    delete, path = "/v1/sessions/{id}/files/{path}", tag = "files", params(SessionId, FilePath, RemoveQuery),
+    responses((status = 200, description = "Removed", body = Removed))
+)]
+pub(crate) async fn remove_file(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
-    Query(q): Query<ReadQuery>,
+    Query(q): Query<RemoveQuery>,
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
     let started = Instant::now();
@@ -818,16 +940,27 @@ async fn remove_file(
         .core
         .record(&id, &actor(&headers), Op::Remove, &path, o, started);
     removed?;
-    Ok(Json(json!({"path": path, "removed": true})).into_response())
+    Ok(Json(Removed {
+        path,
+        removed: true,
+    })
+    .into_response())
 }
 
-#[derive(Deserialize)]
+/// The body of a mkdir.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct MkdirRequest {
+pub(crate) struct MkdirRequest {
+    /// The folder, relative to the workspace; its parents are made too.
     path: String,
 }
 
-async fn mkdir(
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/mkdir", tag = "files", params(SessionId),
+    request_body = MkdirRequest,
+    responses((status = 201, description = "The folder exists (made with its parents)", body = Made))
+)]
+pub(crate) async fn mkdir(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -848,16 +981,23 @@ async fn mkdir(
         .core
         .record(&id, &actor(&headers), Op::Mkdir, &req.path, o, started);
     made?;
-    Ok((StatusCode::CREATED, Json(json!({"path": req.path}))).into_response())
+    Ok((StatusCode::CREATED, Json(Made { path: req.path })).into_response())
 }
 
-#[derive(Deserialize)]
-struct PathQuery {
+/// `?path=`: a folder of the workspace.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PathQuery {
+    /// The folder, relative to the workspace root (empty: the root).
     #[serde(default)]
     path: String,
 }
 
-async fn ls(
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/ls", tag = "files", params(SessionId, PathQuery),
+    responses((status = 200, description = "One folder's entries", body = LsResponse))
+)]
+pub(crate) async fn ls(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -876,16 +1016,20 @@ async fn ls(
         .core
         .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
     let listed = listed?;
-    Ok(Json(json!({
-        "path": q.path,
-        "entries": listed.entries,
-        "truncated": listed.truncated,
-        "max_entries": MAX_LIST_ENTRIES,
-    }))
+    Ok(Json(LsResponse {
+        path: q.path,
+        entries: listed.entries,
+        truncated: listed.truncated,
+        max_entries: MAX_LIST_ENTRIES,
+    })
     .into_response())
 }
 
-async fn tree(
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/tree", tag = "files", params(SessionId, PathQuery),
+    responses((status = 200, description = "The tree below a folder, breadth-first, bounded", body = crate::files::Tree))
+)]
+pub(crate) async fn tree(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -906,7 +1050,14 @@ async fn tree(
     Ok(Json(tree?).into_response())
 }
 
-async fn runtimes(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get, path = "/v1/runtimes", tag = "runtimes",
+    responses((status = 200, description = "The allowlist and the state of each runtime's image", body = crate::runtimes::RuntimeList))
+)]
+pub(crate) async fn runtimes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     caller(&state, &headers).await?;
     Ok(Json(state.core.runtimes().list()).into_response())
 }
@@ -915,7 +1066,12 @@ async fn runtimes(State(state): State<AppState>, headers: HeaderMap) -> Result<R
 /// whole first: a malformed one changes nothing and answers 422 `invalid_catalog` listing every
 /// error. Runtimes whose definition is unchanged keep their image; the others are built in the
 /// background.
-async fn put_runtimes(
+#[utoipa::path(
+    put, path = "/v1/runtimes", tag = "runtimes",
+    request_body(content = Vec<sandboxd_catalog::CatalogEntry>, description = "The whole catalog (the format of catalog/runtimes.json)"),
+    responses((status = 200, description = "The new allowlist; changed runtimes build in the background", body = crate::runtimes::RuntimeList))
+)]
+pub(crate) async fn put_runtimes(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
@@ -936,12 +1092,24 @@ async fn put_runtimes(
     Ok(Json(state.core.runtimes().list()).into_response())
 }
 
-async fn policy(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get, path = "/v1/policy", tag = "policy",
+    responses((status = 200, description = "The live policy and what needs a restart", body = crate::policy::PolicyView))
+)]
+pub(crate) async fn policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     admin(&state, &headers).await?;
     Ok(Json(state.core.policy_view()).into_response())
 }
 
-async fn put_policy(
+#[utoipa::path(
+    put, path = "/v1/policy", tag = "policy",
+    request_body(content = PolicyChange, description = "The live fields to change; any other field is refused"),
+    responses((status = 200, description = "The policy, changed", body = crate::policy::PolicyView))
+)]
+pub(crate) async fn put_policy(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
@@ -952,7 +1120,11 @@ async fn put_policy(
 }
 
 /// Pages through the audit log, newest first. A session token sees only its own session.
-async fn operations(
+#[utoipa::path(
+    get, path = "/v1/operations", tag = "operations", params(OperationQuery),
+    responses((status = 200, description = "One page of the audit log, newest first", body = crate::audit::OperationPage))
+)]
+pub(crate) async fn operations(
     State(state): State<AppState>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
@@ -979,4 +1151,67 @@ async fn operations(
         other => ApiError::internal(other.to_string()),
     })?;
     Ok(Json(page).into_response())
+}
+
+/// The body of `GET /v1/sessions`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct SessionList {
+    /// Every session of this host.
+    sessions: Vec<crate::core::SessionView>,
+}
+
+/// The body of `POST /v1/sessions/{id}/token`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct TokenRotated {
+    /// The session.
+    id: String,
+    /// Its new token.
+    token: String,
+}
+
+/// The body of `POST /v1/sessions/{id}/runs/{run_id}/stop`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct RunStopping {
+    /// The run.
+    run_id: String,
+    /// Always true: the run is being stopped.
+    stopping: bool,
+}
+
+/// The body of a file write.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Written {
+    /// The path, as requested.
+    path: String,
+    /// The size of the file written.
+    size: u64,
+}
+
+/// The body of a file remove.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Removed {
+    /// The path, as requested.
+    path: String,
+    /// Always true.
+    removed: bool,
+}
+
+/// The body of a mkdir.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Made {
+    /// The folder, as requested.
+    path: String,
+}
+
+/// The body of `GET /v1/sessions/{id}/ls`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct LsResponse {
+    /// The folder, as requested.
+    path: String,
+    /// Its entries, sorted by name.
+    entries: Vec<crate::files::Entry>,
+    /// It holds more entries than `max_entries`.
+    truncated: bool,
+    /// The most entries listed.
+    max_entries: usize,
 }

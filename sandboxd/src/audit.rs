@@ -39,7 +39,7 @@ pub const DEFAULT_QUEUE: usize = 10_000;
 const DROP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// An operation kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
     /// A file read.
@@ -114,7 +114,7 @@ pub struct NewOperation {
 }
 
 /// A stored row, as `GET /v1/operations` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Operation {
     /// The row id (ascending in time of writing).
     pub id: i64,
@@ -150,7 +150,8 @@ pub struct Operation {
 }
 
 /// The filters of `GET /v1/operations` (all optional; query parameters of the same names).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OperationQuery {
     /// Only this session.
@@ -183,7 +184,7 @@ pub struct OperationQuery {
 }
 
 /// One page of operations, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OperationPage {
     /// The rows.
     pub operations: Vec<Operation>,

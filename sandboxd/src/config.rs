@@ -30,6 +30,9 @@ pub enum Command {
         #[arg(long, value_name = "NAME")]
         node: String,
     },
+    /// Print the OpenAPI 3.1 document of the `/v1` API (what `GET /openapi.json` serves and
+    /// `docs/openapi.json` holds) and exit.
+    Openapi,
 }
 
 /// How runs reach a sandbox.

@@ -106,7 +106,7 @@ impl Settings {
 }
 
 /// Per-session resource limits, within the host's ceilings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// CPUs.
@@ -124,10 +124,11 @@ pub struct Limits {
 }
 
 /// A request to open a session by name.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OpenRequest {
     /// The session name (its id on this host).
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     pub name: String,
     /// The tenant, counted against the per-tenant cap.
     pub tenant: String,
@@ -141,11 +142,12 @@ pub struct OpenRequest {
     /// open naming another owner than the session's is refused (409 `owner_mismatch`); a
     /// session without one is adopted. Absent: no owner is checked or recorded.
     #[serde(default)]
+    #[schema(pattern = "^[!-~]{1,128}$")]
     pub owner: Option<String>,
 }
 
 /// What an open did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Opened {
     /// Whether this request created the session.
     #[serde(skip)]
@@ -159,7 +161,7 @@ pub struct Opened {
 }
 
 /// A session as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionView {
     /// The id.
     pub id: String,
@@ -188,7 +190,7 @@ pub struct SessionView {
 }
 
 /// What a destroy did.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Destroyed {
     /// The id.
     pub id: String,
@@ -199,7 +201,7 @@ pub struct Destroyed {
 }
 
 /// A run request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// The command, run under POSIX `/bin/sh -c` in /workspace.

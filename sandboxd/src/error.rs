@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::files::FileError;
 
 /// The body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// A stable, snake_case code a client can branch on.
     pub code: String,

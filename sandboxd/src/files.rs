@@ -223,7 +223,7 @@ impl FileError {
 }
 
 /// What a file, directory or link is. Symlinks are never followed to decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     /// A regular file.
@@ -237,7 +237,7 @@ pub enum EntryKind {
 }
 
 /// One file, directory or link of the workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Entry {
     /// The last component of the path (empty for the workspace root).
     pub name: String,
@@ -254,7 +254,7 @@ pub struct Entry {
 }
 
 /// One folder's entries, as [`Workspace::list`] and [`Workspace::list_all`] return them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Listing {
     /// The entries, sorted by name.
     pub entries: Vec<Entry>,
@@ -310,7 +310,7 @@ impl Default for TreeLimits {
 }
 
 /// The result of a [`Workspace::tree`] walk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Tree {
     /// The starting directory, relative to the workspace root (empty for the root).
     pub root: String,
@@ -2504,5 +2504,83 @@ mod tests {
         swapper.join().expect("swapper");
         assert!(inside_reads > 0, "the race never let a read through");
         f.sentinels_intact();
+    }
+}
+
+/// Properties of the lexical path normalization every file route goes through, on arbitrary
+/// input: it never panics, and what it accepts stays in the workspace.
+#[cfg(test)]
+mod normalize_props {
+    use proptest::prelude::*;
+
+    use super::{FileError, normalize};
+
+    /// Paths made of the parts that matter (`..`, `.`, empty, the mount point, NUL, a
+    /// backslash, unicode), joined by `/`, sometimes absolute.
+    fn tricky_path() -> impl Strategy<Value = String> {
+        let part = prop_oneof![
+            Just("..".to_owned()),
+            Just(".".to_owned()),
+            Just(String::new()),
+            Just("workspace".to_owned()),
+            Just("a\0b".to_owned()),
+            Just("..\\..".to_owned()),
+            "[a-z.é]{1,4}",
+        ];
+        (any::<bool>(), prop::collection::vec(part, 0..8)).prop_map(|(absolute, parts)| {
+            format!("{}{}", if absolute { "/" } else { "" }, parts.join("/"))
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn never_panics_on_any_string(path in any::<String>()) {
+            let _ = normalize(&path);
+        }
+
+        #[test]
+        fn accepted_paths_stay_below_the_root(path in tricky_path()) {
+            if let Ok(comps) = normalize(&path) {
+                let joined = comps.join("/");
+                prop_assert!(!joined.starts_with('/'), "{path:?} -> {joined:?}");
+                for c in &comps {
+                    prop_assert!(c != ".." && c != "." && !c.is_empty(), "{path:?} -> {comps:?}");
+                    prop_assert!(!c.contains('/') && !c.contains('\0'), "{path:?} -> {comps:?}");
+                }
+                // Normalizing again changes nothing.
+                prop_assert_eq!(normalize(&joined).ok(), Some(comps));
+            }
+        }
+
+        #[test]
+        fn refuses_exactly_what_climbs_out_or_is_elsewhere(path in tricky_path()) {
+            let relative = match path.strip_prefix("/workspace") {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => Some(rest),
+                _ if path.starts_with('/') => None,
+                _ => Some(path.as_str()),
+            };
+            let mut depth = 0i64;
+            let mut climbs = false;
+            for c in relative.unwrap_or_default().split('/') {
+                match c {
+                    "" | "." => {}
+                    ".." => {
+                        depth -= 1;
+                        climbs |= depth < 0;
+                    }
+                    _ => depth += 1,
+                }
+            }
+            match normalize(&path) {
+                Ok(_) => prop_assert!(relative.is_some() && !climbs && !path.contains('\0'), "{path:?} accepted"),
+                Err(FileError::InvalidPath { .. }) => {
+                    prop_assert!(relative.is_none() || path.contains('\0'), "{path:?} invalid")
+                }
+                Err(FileError::OutsideWorkspace { .. }) => prop_assert!(climbs, "{path:?} outside"),
+                Err(other) => prop_assert!(false, "{path:?}: unexpected {other}"),
+            }
+        }
     }
 }

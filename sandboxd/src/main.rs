@@ -36,6 +36,10 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
+    if config.command == Some(sandboxd::config::Command::Openapi) {
+        print!("{}", sandboxd::openapi::json());
+        return std::process::ExitCode::SUCCESS;
+    }
     if config.command == Some(sandboxd::config::Command::RemoveNetwork) {
         return match sandboxd::server::remove_network(&config).await {
             Ok(()) => std::process::ExitCode::SUCCESS,

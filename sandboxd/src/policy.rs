@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 /// The settings that change live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Policy {
     /// Sessions this host holds at most (`SANDBOXD_MAX_SESSIONS`).
     pub max_sessions: u32,
@@ -25,7 +25,7 @@ pub struct Policy {
 }
 
 /// What cannot change at runtime, shown so a caller sees the whole picture.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Fixed {
     /// The allowlisted runtime aliases (changed through `PUT /v1/runtimes`, never the policy).
     pub runtimes: Vec<String>,
@@ -58,7 +58,7 @@ pub struct Fixed {
 }
 
 /// The body of `GET /v1/policy` and of a successful `PUT /v1/policy`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PolicyView {
     /// The live settings.
     #[serde(flatten)]

@@ -40,7 +40,7 @@ pub struct RunSpec {
 }
 
 /// One piece of a run's life, as streamed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunEvent {
     /// Bytes on stdout (lossy UTF-8).
@@ -56,7 +56,7 @@ pub enum RunEvent {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunOutcome {
     /// The run id.
     pub run_id: String,
@@ -84,7 +84,7 @@ pub struct RunOutcome {
 
 /// A run as the sandbox's agent knows it: one in flight, or one that finished (also one whose
 /// request was lost when sandboxd restarted).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunStatus {
     /// The run id.
     pub run_id: String,

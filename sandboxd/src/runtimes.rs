@@ -50,7 +50,7 @@ pub const LABEL_RUNTIME: &str = "sandboxd.dev/runtime";
 pub const REPOSITORY: &str = "sandboxd-runtime";
 
 /// Where a runtime's image is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BuildState {
     /// Not there yet; a build (or pull) is queued or waits for its next attempt.
@@ -64,7 +64,7 @@ pub enum BuildState {
 }
 
 /// How an entry gets its image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeKind {
     /// A ready image, used as is.
@@ -74,7 +74,7 @@ pub enum RuntimeKind {
 }
 
 /// One runtime as `GET /v1/runtimes` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuntimeStatus {
     /// The alias a session names.
     pub alias: String,
@@ -109,7 +109,7 @@ pub struct RuntimeStatus {
 }
 
 /// The body of `GET /v1/runtimes` and the answer of `PUT /v1/runtimes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuntimeList {
     /// Whether the allowlist came in the catalog format (then it has briefings).
     pub catalog: bool,

@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row, SqlitePool};
 // never input; every value is bound.
 
 /// Where a session is in its life on this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The container is being created and started.

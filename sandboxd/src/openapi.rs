@@ -1,0 +1,710 @@
+//! The OpenAPI 3.1 document of the `/v1` API, the index, health and metrics: generated from the
+//! handlers' `#[utoipa::path]` attributes and the request and response types, with the error
+//! responses of each route from [`ERRORS`]. Served at `GET /openapi.json` without a token (it
+//! describes this version of sandboxd, the same on every host, and holds nothing of a session;
+//! the index at `/` lists the routes without a token too), printed by `sandboxd openapi` and
+//! committed as `docs/openapi.json`, which a test keeps equal to it.
+//!
+//! The wire protocol's routes (`crate::wire`) are not described here: that surface is
+//! pydantic-ai-backend's, whose own schema is its reference.
+
+use serde::Serialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
+use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
+
+use crate::error::ErrorBody;
+
+/// `{id}`: a session.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionId {
+    /// The session id (its name on this host).
+    #[allow(dead_code)]
+    id: String,
+}
+
+/// `{run_id}`: a run of the session.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RunId {
+    /// The run id (the caller's, or the one sandboxd made).
+    #[allow(dead_code)]
+    run_id: String,
+}
+
+/// `{path}`: a file of the workspace.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct FilePath {
+    /// The path relative to the workspace root, `/`-separated (the rest of the URL). `..`,
+    /// an absolute path or a symlink out of the workspace is refused.
+    #[allow(dead_code)]
+    path: String,
+}
+
+/// Bytes as they are (a file's content).
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct Binary(#[allow(dead_code)] Vec<u8>);
+
+/// The body of `PUT /v1/policy`: any of the live fields ([`crate::policy::LIVE_FIELDS`]).
+#[derive(Serialize, ToSchema)]
+pub struct PolicyChange {
+    /// Sessions this host holds at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    /// Sessions one tenant holds at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions_per_tenant: Option<u32>,
+    /// Longest run, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execute_timeout: Option<u64>,
+    /// Largest read, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_read_bytes: Option<u64>,
+    /// Output kept per stream of a run, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// A status and the error codes a route answers it with.
+pub type Errors = (u16, &'static [&'static str]);
+
+const AUTH: (u16, &[&str]) = (401, &["unauthorized"]);
+const ADMIN: (u16, &[&str]) = (403, &["forbidden"]);
+const INTERNAL: (u16, &[&str]) = (500, &["internal"]);
+const BODY: [(u16, &[&str]); 2] = [(400, &["bad_request"]), (413, &["too_large"])];
+
+/// The error responses of each route: status and the codes it answers with. Every route but
+/// the public ones answers 401 `unauthorized` first; a route with a body answers 400
+/// `bad_request` for a body that cannot be read and 413 `too_large` for one over its limit.
+pub const ERRORS: &[(&str, &[Errors])] = &[
+    ("GET /v1/sessions", &[AUTH, ADMIN, INTERNAL]),
+    (
+        "POST /v1/sessions",
+        &[
+            (400, &["bad_request", "unknown_runtime"]),
+            AUTH,
+            ADMIN,
+            (
+                409,
+                &[
+                    "owner_mismatch",
+                    "name_taken",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (413, &["too_large"]),
+            (429, &["tenant_cap", "host_cap"]),
+            INTERNAL,
+            (502, &["docker_error", "open_failed"]),
+            (503, &["network_unavailable", "runtime_failed"]),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}",
+        &[AUTH, ADMIN, (404, &["session_not_found"]), INTERNAL],
+    ),
+    (
+        "DELETE /v1/sessions/{id}",
+        &[
+            AUTH,
+            ADMIN,
+            (409, &["owner_mismatch", "session_opening"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/stop",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &["session_opening", "session_destroying", "session_changed"],
+            ),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/start",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (429, &["host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (503, &["network_unavailable", "runtime_failed"]),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/reclaim",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "containers_persist",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                ],
+            ),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/token",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &["owner_mismatch", "session_opening", "session_destroying"],
+            ),
+            INTERNAL,
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/runs",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "run_exists",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost", "session_gone"]),
+            (413, &["too_large"]),
+            (429, &["run_cap", "host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (503, &["network_unavailable", "runtime_failed"]),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/runs/{run_id}",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "run_not_found"]),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/runs/{run_id}/stop",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "run_not_found"]),
+            INTERNAL,
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/files/{path}",
+        &[
+            (400, &["invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &[
+                    "is_a_directory",
+                    "not_a_regular_file",
+                    "session_opening",
+                    "session_destroying",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (413, &["too_large"]),
+            (500, &["internal", "io_error"]),
+        ],
+    ),
+    (
+        "PUT /v1/sessions/{id}/files/{path}",
+        &[
+            (400, &["invalid_path", "bad_request"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &[
+                    "is_a_directory",
+                    "not_a_directory",
+                    "not_a_regular_file",
+                    "session_opening",
+                    "session_destroying",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (413, &["too_large"]),
+            (500, &["internal", "io_error"]),
+            (507, &["workspace_full"]),
+        ],
+    ),
+    (
+        "DELETE /v1/sessions/{id}/files/{path}",
+        &[
+            (400, &["invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &[
+                    "directory_not_empty",
+                    "not_a_directory",
+                    "session_opening",
+                    "session_destroying",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (500, &["internal", "io_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/mkdir",
+        &[
+            (400, &["bad_request", "invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &["not_a_directory", "session_opening", "session_destroying"],
+            ),
+            (410, &["session_lost"]),
+            (413, &["too_large"]),
+            (500, &["internal", "io_error"]),
+            (507, &["workspace_full"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/ls",
+        &[
+            (400, &["invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &["not_a_directory", "session_opening", "session_destroying"],
+            ),
+            (410, &["session_lost"]),
+            (500, &["internal", "io_error"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/tree",
+        &[
+            (400, &["invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &["not_a_directory", "session_opening", "session_destroying"],
+            ),
+            (410, &["session_lost"]),
+            (500, &["internal", "io_error"]),
+        ],
+    ),
+    ("GET /v1/runtimes", &[AUTH, INTERNAL]),
+    (
+        "PUT /v1/runtimes",
+        &[BODY[0], AUTH, ADMIN, BODY[1], (422, &["invalid_catalog"])],
+    ),
+    ("GET /v1/policy", &[AUTH, ADMIN]),
+    (
+        "PUT /v1/policy",
+        &[BODY[0], AUTH, ADMIN, BODY[1], (422, &["policy_refused"])],
+    ),
+    (
+        "GET /v1/operations",
+        &[(400, &["bad_request"]), AUTH, ADMIN, INTERNAL],
+    ),
+];
+
+/// The error responses of `route` ("METHOD /path"), empty for a public route.
+pub fn errors_of(route: &str) -> &'static [Errors] {
+    ERRORS
+        .iter()
+        .find(|(r, _)| *r == route)
+        .map(|(_, e)| *e)
+        .unwrap_or(&[])
+}
+
+/// The document: the paths of the handlers, the bearer scheme, and each route's errors.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sandboxd",
+        description = "sandboxd's own HTTP API: sandbox sessions in containers with persistent workspaces. JSON in and out; every error is `{\"code\", \"message\"}` (the `ErrorBody` schema) with the status and the codes each route lists. Every `/v1` route takes `Authorization: Bearer <token>`: the admin token reaches everything, a session token only its own session.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(
+        crate::api::index,
+        crate::api::healthz,
+        crate::api::metrics,
+        openapi_json,
+        crate::api::list,
+        crate::api::open,
+        crate::api::show,
+        crate::api::destroy,
+        crate::api::stop,
+        crate::api::start,
+        crate::api::reclaim,
+        crate::api::rotate_token,
+        crate::api::run,
+        crate::api::run_status,
+        crate::api::stop_run,
+        crate::api::read_file,
+        crate::api::write_file,
+        crate::api::remove_file,
+        crate::api::mkdir,
+        crate::api::ls,
+        crate::api::tree,
+        crate::api::runtimes,
+        crate::api::put_runtimes,
+        crate::api::policy,
+        crate::api::put_policy,
+        crate::api::operations,
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&WithErrors),
+    security(("bearer" = [])),
+)]
+pub struct ApiDoc;
+
+struct WithErrors;
+
+impl Modify for WithErrors {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The admin token, or a session token (only its own session)",
+                    ))
+                    .build(),
+            ),
+        );
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let operations = [
+                ("GET", &mut item.get),
+                ("PUT", &mut item.put),
+                ("POST", &mut item.post),
+                ("DELETE", &mut item.delete),
+            ];
+            for (method, operation) in operations {
+                let Some(operation) = operation else { continue };
+                for (status, codes) in errors_of(&format!("{method} {path}")) {
+                    let listed = codes
+                        .iter()
+                        .map(|c| format!("`{c}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    operation.responses.responses.insert(
+                        status.to_string(),
+                        ResponseBuilder::new()
+                            .description(format!("An error; `code` is one of {listed}"))
+                            .content(
+                                "application/json",
+                                ContentBuilder::new()
+                                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                                    .build(),
+                            )
+                            .into(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The document, as `GET /openapi.json` serves it and `docs/openapi.json` holds it.
+pub fn document() -> Document {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = crate::VERSION.to_owned();
+    doc
+}
+
+/// The document as pretty JSON with a final newline: the text of `docs/openapi.json`.
+pub fn json() -> String {
+    match document().to_pretty_json() {
+        Ok(text) => text + "\n",
+        // Serializing a document of strings and maps cannot fail.
+        Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
+    }
+}
+
+/// The OpenAPI document, without a token: it describes this version of sandboxd and holds
+/// nothing of a session.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "service", security(()),
+    responses((status = 200, description = "This document", body = Object))
+)]
+pub(crate) async fn openapi_json() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// "METHOD /path" of every operation of the document.
+    fn documented() -> BTreeSet<String> {
+        let doc = document();
+        let mut routes = BTreeSet::new();
+        for (path, item) in &doc.paths.paths {
+            for (method, op) in [
+                ("GET", &item.get),
+                ("PUT", &item.put),
+                ("POST", &item.post),
+                ("DELETE", &item.delete),
+                ("PATCH", &item.patch),
+                ("HEAD", &item.head),
+                ("OPTIONS", &item.options),
+            ] {
+                if op.is_some() {
+                    routes.insert(format!("{method} {path}"));
+                }
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn committed_document_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == json(),
+            "docs/openapi.json is not the document the code describes; regenerate it with \
+             `make generate` (or `cargo run -q -p sandboxd --bin sandboxd -- openapi > docs/openapi.json`) \
+             and commit it"
+        );
+    }
+
+    #[test]
+    fn the_document_lists_exactly_the_routes() {
+        let listed: BTreeSet<String> = crate::api::ROUTES.iter().map(|r| (*r).to_owned()).collect();
+        let documented = documented();
+        assert_eq!(
+            listed.difference(&documented).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "routes of api::ROUTES the document does not describe"
+        );
+        assert_eq!(
+            documented.difference(&listed).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "routes the document describes that api::ROUTES does not list"
+        );
+    }
+
+    /// The routes `api::router` assembles, read from its source: each `.route("path", …)` and
+    /// the methods chained in it. A route added there and not to the document fails here.
+    #[test]
+    fn the_router_serves_exactly_the_documented_routes() {
+        let source = include_str!("api.rs");
+        let start = source.find("pub fn router(").expect("api::router");
+        let end = start
+            + source[start..]
+                .find(".merge(")
+                .expect("the wire surface merged");
+        let mut served = BTreeSet::new();
+        for part in source[start..end].split(".route(").skip(1) {
+            let path = part
+                .split('"')
+                .nth(1)
+                .expect("a route's path literal")
+                .replace("{*path}", "{path}");
+            let rest = &part[path.len()..];
+            for (call, method) in [
+                ("get(", "GET"),
+                ("post(", "POST"),
+                ("put(", "PUT"),
+                ("delete(", "DELETE"),
+                ("patch(", "PATCH"),
+            ] {
+                let found = rest.match_indices(call).any(|(i, _)| {
+                    i == 0
+                        || !rest.as_bytes()[i - 1].is_ascii_alphanumeric()
+                            && rest.as_bytes()[i - 1] != b'_'
+                });
+                if found {
+                    served.insert(format!("{method} {path}"));
+                }
+            }
+        }
+        assert_eq!(served, documented());
+    }
+
+    #[test]
+    fn every_route_with_errors_is_a_route() {
+        let documented = documented();
+        for (route, errors) in ERRORS {
+            assert!(documented.contains(*route), "ERRORS names {route}");
+            if !crate::api::PUBLIC_ROUTES.contains(&route.split_once(' ').map_or("", |(_, p)| p)) {
+                assert!(
+                    errors
+                        .iter()
+                        .any(|(s, c)| *s == 401 && c.contains(&"unauthorized")),
+                    "{route} answers 401 without a token"
+                );
+            }
+        }
+        for route in &documented {
+            let path = route.split_once(' ').map_or("", |(_, p)| p);
+            assert_eq!(
+                crate::api::PUBLIC_ROUTES.contains(&path),
+                errors_of(route).is_empty(),
+                "{route}: a public route has no error responses, every other route has"
+            );
+        }
+    }
+
+    /// Every code a file operation fails with is documented on the file routes.
+    #[test]
+    fn file_routes_list_every_file_error_code() {
+        let codes = [
+            "invalid_path",
+            "outside_workspace",
+            "not_found",
+            "session_lost",
+            "permission_denied",
+            "io_error",
+        ];
+        for route in [
+            "GET /v1/sessions/{id}/files/{path}",
+            "PUT /v1/sessions/{id}/files/{path}",
+            "DELETE /v1/sessions/{id}/files/{path}",
+        ] {
+            let listed: Vec<&str> = errors_of(route)
+                .iter()
+                .flat_map(|(_, c)| c.iter().copied())
+                .collect();
+            for code in codes {
+                assert!(listed.contains(&code), "{route} lists {code}");
+            }
+        }
+        assert!(
+            errors_of("PUT /v1/sessions/{id}/files/{path}")
+                .iter()
+                .any(|(s, c)| *s == 507 && c.contains(&"workspace_full"))
+        );
+    }
+
+    #[test]
+    fn policy_change_names_the_live_fields() {
+        let all = PolicyChange {
+            max_sessions: Some(1),
+            max_sessions_per_tenant: Some(1),
+            execute_timeout: Some(1),
+            max_read_bytes: Some(1),
+            max_output_bytes: Some(1),
+        };
+        let value = serde_json::to_value(all).expect("serializes");
+        let fields: BTreeSet<&str> = value
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            fields,
+            crate::policy::LIVE_FIELDS
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+        );
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_with_bearer_auth() {
+        let value: serde_json::Value = serde_json::from_str(&json()).expect("JSON");
+        assert_eq!(value["openapi"], "3.1.0");
+        assert_eq!(value["info"]["version"], crate::VERSION);
+        assert_eq!(
+            value["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
+        assert_eq!(
+            value["paths"]["/openapi.json"]["get"]["security"],
+            serde_json::json!([{}])
+        );
+        assert_eq!(
+            value["paths"]["/v1/sessions"]["post"]["responses"]["429"]["content"]["application/json"]
+                ["schema"]["$ref"],
+            "#/components/schemas/ErrorBody"
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! Schemathesis against a real sandboxd (real dockerd, the local base image), from the OpenAPI
+//! document the daemon serves at `GET /openapi.json`: requests generated from every route's
+//! parameters and bodies, with the admin token and with a session token, seeded and bounded.
+//! Each response must be no 5xx the document does not list, have a status the route documents,
+//! and match the documented schema. The session's workspace holds a symlink out of it and the
+//! folder next to the workspaces a canary: the fuzzer must not change or reach either.
+//! Schemathesis is installed at the pin of `hack/versions.env` by `hack/schemathesis-venv.sh`;
+//! this test fails (never skips) when it cannot run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Daemon;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// Schemathesis's `st`, installed (once per pin) by `hack/schemathesis-venv.sh`.
+fn schemathesis() -> String {
+    let out = Command::new(repo().join("hack/schemathesis-venv.sh"))
+        .output()
+        .expect("hack/schemathesis-venv.sh runs");
+    assert!(
+        out.status.success(),
+        "hack/schemathesis-venv.sh failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("a path")
+        .trim()
+        .to_owned()
+}
+
+/// The run every `{run_id}` names: one that finished in the session.
+const RUN: &str = "fuzz-run";
+/// Examples per operation and phase.
+const MAX_EXAMPLES: &str = "12";
+
+/// Runs Schemathesis with `token` against `d`, the `{id}` of every route being `session`.
+fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
+    let config = d.dir.path().join(format!("schemathesis-{label}.toml"));
+    std::fs::write(
+        &config,
+        format!("[parameters]\n\"path.id\" = \"{session}\"\n\"path.run_id\" = \"{RUN}\"\n"),
+    )
+    .expect("the config file");
+    let out = Command::new(st)
+        .arg("--config-file")
+        .arg(&config)
+        .arg("run")
+        .arg(format!("{}/openapi.json", d.base))
+        .args(["--url", &d.base])
+        .args(["--header", &format!("Authorization: Bearer {token}")])
+        .args([
+            "--checks",
+            "not_a_server_error,status_code_conformance,response_schema_conformance",
+        ])
+        .args(["--phases", "examples,fuzzing"])
+        .args(["--max-examples", MAX_EXAMPLES])
+        .args([
+            "--workers",
+            "1",
+            "--request-timeout",
+            "30",
+            "--max-time",
+            "30",
+        ])
+        // The same requests every time, so a failure reproduces.
+        .arg("--generation-deterministic")
+        .arg("--no-color")
+        // Replacing the allowlist builds images from whatever the fuzzer names (minutes of
+        // builds and pulls); destroying the session leaves nothing for the other routes.
+        .args(["--exclude-operation-id", "put_runtimes"])
+        .args(["--exclude-operation-id", "destroy"])
+        .current_dir(d.dir.path())
+        .output()
+        .expect("schemathesis runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "schemathesis with the {label} token found failures ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A token that stopped working would leave routes at 401, which the document lists (403
+    // from the admin routes is what a session token gets).
+    assert!(
+        !stdout.contains("401 Unauthorized ("),
+        "schemathesis with the {label} token got only 401 from some routes:\n{stdout}"
+    );
+    eprintln!("schemathesis with the {label} token:\n{stdout}");
+}
+
+/// Every file below `dir`, with its content (a symlink: its target).
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let Ok(meta) = p.symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                todo.push(p.clone());
+                out.push((p, Vec::new()));
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&p).unwrap_or_default();
+                out.push((p, target.into_os_string().into_encoded_bytes()));
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
+    let st = schemathesis();
+    let d = Daemon::start(&[("SANDBOXD_EXECUTE_TIMEOUT", "5")]);
+    let admin = d.admin();
+    let opened = admin
+        .open("fuzz", "org-fuzz", None, None)
+        .await
+        .expect("open");
+    let token = opened.token.expect("a new session has a token");
+    let session = d.client(&token);
+    session
+        .write("fuzz", "inside/notes.txt", "kept")
+        .await
+        .expect("write");
+
+    let ran = session
+        .run("fuzz", "echo fuzz", None, None, Some(RUN))
+        .await
+        .expect("a run");
+    assert_eq!(ran.exit_code, 0);
+
+    // Outside the workspace: a canary folder next to the workspaces, and a symlink to it from
+    // inside the session's workspace.
+    let outside = d
+        .workspace_root()
+        .parent()
+        .expect("a parent")
+        .join("outside");
+    std::fs::create_dir_all(&outside).expect("the canary folder");
+    std::fs::write(outside.join("secret.txt"), "untouched").expect("the canary");
+    std::os::unix::fs::symlink(&outside, d.workspace("fuzz").join("link")).expect("a symlink");
+    let before = snapshot(&outside);
+
+    // What the fuzzer found before, answered as the document says.
+    let doc: serde_json::Value = reqwest::get(format!("{}/openapi.json", d.base))
+        .await
+        .expect("GET /openapi.json")
+        .json()
+        .await
+        .expect("the document is JSON");
+    for (method, path, query, status, code) in [
+        // An empty owner is not an owner: 400, which the document did not list.
+        (
+            "post",
+            "/v1/sessions/{id}/token",
+            "?owner=",
+            400,
+            "bad_request",
+        ),
+    ] {
+        let url = format!("{}{}{query}", d.base, path.replace("{id}", "fuzz"));
+        let (got, body) = common::raw(
+            method.to_uppercase().parse().expect("a method"),
+            &url,
+            Some(&d.admin),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (status, Some(code)),
+            "{method} {url}"
+        );
+        let documented = &doc["paths"][path][method]["responses"][status.to_string()];
+        assert!(
+            documented["description"]
+                .as_str()
+                .is_some_and(|d| d.contains(&format!("`{code}`"))),
+            "{method} {path} documents {status} {code}"
+        );
+    }
+
+    fuzz(&st, &d, &d.admin, "fuzz", "admin");
+    // The admin run rotated the session's token (`POST /v1/sessions/{id}/token`): a fresh one.
+    let token = admin.rotate_token("fuzz").await.expect("a new token");
+    fuzz(&st, &d, &token, "fuzz", "session");
+
+    assert_eq!(
+        snapshot(&outside),
+        before,
+        "the folder outside the workspace changed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret.txt")).expect("the canary"),
+        "untouched"
+    );
+    // sandboxd still serves, and the session is still there.
+    let view = admin.get("fuzz").await.expect("the session");
+    assert_eq!(view.id, "fuzz");
+}
+
+/// The document is served without a token and is the committed one; every route it describes
+/// is one the daemon serves: without a token, the public ones answer 200 and every other one
+/// 401 `unauthorized` (never 404 `route_not_found` or 405).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_document_describes_the_served_routes() {
+    let d = Daemon::start(&[]);
+    let resp = reqwest::get(format!("{}/openapi.json", d.base))
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.text().await.expect("a body");
+    let committed =
+        std::fs::read_to_string(repo().join("docs/openapi.json")).expect("docs/openapi.json");
+    assert_eq!(
+        text, committed,
+        "GET /openapi.json serves docs/openapi.json"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut checked = 0;
+    for (path, item) in paths {
+        let url = format!(
+            "{}{}",
+            d.base,
+            path.replace("{id}", "nobody")
+                .replace("{run_id}", "r1")
+                .replace("{path}", "a/b.txt")
+        );
+        for method in ["get", "put", "post", "delete"] {
+            let Some(op) = item.get(method) else { continue };
+            let public = op["security"] == serde_json::json!([{}]);
+            let (status, body) = common::raw(
+                method.to_uppercase().parse().expect("a method"),
+                &url,
+                None,
+                None,
+            )
+            .await;
+            if public {
+                assert_eq!(status, 200, "{method} {path} without a token");
+            } else {
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (401, Some("unauthorized")),
+                    "{method} {path} without a token"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, sandboxd::api::ROUTES.len());
+}
