@@ -6,8 +6,9 @@
 //! all in a scope of its own (a label and the operators' `--selector`). It drives a random
 //! workload through the real stack: `kubectl apply` of SandboxSessions in two namespaces it
 //! made, commands run and files written through each session's token Secret (`endpoint`,
-//! `token`, `session`), deletes of sessions and of a namespace. At a random step it sends
-//! `kill -9` to one target and restarts it a few steps later, as a kubelet or systemd would:
+//! `token`, `session`), deletes of sessions and of a namespace. At a random step, while that
+//! step's requests are in flight, it sends `kill -9` to one target (consecutive seeds take the
+//! targets in turn) and restarts it one to three steps later, as a kubelet or systemd would:
 //! - `operator`: the replica that holds the Lease (spawned again with the same identity);
 //! - `sandboxd`: one of the hosts (spawned again on the same port, state and workspaces);
 //! - `apiserver`, `etcd`: the shared control plane (`hack/control-plane.sh start`, which
@@ -18,15 +19,16 @@
 //! passes when all hold:
 //! - every live SandboxSession is Running, Sleeping or Reclaimed, none is stuck deleting;
 //! - every session deleted (alone or with its namespace) is gone, the namespace too;
-//! - one container per Running or Sleeping session, none for a Reclaimed one, none of the
-//!   harness's hosts without a live session;
+//! - one container per Running or Sleeping session (running for a Running one), none for a
+//!   Reclaimed one, none of the harness's hosts without a live session;
 //! - no Tombstone of the scope is left;
 //! - every live session's workspace folder exists, holding every file whose write the API
-//!   acknowledged, byte for byte.
+//!   acknowledged, byte for byte, and the audit row of each such write.
 //!
 //! One line per trial (seed, what was killed when, time to converge, verdict), a summary, and
-//! exit status 1 when any invariant broke (each named with its trial's seed). `--seed S
-//! --trials N` replays a run. Each trial removes what it made (namespaces, SandboxHosts, the
+//! exit status 1 when any invariant broke (each named with its trial's seed). Trial i's seed is
+//! the run's plus i: `--seed S --trials N` replays a run, `--seed <trial seed> --trials 1` one
+//! trial. Each trial removes what it made (namespaces, SandboxHosts, the
 //! Runtime, Tombstones, its hosts' containers and folders), whatever its verdict.
 //!
 //! Killing the API server, etcd or dockerd breaks whatever else uses them at that moment, so
@@ -160,22 +162,14 @@ impl Dev {
         }
     }
 
-    /// `kill -9` of a shared service; waits until it is gone.
-    fn kill9(&self, target: Target) -> Result<()> {
+    /// The pid of a shared service, from its pid file.
+    fn pid(&self, target: Target) -> Result<u32> {
         let file = self.pid_file(target);
-        let pid = std::fs::read_to_string(&file)
+        std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?
             .trim()
-            .to_owned();
-        signal(&pid, "KILL")?;
-        let by = Instant::now() + Duration::from_secs(30);
-        while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(&pid) {
-            if Instant::now() > by {
-                bail!("{} (pid {pid}) outlived kill -9 by 30 s", target.name());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
+            .parse()
+            .with_context(|| format!("{} holds no pid", file.display()))
     }
 
     /// Starts a shared service again through its script (idempotent: restarts what is dead).
@@ -200,6 +194,20 @@ impl Dev {
         }
         Ok(())
     }
+}
+
+/// `kill -9 pid`; waits (at most 30 s) until the process is gone or a zombie.
+fn kill9_and_wait(pid: u32) -> Result<()> {
+    let pid = pid.to_string();
+    signal(&pid, "KILL")?;
+    let by = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(&pid) {
+        if Instant::now() > by {
+            bail!("pid {pid} outlived kill -9 by 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn is_zombie(pid: &str) -> bool {
@@ -434,6 +442,8 @@ enum Fate {
 /// One trial's world.
 struct Trial {
     client: Client,
+    /// The part of the trial's names unique to it.
+    short: String,
     scope: String,
     home: String,
     namespaces: Vec<String>,
@@ -456,16 +466,19 @@ fn labels(scope: &str) -> serde_json::Value {
 }
 
 impl Trial {
-    async fn setup(client: &Client, seed: u64, image: &str, rng: &mut Rng) -> Result<Self> {
-        let scope = format!("faults-{seed:016x}");
-        let short = format!("{:08x}", seed as u32);
+    /// The trial's names: unique to this run (`run`) as well as the seed, so a run started
+    /// while the namespaces of the last one are still terminating does not meet them.
+    fn new(client: &Client, run: u32, seed: u64, image: &str) -> Self {
+        let scope = format!("faults-{run:08x}-{seed:016x}");
+        let short = format!("{run:08x}-{:08x}", seed as u32);
         let home = format!("sbx-faults-{short}");
         let namespaces = vec![
             format!("sbx-faults-{short}-a"),
             format!("sbx-faults-{short}-b"),
         ];
-        let mut t = Self {
+        Self {
             client: client.clone(),
+            short: short.clone(),
             scope: scope.clone(),
             home: home.clone(),
             namespaces: namespaces.clone(),
@@ -479,9 +492,14 @@ impl Trial {
             events: vec![],
             started: Instant::now(),
             did: BTreeMap::new(),
-        };
+        }
+    }
+
+    /// Makes the trial's namespaces, hosts, Runtime and operators.
+    async fn setup(&mut self, rng: &mut Rng) -> Result<()> {
+        let (client, scope, home) = (self.client.clone(), self.scope.clone(), self.home.clone());
         let nsapi = Api::<Namespace>::all(client.clone());
-        for ns in std::iter::once(&home).chain(&namespaces) {
+        for ns in std::iter::once(&home).chain(&self.namespaces) {
             nsapi
                 .create(
                     &PostParams::default(),
@@ -494,9 +512,9 @@ impl Trial {
         }
         for i in 0..2 {
             let host = Host::start(
-                format!("faults-{short}-h{i}"),
-                format!("flt{short}h{i}"),
-                &t.image,
+                format!("faults-{}-h{i}", self.short),
+                format!("flt{}h{i}", self.short.replace('-', "")),
+                &self.image,
                 rng,
             )?;
             Api::<Secret>::namespaced(client.clone(), &home)
@@ -513,19 +531,19 @@ impl Trial {
                     "metadata": {"name": host.name, "labels": labels(&scope)},
                     "spec": {"endpoint": host.endpoint(), "adminTokenSecret": {"namespace": home, "name": format!("{}-admin", host.name), "key": "token"}}}))?)
                 .await?;
-            t.hosts.push(host);
+            self.hosts.push(host);
         }
         Api::<Runtime>::all(client.clone())
             .create(&PostParams::default(), &serde_json::from_value(json!({
                 "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-                "metadata": {"name": t.runtime, "labels": labels(&scope)},
-                "spec": {"description": "the local base image", "image": t.image, "default": true}}))?)
+                "metadata": {"name": self.runtime, "labels": labels(&scope)},
+                "spec": {"description": "the local base image", "image": self.image, "default": true}}))?)
             .await?;
         for i in 0..2 {
-            t.operators
+            self.operators
                 .push(Operator::spawn(&format!("{scope}-{i}"), &home, &scope)?);
         }
-        Ok(t)
+        Ok(())
     }
 
     fn at(&self) -> String {
@@ -581,6 +599,17 @@ impl Trial {
         (0..self.sessions.len())
             .filter(|&i| self.sessions[i].fate != Fate::Deleted)
             .collect()
+    }
+
+    /// [`Trial::step`], counted, and bounded: during an outage it fails, and a call to an API
+    /// server without etcd hangs.
+    async fn bounded_step(&mut self, rng: &mut Rng, n: usize) {
+        let (kind, ok) = tokio::time::timeout(STEP_LIMIT, self.step(rng, n))
+            .await
+            .unwrap_or(("timed out", false));
+        let tally = self.did.entry(kind).or_default();
+        tally.0 += 1;
+        tally.1 += usize::from(ok);
     }
 
     /// One random workload step: what it did and whether the stack accepted it.
@@ -682,33 +711,38 @@ impl Trial {
         self.operators.iter().position(|o| o.identity == holder)
     }
 
-    /// Kills `target`; returns what to restart.
-    async fn kill(&mut self, target: Target, dev: &Dev, rng: &mut Rng) -> Result<Killed> {
-        let killed = match target {
+    /// Chooses what of `target` to kill: the victim and its pid.
+    async fn victim(&self, target: Target, dev: &Dev, rng: &mut Rng) -> Result<(Killed, u32)> {
+        Ok(match target {
             Target::Operator => {
                 let i = match self.leader().await {
                     Some(i) => i,
                     None => rng.below(self.operators.len()),
                 };
-                self.operators[i].kill9();
-                Killed::Operator(i)
+                let pid = self.operators[i].child.as_ref().map(Child::id);
+                (Killed::Operator(i), pid.context("the operator runs")?)
             }
             Target::Sandboxd => {
                 let i = rng.below(self.hosts.len());
-                self.hosts[i].kill9();
-                Killed::Host(i)
+                let pid = self.hosts[i].child.as_ref().map(Child::id);
+                (Killed::Host(i), pid.context("sandboxd runs")?)
             }
-            shared => {
-                dev.kill9(shared)?;
-                Killed::Shared(shared)
-            }
-        };
+            shared => (Killed::Shared(shared), dev.pid(shared)?),
+        })
+    }
+
+    /// Reaps a killed child of the harness and notes the kill, sent `after` the trial began.
+    fn killed(&mut self, killed: &Killed, after: Duration) {
+        match killed {
+            Killed::Operator(i) => self.operators[*i].kill9(),
+            Killed::Host(i) => self.hosts[*i].kill9(),
+            Killed::Shared(_) => {}
+        }
         self.events.push(format!(
-            "kill -9 {} at {}",
+            "kill -9 {} at {:.1}s",
             killed.describe(self),
-            self.at()
+            after.as_secs_f64()
         ));
-        Ok(killed)
     }
 
     fn restart(&mut self, killed: Killed, dev: &Dev) -> Result<()> {
@@ -1025,14 +1059,20 @@ struct Outcome {
 
 async fn trial(
     client: &Client,
+    run: u32,
     args: &Args,
     dev: &Dev,
     image: &str,
     seed: u64,
 ) -> Result<(Outcome, Target)> {
     let mut rng = Rng(seed);
-    let target = args.targets[rng.below(args.targets.len())];
-    let mut t = Trial::setup(client, seed, image, &mut rng).await?;
+    // Consecutive seeds take the targets in turn: ten trials of five targets kill each twice.
+    let target = args.targets[(seed % args.targets.len() as u64) as usize];
+    let mut t = Trial::new(client, run, seed, image);
+    if let Err(e) = t.setup(&mut rng).await {
+        t.cleanup().await;
+        return Err(e);
+    }
     let result = drive(&mut t, args, dev, &mut rng, target).await;
     let outcome = match result {
         Ok(converged) => {
@@ -1110,20 +1150,27 @@ async fn drive(
     let mut killed = None;
     for n in 0..steps {
         if n == kill_at {
-            killed = Some(t.kill(target, dev, rng).await?);
+            // The kill lands while this step's requests are in flight (or just before them).
+            let (victim, pid) = t.victim(target, dev, rng).await?;
+            let delay = Duration::from_millis(rng.below(400) as u64);
+            let started = t.started;
+            let killer = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let at = started.elapsed();
+                tokio::task::spawn_blocking(move || kill9_and_wait(pid).map(|()| at)).await
+            });
+            t.bounded_step(rng, n).await;
+            let at = killer.await.context("the killer task")??;
+            t.killed(&victim, at?);
+            killed = Some(victim);
+            continue;
         }
         if n == restart_at
             && let Some(k) = killed.take()
         {
             t.restart(k, dev)?;
         }
-        // A step during an outage fails, bounded: a call to an API server without etcd hangs.
-        let (kind, ok) = tokio::time::timeout(STEP_LIMIT, t.step(rng, n))
-            .await
-            .unwrap_or(("timed out", false));
-        let tally = t.did.entry(kind).or_default();
-        tally.0 += 1;
-        tally.1 += usize::from(ok);
+        t.bounded_step(rng, n).await;
         tokio::time::sleep(Duration::from_millis(200 + rng.below(600) as u64)).await;
     }
     if let Some(k) = killed.take() {
@@ -1183,12 +1230,18 @@ async fn main() -> Result<()> {
         targets.join(",")
     );
     let started = Instant::now();
+    // What makes this run's names its own.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id();
     let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
     let mut failed: Vec<(u64, Vec<String>)> = vec![];
     for i in 0..args.trials {
         // Trial i's seed is the run's plus i: `--seed <trial seed> --trials 1` replays it.
         let trial_seed = seed.wrapping_add(i as u64);
-        match trial(&client, &args, &dev, &image, trial_seed).await {
+        match trial(&client, run, &args, &dev, &image, trial_seed).await {
             Ok((o, target)) => {
                 *kills.entry(target.name()).or_default() += 1;
                 println!("{}", o.line);
