@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv
+.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv faults
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -42,3 +42,12 @@ schemathesis-venv: ## the API fuzz test's virtualenv: Schemathesis at its pin, f
 test: up lint wire-venv schemathesis-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
 	$(CARGO) build --workspace --bins
 	$(ENV) && timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast
+	$(MAKE) faults
+
+# kill -9 of the operator, a sandboxd, the API server, etcd and dockerd during a random workload
+# (operator/src/bin/faults.rs, docs/reliability.md). Not a cargo test: it kills what the tests
+# share, so it runs alone, after them. SEED=… TRIALS=… replay a run; TARGETS=operator,sandboxd
+# limits what is killed.
+faults: ## the fault harness: TRIALS trials (10) from SEED (1); exits non-zero on a broken invariant
+	$(CARGO) build --workspace --bins
+	$(ENV) && timeout --kill-after=30 1800 $(CARGO) run -q -p sandboxd-operator --bin faults -- --trials $(or $(TRIALS),10) --seed $(or $(SEED),1) $(if $(TARGETS),--targets $(TARGETS))

@@ -56,8 +56,14 @@ KC
   mv "$KUBECONFIG_FILE.tmp" "$KUBECONFIG_FILE"
 }
 
+# A component whose process lives is waited for, never started twice: a second one could not
+# bind the port (or lock the data dir) and would overwrite the pid file of the one that runs.
+# An API server that lost etcd serves again by itself once etcd is back.
 start_etcd() {
-  alive etcd && etcd_ready && return 0
+  if alive etcd; then
+    WAIT_PID=$(cat "$CP/etcd.pid") wait_for "etcd (log: $CP/etcd.log)" 60 etcd_ready
+    return 0
+  fi
   log "starting etcd v$ETCD_VERSION on 127.0.0.1:$ETCD_PORT"
   mkdir -p "$CP/etcd"
   setsid "$ETCD_BIN/etcd" \
@@ -73,7 +79,10 @@ start_etcd() {
 }
 
 start_apiserver() {
-  alive kube-apiserver && api_ready && return 0
+  if alive kube-apiserver; then
+    WAIT_PID=$(cat "$CP/kube-apiserver.pid") wait_for "kube-apiserver (log: $CP/kube-apiserver.log)" 120 api_ready
+    return 0
+  fi
   log "starting kube-apiserver v$KUBERNETES_VERSION on 127.0.0.1:$APISERVER_PORT"
   setsid "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \

@@ -1,0 +1,1286 @@
+//! The fault harness: proves that a `kill -9` of any part of the stack loses no workspace,
+//! no acknowledged write, and leaks no container, Tombstone or finalizer.
+//!
+//! Each trial, from a seed it prints, runs two sandboxd hosts (processes of the workspace's
+//! `sandboxd` binary on the project's dockerd) and two operator replicas with leader election,
+//! all in a scope of its own (a label and the operators' `--selector`). It drives a random
+//! workload through the real stack: `kubectl apply` of SandboxSessions in two namespaces it
+//! made, commands run and files written through each session's token Secret (`endpoint`,
+//! `token`, `session`), deletes of sessions and of a namespace. At a random step, while that
+//! step's requests are in flight, it sends `kill -9` to one target (consecutive seeds take the
+//! targets in turn) and restarts it one to three steps later, as a kubelet or systemd would:
+//! - `operator`: the replica that holds the Lease (spawned again with the same identity);
+//! - `sandboxd`: one of the hosts (spawned again on the same port, state and workspaces);
+//! - `apiserver`, `etcd`: the shared control plane (`hack/control-plane.sh start`, which
+//!   restarts a dead component);
+//! - `dockerd`: the shared dockerd (`hack/dockerd.sh start`).
+//!
+//! Then it waits for convergence (`--converge-seconds`) and checks the invariants; a trial
+//! passes when all hold:
+//! - every live SandboxSession is Running, Sleeping or Reclaimed, none is stuck deleting;
+//! - every session deleted (alone or with its namespace) is gone, the namespace too;
+//! - one container per Running or Sleeping session (running for a Running one), none for a
+//!   Reclaimed one, none of the harness's hosts without a live session;
+//! - no Tombstone of the scope is left;
+//! - every live session's workspace folder exists, holding every file whose write the API
+//!   acknowledged, byte for byte, and the audit row of each such write.
+//!
+//! One line per trial (seed, what was killed when, time to converge, verdict), a summary, and
+//! exit status 1 when any invariant broke (each named with its trial's seed). Trial i's seed is
+//! the run's plus i: `--seed S --trials N` replays a run, `--seed <trial seed> --trials 1` one
+//! trial. Each trial removes what it made (namespaces, SandboxHosts, the
+//! Runtime, Tombstones, its hosts' containers and folders), whatever its verdict.
+//!
+//! Killing the API server, etcd or dockerd breaks whatever else uses them at that moment, so
+//! this is not a `cargo test`: `make test` runs it after the test suite. The control plane's
+//! and dockerd's pid files and scripts are found from `KUBECONFIG` (`<root>/.dev/kubeconfig`),
+//! so the harness works from any checkout that uses them.
+//!
+//! Needs `make up`, `eval "$(make -s env)"`, the binaries (`cargo build --workspace --bins`),
+//! then `cargo run -p sandboxd-operator --bin faults -- --trials 10 --seed 1`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use serde_json::json;
+
+const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
+/// The longest one workload step may take.
+const STEP_LIMIT: Duration = Duration::from_secs(10);
+
+/// What a trial may kill.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    /// The operator replica that holds the Lease.
+    Operator,
+    /// One sandboxd host.
+    Sandboxd,
+    /// The shared kube-apiserver.
+    Apiserver,
+    /// The shared etcd.
+    Etcd,
+    /// The shared dockerd.
+    Dockerd,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Operator => "operator",
+            Target::Sandboxd => "sandboxd",
+            Target::Apiserver => "apiserver",
+            Target::Etcd => "etcd",
+            Target::Dockerd => "dockerd",
+        }
+    }
+}
+
+#[derive(Parser)]
+struct Args {
+    /// The run's seed (each trial's seed derives from it); random when left out.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Trials to run.
+    #[arg(long, default_value_t = 10)]
+    trials: usize,
+    /// What the trials may kill, comma separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "operator,sandboxd,apiserver,etcd,dockerd"
+    )]
+    targets: Vec<Target>,
+    /// Workload steps per trial.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// How long a trial may take to converge once every part is back.
+    #[arg(long, default_value_t = 120)]
+    converge_seconds: u64,
+}
+
+/// splitmix64: a small seeded generator, so a seed replays the same trial.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Where the shared services keep their pid files and scripts: `<root>/.dev`, from `KUBECONFIG`.
+struct Dev {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl Dev {
+    fn from_env() -> Result<Self> {
+        let kubeconfig = std::env::var("KUBECONFIG")
+            .context("KUBECONFIG is not set: eval \"$(make -s env)\" after make up")?;
+        let dir = Path::new(&kubeconfig)
+            .parent()
+            .context("KUBECONFIG has no folder")?
+            .to_path_buf();
+        let root = dir
+            .parent()
+            .context("the .dev folder has no parent")?
+            .to_path_buf();
+        if !root.join("hack/control-plane.sh").exists() {
+            bail!(
+                "{} is not a checkout's .dev (no hack/control-plane.sh next to it)",
+                dir.display()
+            );
+        }
+        Ok(Self { dir, root })
+    }
+
+    fn pid_file(&self, target: Target) -> PathBuf {
+        match target {
+            Target::Apiserver => self.dir.join("control-plane/kube-apiserver.pid"),
+            Target::Etcd => self.dir.join("control-plane/etcd.pid"),
+            _ => self.dir.join("dockerd.pid"),
+        }
+    }
+
+    /// The pid of a shared service, from its pid file.
+    fn pid(&self, target: Target) -> Result<u32> {
+        let file = self.pid_file(target);
+        std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no pid", file.display()))
+    }
+
+    /// Starts a shared service again through its script (idempotent: restarts what is dead).
+    fn restart(&self, target: Target) -> Result<()> {
+        let script = match target {
+            Target::Dockerd => "hack/dockerd.sh",
+            _ => "hack/control-plane.sh",
+        };
+        let out = Command::new(self.root.join(script))
+            .arg("start")
+            .current_dir(&self.root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("running {script} start"))?;
+        if !out.status.success() {
+            bail!(
+                "{script} start failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `kill -9 pid`; waits (at most 30 s) until the process is gone or a zombie.
+fn kill9_and_wait(pid: u32) -> Result<()> {
+    let pid = pid.to_string();
+    signal(&pid, "KILL")?;
+    let by = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(&pid) {
+        if Instant::now() > by {
+            bail!("pid {pid} outlived kill -9 by 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn is_zombie(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+fn signal(pid: &str, sig: &str) -> Result<()> {
+    let ok = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_owned()])
+        .status()
+        .context("running kill")?
+        .success();
+    if !ok {
+        bail!("kill -{sig} {pid} failed");
+    }
+    Ok(())
+}
+
+/// The workspace's binaries, next to this one.
+fn bin(name: &str) -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: cargo build --workspace --bins",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A sandboxd process of the harness.
+struct Host {
+    name: String,
+    port: u16,
+    token: String,
+    instance: String,
+    dir: PathBuf,
+    image: String,
+    child: Option<Child>,
+}
+
+impl Host {
+    fn start(name: String, instance: String, image: &str, rng: &mut Rng) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("sandboxd-faults-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut h = Self {
+            name,
+            port: free_port()?,
+            token: format!("admin-{:016x}{:016x}", rng.next(), rng.next()),
+            instance,
+            dir,
+            image: image.to_owned(),
+            child: None,
+        };
+        h.spawn()?;
+        Ok(h)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let mut child = Command::new(bin("sandboxd")?)
+            .env("SANDBOXD_TOKEN", &self.token)
+            .env("SANDBOXD_WORKSPACE_QUOTA", "off")
+            .env("SANDBOXD_PORT", self.port.to_string())
+            .env("SANDBOXD_RUNTIMES", format!("base={}", self.image))
+            .env("SANDBOXD_INSTANCE", &self.instance)
+            .env("SANDBOXD_WORKSPACE_ROOT", self.dir.join("ws"))
+            .env("SANDBOXD_STATE_DIR", self.dir.join("state"))
+            .env("SANDBOXD_MEM_LIMIT", "256m")
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting sandboxd")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("sandboxd's stdout")?)
+            .read_line(&mut line)
+            .context("sandboxd says where it listens")?;
+        if !line.contains(&format!(":{}", self.port)) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("sandboxd {} did not start: {line:?}", self.name);
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn workspace(&self, id: &str) -> PathBuf {
+        self.dir.join("ws").join(id).join("workspace")
+    }
+
+    /// Containers of this host as Docker reports them: (session label, running).
+    fn containers(&self) -> Result<Vec<(String, bool)>> {
+        let out = Command::new("docker")
+            .args(["ps", "-a"])
+            .args([
+                "--filter",
+                &format!("label=sandboxd.dev/instance={}", self.instance),
+            ])
+            .args(["--format", "{{.Label \"sandboxd.dev/session\"}} {{.State}}"])
+            .output()
+            .context("docker ps")?;
+        if !out.status.success() {
+            bail!("docker ps: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_once(' ')
+                    .map(|(s, st)| (s.to_owned(), st == "running"))
+            })
+            .collect())
+    }
+
+    /// Removes every container of this host and its folder.
+    fn remove_all(&mut self) {
+        self.kill9();
+        if let Ok(out) = Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label=sandboxd.dev/instance={}", self.instance))
+            .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.remove_all();
+    }
+}
+
+/// An operator replica of the harness.
+struct Operator {
+    identity: String,
+    child: Option<Child>,
+}
+
+impl Operator {
+    fn spawn(identity: &str, home: &str, scope: &str) -> Result<Self> {
+        let mut child = Command::new(bin("sandbox-operator")?)
+            .env("POD_NAMESPACE", home)
+            .env("RUST_LOG", "error")
+            .args(["--selector", &format!("{SCOPE_LABEL}={scope}")])
+            .args(["--lease-namespace", home, "--lease-name", "faults"])
+            .args(["--identity", identity, "--http-addr", "127.0.0.1:0"])
+            .args(["--lease-seconds", "3", "--probe-seconds", "1"])
+            .args(["--follow-seconds", "1", "--tombstone-backoff-seconds", "1"])
+            .args(["--tombstone-backoff-cap-seconds", "4"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the operator")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("the operator's stdout")?)
+            .read_line(&mut line)
+            .context("the operator says where it serves health")?;
+        if !line.starts_with("sandbox-operator serving health on ") {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the operator did not start: {line:?}");
+        }
+        Ok(Self {
+            identity: identity.to_owned(),
+            child: Some(child),
+        })
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A session the workload created, and what it knows of it.
+struct Tracked {
+    ns: String,
+    name: String,
+    /// What should have become of it.
+    fate: Fate,
+    /// Files whose write the API acknowledged: path → bytes.
+    writes: BTreeMap<String, Vec<u8>>,
+}
+
+/// What should have become of a session the workload created.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// kubectl applied it and nothing deleted it: it must be there.
+    Live,
+    /// A delete of it or its namespace was accepted: it must be gone.
+    Deleted,
+    /// Its apply or delete failed (an outage): it may be there or not.
+    Unknown,
+}
+
+/// One trial's world.
+struct Trial {
+    client: Client,
+    /// The part of the trial's names unique to it.
+    short: String,
+    scope: String,
+    home: String,
+    namespaces: Vec<String>,
+    deleted_ns: BTreeSet<String>,
+    ns_delete_tried: bool,
+    hosts: Vec<Host>,
+    operators: Vec<Operator>,
+    runtime: String,
+    sessions: Vec<Tracked>,
+    image: String,
+    /// The target and how long after the trial's start it was killed and restarted.
+    events: Vec<String>,
+    started: Instant,
+    /// Workload steps by kind, and how many of them the stack accepted.
+    did: BTreeMap<&'static str, (usize, usize)>,
+}
+
+fn labels(scope: &str) -> serde_json::Value {
+    json!({ SCOPE_LABEL: scope })
+}
+
+impl Trial {
+    /// The trial's names: unique to this run (`run`) as well as the seed, so a run started
+    /// while the namespaces of the last one are still terminating does not meet them.
+    fn new(client: &Client, run: u32, seed: u64, image: &str) -> Self {
+        let scope = format!("faults-{run:08x}-{seed:016x}");
+        let short = format!("{run:08x}-{:08x}", seed as u32);
+        let home = format!("sbx-faults-{short}");
+        let namespaces = vec![
+            format!("sbx-faults-{short}-a"),
+            format!("sbx-faults-{short}-b"),
+        ];
+        Self {
+            client: client.clone(),
+            short: short.clone(),
+            scope: scope.clone(),
+            home: home.clone(),
+            namespaces: namespaces.clone(),
+            deleted_ns: BTreeSet::new(),
+            ns_delete_tried: false,
+            hosts: vec![],
+            operators: vec![],
+            runtime: format!("base-{scope}"),
+            sessions: vec![],
+            image: image.to_owned(),
+            events: vec![],
+            started: Instant::now(),
+            did: BTreeMap::new(),
+        }
+    }
+
+    /// Makes the trial's namespaces, hosts, Runtime and operators.
+    async fn setup(&mut self, rng: &mut Rng) -> Result<()> {
+        let (client, scope, home) = (self.client.clone(), self.scope.clone(), self.home.clone());
+        let nsapi = Api::<Namespace>::all(client.clone());
+        for ns in std::iter::once(&home).chain(&self.namespaces) {
+            nsapi
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(
+                        json!({"metadata": {"name": ns, "labels": labels(&scope)}}),
+                    )?,
+                )
+                .await
+                .with_context(|| format!("creating namespace {ns}"))?;
+        }
+        for i in 0..2 {
+            let host = Host::start(
+                format!("faults-{}-h{i}", self.short),
+                format!("flt{}h{i}", self.short.replace('-', "")),
+                &self.image,
+                rng,
+            )?;
+            Api::<Secret>::namespaced(client.clone(), &home)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                    "metadata": {"name": format!("{}-admin", host.name), "labels": labels(&scope)},
+                    "stringData": {"token": host.token}}))?,
+                )
+                .await?;
+            Api::<SandboxHost>::all(client.clone())
+                .create(&PostParams::default(), &serde_json::from_value(json!({
+                    "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+                    "metadata": {"name": host.name, "labels": labels(&scope)},
+                    "spec": {"endpoint": host.endpoint(), "adminTokenSecret": {"namespace": home, "name": format!("{}-admin", host.name), "key": "token"}}}))?)
+                .await?;
+            self.hosts.push(host);
+        }
+        Api::<Runtime>::all(client.clone())
+            .create(&PostParams::default(), &serde_json::from_value(json!({
+                "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+                "metadata": {"name": self.runtime, "labels": labels(&scope)},
+                "spec": {"description": "the local base image", "image": self.image, "default": true}}))?)
+            .await?;
+        for i in 0..2 {
+            self.operators
+                .push(Operator::spawn(&format!("{scope}-{i}"), &home, &scope)?);
+        }
+        Ok(())
+    }
+
+    fn at(&self) -> String {
+        format!("{:.1}s", self.started.elapsed().as_secs_f64())
+    }
+
+    /// `kubectl apply` of a new session in `ns`.
+    fn apply_session(&mut self, ns: &str, name: &str) -> bool {
+        let doc = json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "namespace": ns, "labels": labels(&self.scope)},
+            "spec": {"scope": "conversation", "tenant": "org-1", "subject": name},
+        });
+        let applied = kubectl(
+            &["apply", "--request-timeout=10s", "-f", "-"],
+            Some(&doc.to_string()),
+        );
+        self.sessions.push(Tracked {
+            ns: ns.to_owned(),
+            name: name.to_owned(),
+            fate: if applied { Fate::Live } else { Fate::Unknown },
+            writes: BTreeMap::new(),
+        });
+        applied
+    }
+
+    /// The session's client from its token Secret, when the operator wrote one.
+    async fn session_client(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Option<(sandboxd::client::Client, String)> {
+        let s = Api::<SandboxSession>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .ok()??;
+        let secret_name = s.status.as_ref()?.credentials_secret.clone()?;
+        let secret = Api::<Secret>::namespaced(self.client.clone(), ns)
+            .get_opt(&secret_name)
+            .await
+            .ok()??;
+        let data = secret.data?;
+        let field = |k: &str| {
+            data.get(k)
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        };
+        let client = sandboxd::client::Client::new(&field("endpoint")?, &field("token")?)
+            .with_deadline(Duration::from_secs(15));
+        Some((client, field("session")?))
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.sessions.len())
+            .filter(|&i| self.sessions[i].fate != Fate::Deleted)
+            .collect()
+    }
+
+    /// [`Trial::step`], counted, and bounded: during an outage it fails, and a call to an API
+    /// server without etcd hangs.
+    async fn bounded_step(&mut self, rng: &mut Rng, n: usize) {
+        let (kind, ok) = tokio::time::timeout(STEP_LIMIT, self.step(rng, n))
+            .await
+            .unwrap_or(("timed out", false));
+        let tally = self.did.entry(kind).or_default();
+        tally.0 += 1;
+        tally.1 += usize::from(ok);
+    }
+
+    /// One random workload step: what it did and whether the stack accepted it.
+    async fn step(&mut self, rng: &mut Rng, n: usize) -> (&'static str, bool) {
+        let live = self.live();
+        let open_ns: Vec<String> = self
+            .namespaces
+            .iter()
+            .filter(|ns| !self.deleted_ns.contains(*ns))
+            .cloned()
+            .collect();
+        match rng.below(10) {
+            0..=2 if !open_ns.is_empty() => {
+                let ns = open_ns[rng.below(open_ns.len())].clone();
+                let ok = self.apply_session(&ns, &format!("s{n}"));
+                ("create", ok)
+            }
+            3..=5 if !live.is_empty() => {
+                let i = live[rng.below(live.len())];
+                let path = format!("dir/f{n}.txt");
+                let data = format!("{n}:{:016x}\n", rng.next()).into_bytes();
+                let (ns, name) = (self.sessions[i].ns.clone(), self.sessions[i].name.clone());
+                let Some((c, id)) = self.session_client(&ns, &name).await else {
+                    return ("write", false);
+                };
+                let ok = c.write(&id, &path, data.clone()).await.is_ok();
+                if ok {
+                    self.sessions[i].writes.insert(path, data);
+                }
+                ("write", ok)
+            }
+            6 | 7 if !live.is_empty() => {
+                let i = live[rng.below(live.len())];
+                let (ns, name) = (self.sessions[i].ns.clone(), self.sessions[i].name.clone());
+                let Some((c, id)) = self.session_client(&ns, &name).await else {
+                    return ("run", false);
+                };
+                let ok = c
+                    .run(&id, "ls -R . | wc -l", Some(20), None, None)
+                    .await
+                    .is_ok_and(|o| o.exit_code == 0);
+                ("run", ok)
+            }
+            8 if !live.is_empty() => {
+                let i = live[rng.below(live.len())];
+                let (ns, name) = (self.sessions[i].ns.clone(), self.sessions[i].name.clone());
+                let ok = kubectl(
+                    &[
+                        "delete",
+                        "sandboxsession",
+                        &name,
+                        "-n",
+                        &ns,
+                        "--wait=false",
+                        "--ignore-not-found",
+                        "--request-timeout=10s",
+                    ],
+                    None,
+                );
+                // A delete that timed out may still have happened: either outcome is fine then.
+                self.sessions[i].fate = if ok { Fate::Deleted } else { Fate::Unknown };
+                ("delete", ok)
+            }
+            9 if !self.ns_delete_tried && !open_ns.is_empty() => {
+                let ns = open_ns[rng.below(open_ns.len())].clone();
+                self.ns_delete_tried = true;
+                let ok = kubectl(
+                    &[
+                        "delete",
+                        "namespace",
+                        &ns,
+                        "--wait=false",
+                        "--request-timeout=10s",
+                    ],
+                    None,
+                );
+                if ok {
+                    self.deleted_ns.insert(ns.clone());
+                }
+                for s in self.sessions.iter_mut().filter(|s| s.ns == ns) {
+                    s.fate = if ok { Fate::Deleted } else { Fate::Unknown };
+                }
+                ("delete namespace", ok)
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                ("idle", true)
+            }
+        }
+    }
+
+    /// The replica that holds the Lease.
+    async fn leader(&self) -> Option<usize> {
+        let lease = Api::<Lease>::namespaced(self.client.clone(), &self.home)
+            .get_opt("faults")
+            .await
+            .ok()??;
+        let holder = lease.spec?.holder_identity?;
+        self.operators.iter().position(|o| o.identity == holder)
+    }
+
+    /// Chooses what of `target` to kill: the victim and its pid.
+    async fn victim(&self, target: Target, dev: &Dev, rng: &mut Rng) -> Result<(Killed, u32)> {
+        Ok(match target {
+            Target::Operator => {
+                let i = match self.leader().await {
+                    Some(i) => i,
+                    None => rng.below(self.operators.len()),
+                };
+                let pid = self.operators[i].child.as_ref().map(Child::id);
+                (Killed::Operator(i), pid.context("the operator runs")?)
+            }
+            Target::Sandboxd => {
+                let i = rng.below(self.hosts.len());
+                let pid = self.hosts[i].child.as_ref().map(Child::id);
+                (Killed::Host(i), pid.context("sandboxd runs")?)
+            }
+            shared => (Killed::Shared(shared), dev.pid(shared)?),
+        })
+    }
+
+    /// Reaps a killed child of the harness and notes the kill, sent `after` the trial began.
+    fn killed(&mut self, killed: &Killed, after: Duration) {
+        match killed {
+            Killed::Operator(i) => self.operators[*i].kill9(),
+            Killed::Host(i) => self.hosts[*i].kill9(),
+            Killed::Shared(_) => {}
+        }
+        self.events.push(format!(
+            "kill -9 {} at {:.1}s",
+            killed.describe(self),
+            after.as_secs_f64()
+        ));
+    }
+
+    fn restart(&mut self, killed: Killed, dev: &Dev) -> Result<()> {
+        let began = Instant::now();
+        match killed {
+            Killed::Operator(i) => {
+                let identity = self.operators[i].identity.clone();
+                self.operators[i] = Operator::spawn(&identity, &self.home, &self.scope)?;
+            }
+            Killed::Host(i) => self.hosts[i].spawn()?,
+            Killed::Shared(t) => dev.restart(t)?,
+        }
+        self.events.push(format!(
+            "restarted at {} (took {:.1} s)",
+            self.at(),
+            began.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    /// Every invariant that does not hold now (empty: converged).
+    async fn broken(&self) -> Vec<String> {
+        match self.check().await {
+            Ok(broken) => broken,
+            Err(e) => vec![format!("cannot check: {e:#}")],
+        }
+    }
+
+    async fn check(&self) -> Result<Vec<String>> {
+        let mut broken = vec![];
+        let lp = ListParams::default().labels(&format!("{SCOPE_LABEL}={}", self.scope));
+        // Sessions: live ones settled, deleted ones gone, none stuck deleting.
+        let mut live: BTreeMap<(String, String), SandboxSession> = BTreeMap::new();
+        for ns in &self.namespaces {
+            for s in Api::<SandboxSession>::namespaced(self.client.clone(), ns)
+                .list(&lp)
+                .await?
+                .items
+            {
+                live.insert((ns.clone(), s.name_any()), s);
+            }
+        }
+        for ((ns, name), s) in &live {
+            let st = s.status.clone().unwrap_or_default();
+            if s.metadata.deletion_timestamp.is_some() {
+                broken.push(format!(
+                    "session {ns}/{name} stuck deleting (finalizers {:?}, phase {:?}: {})",
+                    s.finalizers(),
+                    st.phase,
+                    st.message.unwrap_or_default()
+                ));
+                continue;
+            }
+            match st.phase {
+                Some(SessionPhase::Running | SessionPhase::Sleeping | SessionPhase::Reclaimed) => {}
+                p => broken.push(format!(
+                    "session {ns}/{name} is {p:?}: {}",
+                    st.message.unwrap_or_default()
+                )),
+            }
+        }
+        for t in &self.sessions {
+            let key = (t.ns.clone(), t.name.clone());
+            if t.fate == Fate::Deleted && live.contains_key(&key) {
+                broken.push(format!(
+                    "session {}/{} was deleted and is still there",
+                    t.ns, t.name
+                ));
+            }
+            if t.fate == Fate::Live && !live.contains_key(&key) {
+                broken.push(format!(
+                    "session {}/{} was applied and is gone",
+                    t.ns, t.name
+                ));
+            }
+        }
+        let nsapi = Api::<Namespace>::all(self.client.clone());
+        for ns in &self.deleted_ns {
+            if let Some(n) = nsapi.get_opt(ns).await? {
+                broken.push(format!(
+                    "namespace {ns} stuck deleting: {:?}",
+                    n.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .filter(|c| c.status == "True")
+                        .map(|c| c.message.clone().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        // Tombstones of the scope: none left.
+        for t in Api::<Tombstone>::all(self.client.clone())
+            .list(&lp)
+            .await?
+            .items
+        {
+            broken.push(format!(
+                "Tombstone {} left (host {}, session {})",
+                t.name_any(),
+                t.spec.host,
+                t.spec.session_id
+            ));
+        }
+        // Containers: one per Running/Sleeping session, none for a Reclaimed one, no stray.
+        let mut placed: BTreeMap<(String, String), (SessionPhase, (String, String))> =
+            BTreeMap::new();
+        for ((ns, name), s) in &live {
+            let st = s.status.clone().unwrap_or_default();
+            if let (Some(h), Some(id), Some(p)) = (st.host, st.session_id, st.phase) {
+                placed.insert((h, id), (p, (ns.clone(), name.clone())));
+            }
+        }
+        for h in &self.hosts {
+            let mut per: BTreeMap<String, usize> = BTreeMap::new();
+            let mut runs: BTreeSet<String> = BTreeSet::new();
+            for (label, running) in h.containers()? {
+                *per.entry(label.clone()).or_default() += 1;
+                if running {
+                    runs.insert(label);
+                }
+            }
+            for (id, n) in &per {
+                match placed.get(&(h.name.clone(), id.clone())) {
+                    None => broken.push(format!(
+                        "{n} container(s) of session {id} on host {} without a live session",
+                        h.name
+                    )),
+                    Some((p, (ns, name))) => {
+                        let want = usize::from(*p != SessionPhase::Reclaimed);
+                        if *n != want {
+                            broken.push(format!(
+                                "session {ns}/{name} ({p:?}) has {n} containers on host {}, not {want}",
+                                h.name
+                            ));
+                        } else if *p == SessionPhase::Running && !runs.contains(id) {
+                            broken.push(format!(
+                                "session {ns}/{name} is Running but its container on host {} is not",
+                                h.name
+                            ));
+                        }
+                    }
+                }
+            }
+            for ((host, id), (p, (ns, name))) in &placed {
+                if host == &h.name && *p != SessionPhase::Reclaimed && !per.contains_key(id) {
+                    broken.push(format!(
+                        "session {ns}/{name} ({p:?}) has no container on host {host}"
+                    ));
+                }
+            }
+        }
+        // Workspaces and acknowledged writes.
+        for t in self.sessions.iter().filter(|t| t.fate != Fate::Deleted) {
+            let Some(s) = live.get(&(t.ns.clone(), t.name.clone())) else {
+                continue;
+            };
+            let st = s.status.clone().unwrap_or_default();
+            let (Some(hname), Some(id)) = (st.host, st.session_id) else {
+                if !t.writes.is_empty() {
+                    broken.push(format!(
+                        "session {}/{} with acknowledged writes names no host",
+                        t.ns, t.name
+                    ));
+                }
+                continue;
+            };
+            let Some(host) = self.hosts.iter().find(|h| h.name == hname) else {
+                broken.push(format!(
+                    "session {}/{} is on unknown host {hname}",
+                    t.ns, t.name
+                ));
+                continue;
+            };
+            let ws = host.workspace(&id);
+            if !ws.is_dir() {
+                broken.push(format!(
+                    "workspace of session {}/{} lost: {} is missing",
+                    t.ns,
+                    t.name,
+                    ws.display()
+                ));
+                continue;
+            }
+            if !t.writes.is_empty() {
+                let query = sandboxd::audit::OperationQuery {
+                    session: Some(id.clone()),
+                    op: Some(sandboxd::audit::Op::Write),
+                    limit: Some(sandboxd::audit::MAX_PAGE),
+                    ..Default::default()
+                };
+                let admin = sandboxd::client::Client::new(&host.endpoint(), &host.token)
+                    .with_deadline(Duration::from_secs(15));
+                let rows = admin.operations(&query).await?.operations;
+                for path in t.writes.keys() {
+                    if !rows
+                        .iter()
+                        .any(|r| r.ok && r.target.ends_with(path.as_str()))
+                    {
+                        broken.push(format!(
+                            "audit row of the acknowledged write {path} of session {}/{} lost",
+                            t.ns, t.name
+                        ));
+                    }
+                }
+            }
+            for (path, data) in &t.writes {
+                match std::fs::read(ws.join(path)) {
+                    Ok(on_disk) if &on_disk == data => {}
+                    Ok(_) => broken.push(format!(
+                        "acknowledged write {path} of session {}/{} has other bytes",
+                        t.ns, t.name
+                    )),
+                    Err(e) => broken.push(format!(
+                        "acknowledged write {path} of session {}/{} lost: {e}",
+                        t.ns, t.name
+                    )),
+                }
+            }
+        }
+        Ok(broken)
+    }
+
+    /// Removes what the trial made, whatever its verdict.
+    async fn cleanup(mut self) {
+        for o in &mut self.operators {
+            o.kill9();
+        }
+        let lp = ListParams::default().labels(&format!("{SCOPE_LABEL}={}", self.scope));
+        for ns in &self.namespaces {
+            strip_and_delete(
+                Api::<SandboxSession>::namespaced(self.client.clone(), ns),
+                &lp,
+            )
+            .await;
+        }
+        strip_and_delete(Api::<SandboxHost>::all(self.client.clone()), &lp).await;
+        strip_and_delete(Api::<Runtime>::all(self.client.clone()), &lp).await;
+        strip_and_delete(Api::<Tombstone>::all(self.client.clone()), &lp).await;
+        let nsapi = Api::<Namespace>::all(self.client.clone());
+        for ns in std::iter::once(&self.home).chain(&self.namespaces) {
+            let _ = nsapi.delete(ns, &DeleteParams::default()).await;
+        }
+        for h in &mut self.hosts {
+            h.remove_all();
+        }
+    }
+}
+
+enum Killed {
+    Operator(usize),
+    Host(usize),
+    Shared(Target),
+}
+
+impl Killed {
+    fn describe(&self, t: &Trial) -> String {
+        match self {
+            Killed::Operator(i) => format!("operator {} (leader)", t.operators[*i].identity),
+            Killed::Host(i) => format!("sandboxd {}", t.hosts[*i].name),
+            Killed::Shared(s) => s.name().to_owned(),
+        }
+    }
+}
+
+async fn strip_and_delete<K>(api: Api<K>, lp: &ListParams)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if let Ok(list) = api.list(lp).await {
+        for o in list.items {
+            let name = o.name_any();
+            let _ = api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// Runs the pinned kubectl; true when it succeeded.
+fn kubectl(args: &[&str], stdin: Option<&str>) -> bool {
+    let kubectl = std::env::var("SANDBOXD_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let Ok(mut child) = Command::new(kubectl)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take())
+        && std::io::Write::write_all(&mut pipe, text.as_bytes()).is_err()
+    {
+        let _ = child.kill();
+    }
+    child.wait().is_ok_and(|s| s.success())
+}
+
+/// The outcome of one trial.
+struct Outcome {
+    line: String,
+    broken: Vec<String>,
+}
+
+async fn trial(
+    client: &Client,
+    run: u32,
+    args: &Args,
+    dev: &Dev,
+    image: &str,
+    seed: u64,
+) -> Result<(Outcome, Target)> {
+    let mut rng = Rng(seed);
+    // Consecutive seeds take the targets in turn: ten trials of five targets kill each twice.
+    let target = args.targets[(seed % args.targets.len() as u64) as usize];
+    let mut t = Trial::new(client, run, seed, image);
+    if let Err(e) = t.setup(&mut rng).await {
+        t.cleanup().await;
+        return Err(e);
+    }
+    let result = drive(&mut t, args, dev, &mut rng, target).await;
+    let outcome = match result {
+        Ok(converged) => {
+            let (verdict, broken) = match converged {
+                Ok(took) => (
+                    format!("converged in {:.1} s, ok", took.as_secs_f64()),
+                    vec![],
+                ),
+                Err(broken) => (
+                    format!(
+                        "NOT converged within {} s: {} broken",
+                        args.converge_seconds,
+                        broken.len()
+                    ),
+                    broken,
+                ),
+            };
+            Outcome {
+                line: format!(
+                    "seed {seed}: {}; workload {}; {verdict}",
+                    t.events.join(", "),
+                    t.did
+                        .iter()
+                        .filter(|(k, _)| **k != "idle")
+                        .map(|(k, (n, ok))| format!("{k} {ok}/{n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                broken,
+            }
+        }
+        Err(e) => Outcome {
+            line: format!("seed {seed}: {}; harness error: {e:#}", t.events.join(", ")),
+            broken: vec![format!("harness error: {e:#}")],
+        },
+    };
+    t.cleanup().await;
+    Ok((outcome, target))
+}
+
+/// The workload with its kill and restart, then the wait for convergence: Ok(time taken) or
+/// the invariants still broken at the deadline.
+async fn drive(
+    t: &mut Trial,
+    args: &Args,
+    dev: &Dev,
+    rng: &mut Rng,
+    target: Target,
+) -> Result<std::result::Result<Duration, Vec<String>>> {
+    // A few sessions first, so writes and runs have somewhere to go.
+    for i in 0..3 {
+        let ns = t.namespaces[i % 2].clone();
+        t.apply_session(&ns, &format!("s-init{i}"));
+    }
+    let by = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < by {
+        let mut running = 0;
+        for s in &t.sessions {
+            if let Ok(Some(o)) = Api::<SandboxSession>::namespaced(t.client.clone(), &s.ns)
+                .get_opt(&s.name)
+                .await
+                && o.status.and_then(|st| st.phase) == Some(SessionPhase::Running)
+            {
+                running += 1;
+            }
+        }
+        if running == t.sessions.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let steps = args.steps.max(1);
+    let kill_at = rng.below(steps);
+    let restart_at = kill_at + 1 + rng.below(3);
+    let mut killed = None;
+    for n in 0..steps {
+        if n == kill_at {
+            // The kill lands while this step's requests are in flight (or just before them).
+            let (victim, pid) = t.victim(target, dev, rng).await?;
+            let delay = Duration::from_millis(rng.below(400) as u64);
+            let started = t.started;
+            let killer = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let at = started.elapsed();
+                tokio::task::spawn_blocking(move || kill9_and_wait(pid).map(|()| at)).await
+            });
+            t.bounded_step(rng, n).await;
+            let at = killer.await.context("the killer task")??;
+            t.killed(&victim, at?);
+            killed = Some(victim);
+            continue;
+        }
+        if n == restart_at
+            && let Some(k) = killed.take()
+        {
+            t.restart(k, dev)?;
+        }
+        t.bounded_step(rng, n).await;
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(600) as u64)).await;
+    }
+    if let Some(k) = killed.take() {
+        t.restart(k, dev)?;
+    }
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(args.converge_seconds);
+    loop {
+        let broken = t.broken().await;
+        if broken.is_empty() {
+            return Ok(Ok(back.elapsed()));
+        }
+        if Instant::now() > deadline {
+            return Ok(Err(broken));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    sandboxd::tls::install_provider();
+    if args.targets.is_empty() {
+        bail!("--targets names nothing to kill");
+    }
+    let dev = Dev::from_env()?;
+    let image = std::env::var("SANDBOXD_BASE_IMAGE")
+        .context("SANDBOXD_BASE_IMAGE is not set: eval \"$(make -s env)\" after make up")?;
+    let client = Client::try_default()
+        .await
+        .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
+    // The CRDs of this checkout.
+    let crds = sandboxd_root().join("charts/sandboxd/crds");
+    if !kubectl(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &crds.display().to_string(),
+        ],
+        None,
+    ) {
+        bail!("kubectl apply --server-side -f {} failed", crds.display());
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let targets: Vec<&str> = args.targets.iter().map(|t| t.name()).collect();
+    println!(
+        "faults: seed {seed}, {} trials, targets {}",
+        args.trials,
+        targets.join(",")
+    );
+    let started = Instant::now();
+    // What makes this run's names its own.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id();
+    let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut failed: Vec<(u64, Vec<String>)> = vec![];
+    for i in 0..args.trials {
+        // Trial i's seed is the run's plus i: `--seed <trial seed> --trials 1` replays it.
+        let trial_seed = seed.wrapping_add(i as u64);
+        match trial(&client, run, &args, &dev, &image, trial_seed).await {
+            Ok((o, target)) => {
+                *kills.entry(target.name()).or_default() += 1;
+                println!("{}", o.line);
+                for b in &o.broken {
+                    println!("  broken: {b}");
+                }
+                if !o.broken.is_empty() {
+                    failed.push((trial_seed, o.broken));
+                }
+            }
+            Err(e) => {
+                println!("seed {trial_seed}: setup failed: {e:#}");
+                failed.push((trial_seed, vec![format!("setup failed: {e:#}")]));
+            }
+        }
+    }
+    let per: Vec<String> = kills.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    println!(
+        "faults: {} trials in {:.0} s, kills: {}; {} failed",
+        args.trials,
+        started.elapsed().as_secs_f64(),
+        per.join(", "),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        for (s, broken) in &failed {
+            eprintln!("trial seed {s} broke: {}", broken.join("; "));
+        }
+        eprintln!(
+            "faults: {} of {} trials broke an invariant (replay one with --seed <its seed> --trials 1)",
+            failed.len(),
+            args.trials
+        );
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// The root of the checkout this binary was built from (its CRDs).
+fn sandboxd_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
