@@ -15,7 +15,12 @@ api_ready() {
   "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz >/dev/null 2>&1
 }
 etcd_ready() { curl -fsS "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
-alive() { [[ -f $CP/$1.pid ]] && kill -0 "$(cat "$CP/$1.pid")" 2>/dev/null; }
+# A killed process may linger as a zombie until PID 1 reaps it: it counts as gone.
+alive() {
+  [[ -f $CP/$1.pid ]] || return 1
+  local pid; pid=$(cat "$CP/$1.pid")
+  kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
+}
 
 certs() {
   [[ -f $PKI/apiserver.crt ]] && return 0
