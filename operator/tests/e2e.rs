@@ -6,39 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Host, Scope, phase};
+use common::{Host, Scope, phase, token_of, wait_gone};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
-
-fn token_of(secret: &Secret) -> String {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("token"))
-        .map(|b| b.0.clone())
-        .expect("a token in the Secret");
-    String::from_utf8(bytes).expect("utf-8 token")
-}
-
-async fn wait_gone<K>(api: Api<K>, name: &str, secs: u64)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let done = tokio::time::timeout(
-        Duration::from_secs(secs),
-        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
-    )
-    .await;
-    assert!(
-        matches!(done, Ok(Ok(_))),
-        "{name} was not removed within {secs} s: {:?}",
-        api.get_opt(name).await
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Host, Scope, phase};
+use common::{Host, Scope, phase, token_of, wait_gone};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -117,34 +117,8 @@ async fn client_of(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("a client")
 }
 
-fn token_of(secret: &Secret) -> String {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("token"))
-        .map(|b| b.0.clone())
-        .expect("a token in the Secret");
-    String::from_utf8(bytes).expect("utf-8 token")
-}
-
 fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(e)) if e.code == 403)
-}
-
-async fn wait_gone<K>(api: Api<K>, name: &str, secs: u64)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let done = tokio::time::timeout(
-        Duration::from_secs(secs),
-        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
-    )
-    .await;
-    assert!(
-        matches!(done, Ok(Ok(_))),
-        "{name} was not removed within {secs} s: {:?}",
-        api.get_opt(name).await
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

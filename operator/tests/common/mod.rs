@@ -518,3 +518,31 @@ where
 pub fn phase(s: &SandboxSession) -> Option<sandboxd_crds::v1alpha1::session::SessionPhase> {
     s.status.as_ref().and_then(|st| st.phase)
 }
+
+/// The `token` of a session's token Secret.
+pub fn token_of(secret: &Secret) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token"))
+        .map(|b| b.0.clone())
+        .expect("a token in the Secret");
+    String::from_utf8(bytes).expect("utf-8 token")
+}
+
+/// Waits (watching, with a deadline) until `name` is gone.
+pub async fn wait_gone<K>(api: Api<K>, name: &str, secs: u64)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let done = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
+    )
+    .await;
+    assert!(
+        matches!(done, Ok(Ok(_))),
+        "{name} was not removed within {secs} s: {:?}",
+        api.get_opt(name).await
+    );
+}

@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use rand::Rng;
 use sandboxd::client::Client;
 
+// One PKI helper for every test crate: the tests crate's own file.
+#[path = "../../../tests/src/pki.rs"]
 pub mod pki;
 
 fn need(what: &str) -> String {
