@@ -11,8 +11,8 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
 use common::pki::Ca;
+use common::{Daemon, until};
 use sandboxd::client::{Client, Trust};
 
 fn trusting(ca: &Ca) -> Trust {
@@ -94,20 +94,18 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
     std::fs::copy(&wrong.cert, &leaf.cert).expect("swap the certificate");
     std::fs::copy(&wrong.key, &leaf.key).expect("swap the key");
     hup(&d);
-    let started = Instant::now();
-    let err = loop {
-        // The new pair is served once reloaded; a fresh client makes a fresh connection.
-        match Client::with_trust(&d.base, &d.admin, &trusting(&ca))
-            .list()
-            .await
-        {
-            Err(e) => break e,
-            Ok(_) if started.elapsed() < Duration::from_secs(15) => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Ok(_) => panic!("the certificate for 10.9.9.9 was not served after SIGHUP"),
-        }
-    };
+    // The new pair is served once reloaded; a fresh client makes a fresh connection.
+    let err = until(
+        "the certificate for 10.9.9.9 served after SIGHUP",
+        Duration::from_secs(15),
+        || async {
+            Client::with_trust(&d.base, &d.admin, &trusting(&ca))
+                .list()
+                .await
+                .err()
+        },
+    )
+    .await;
     assert!(err.is_untrusted(), "{err:?}");
     assert!(
         err.to_string()
@@ -121,22 +119,22 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
     let rotated = rotated_ca.leaf(&["127.0.0.1"], dir.path(), "rotated");
     std::fs::copy(&rotated.cert, &leaf.cert).expect("rotate the certificate");
     std::fs::copy(&rotated.key, &leaf.key).expect("rotate the key");
-    let started = Instant::now();
-    loop {
-        match Client::with_trust(&d.base, &d.admin, &trusting(&rotated_ca))
-            .list()
-            .await
-        {
-            Ok(sessions) => {
-                assert_eq!(sessions.len(), 1);
-                break;
+    let sessions = until(
+        "the rotated certificate served without a signal",
+        Duration::from_secs(25),
+        || async {
+            match Client::with_trust(&d.base, &d.admin, &trusting(&rotated_ca))
+                .list()
+                .await
+            {
+                Ok(sessions) => Some(sessions),
+                Err(e) if e.is_untrusted() => None,
+                Err(e) => panic!("the rotated certificate: {e}"),
             }
-            Err(e) if started.elapsed() < Duration::from_secs(25) && e.is_untrusted() => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => panic!("the rotated certificate is not served after 25 s: {e}"),
-        }
-    }
+        },
+    )
+    .await;
+    assert_eq!(sessions.len(), 1);
 
     // A TCP connection that never says hello is closed after the handshake timeout (2 s).
     let addr = d.base.trim_start_matches("https://").to_owned();
