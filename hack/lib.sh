@@ -29,3 +29,26 @@ wait_for() {
     sleep 0.5
   done
 }
+
+# python_venv DIR WHAT PACKAGE...: a virtualenv at DIR with the pip PACKAGEs from PyPI, made once
+# (DIR/.complete marks it whole) and reused; WHAT names it in the log. A virtualenv for another
+# pin is another DIR.
+python_venv() {
+  local venv="$1" what="$2"; shift 2
+  [[ -f $venv/.complete ]] && return 0
+  command -v python3 >/dev/null || die "python3 is missing (Debian: apt-get install python3 python3-venv)"
+  if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    log "installing python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2 \
+      || die "python3 has no venv module and python3-venv could not be installed"
+  fi
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  log "$what in $venv"
+  python3 -m venv "$venv" >&2
+  # Where TLS is intercepted by a proxy (the CI machines do that), pip trusts the host's CAs.
+  if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" >&2 \
+    || die "pip could not install $* from PyPI"
+  touch "$venv/.complete"
+}

@@ -12,31 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Daemon;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .to_path_buf()
-}
-
-/// Schemathesis's `st`, installed (once per pin) by `hack/schemathesis-venv.sh`.
-fn schemathesis() -> String {
-    let out = Command::new(repo().join("hack/schemathesis-venv.sh"))
-        .output()
-        .expect("hack/schemathesis-venv.sh runs");
-    assert!(
-        out.status.success(),
-        "hack/schemathesis-venv.sh failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("a path")
-        .trim()
-        .to_owned()
-}
+use common::{Daemon, hack_path, repo};
 
 /// The run every `{run_id}` names: one that finished in the session.
 const RUN: &str = "fuzz-run";
@@ -128,7 +104,7 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
-    let st = schemathesis();
+    let st = hack_path("schemathesis-venv.sh");
     let d = Daemon::start(&[("SANDBOXD_EXECUTE_TIMEOUT", "5")]);
     let admin = d.admin();
     let opened = admin

@@ -7,17 +7,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Daemon;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .to_path_buf()
-}
+use common::{Daemon, hack_path, repo};
 
 /// The pin of `hack/versions.env`.
 fn pin() -> String {
@@ -30,26 +22,9 @@ fn pin() -> String {
         .to_owned()
 }
 
-/// The virtualenv's python, made (once per pin) by `hack/wire-venv.sh`.
-fn python() -> String {
-    let out = Command::new(repo().join("hack/wire-venv.sh"))
-        .output()
-        .expect("hack/wire-venv.sh runs");
-    assert!(
-        out.status.success(),
-        "hack/wire-venv.sh failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("a path")
-        .trim()
-        .to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn pydantic_ai_backend_client_drives_sandboxd() {
-    let python = python();
+    let python = hack_path("wire-venv.sh");
     let d = Daemon::start(&[]);
     let index: serde_json::Value = reqwest::get(format!("{}/", d.base))
         .await
@@ -94,7 +69,7 @@ async fn pydantic_ai_backend_client_drives_sandboxd() {
 /// when ours misses a case or the two differ where no difference is documented.
 #[tokio::test(flavor = "multi_thread")]
 async fn seed_and_ours_side_by_side() {
-    let python = python();
+    let python = hack_path("wire-venv.sh");
     let d = Daemon::start(&[]);
     let out = Command::new(&python)
         .arg(repo().join("sandboxd/tests/python/dropin_side_by_side.py"))

@@ -417,3 +417,29 @@ pub fn container_of(d: &Daemon, session: &str) -> String {
         .map(|c| c.0)
         .expect("the session's container")
 }
+
+/// The workspace root (the repository).
+pub fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// Runs `hack/<script>` (one that makes something once and prints its path) and returns what
+/// it printed; a failure fails the test with the script's own words.
+pub fn hack_path(script: &str) -> String {
+    let out = std::process::Command::new(repo().join("hack").join(script))
+        .output()
+        .unwrap_or_else(|e| panic!("hack/{script} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "hack/{script} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("a path")
+        .trim()
+        .to_owned()
+}
