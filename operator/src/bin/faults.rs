@@ -13,11 +13,21 @@
 //! - `sandboxd`: one of the hosts (spawned again on the same port, state and workspaces);
 //! - `apiserver`, `etcd`: the shared control plane (`hack/control-plane.sh start`, which
 //!   restarts a dead component);
-//! - `dockerd`: the shared dockerd (`hack/dockerd.sh start`).
+//! - `dockerd`: the shared dockerd (`hack/dockerd.sh start`);
+//! - `hang`: one of the hosts is stopped (`kill -STOP`) rather than killed, so it holds its
+//!   connections open and answers nothing, and is continued (`kill -CONT`) in its place.
+//!
+//! Besides sessions, writes, runs and deletes, the workload changes the trial's Runtime (each
+//! host must report the new definition), opens a session naming a Runtime that does not exist
+//! yet (it must say so, then open once the Runtime is created) and removes a session's
+//! workspace folder under it (the session must become Lost, saying why, and the folder must
+//! not come back).
 //!
 //! Then it waits for convergence (`--converge-seconds`) and checks the invariants; a trial
 //! passes when all hold:
-//! - every live SandboxSession is Running, Sleeping or Reclaimed, none is stuck deleting;
+//! - every live SandboxSession is Running, Sleeping or Reclaimed, none is stuck deleting; one
+//!   whose workspace the workload removed is Lost with a message, and its folder is not back;
+//! - every host reports every Runtime of the trial with its current description;
 //! - every session deleted (alone or with its namespace) is gone, the namespace too;
 //! - one container per Running or Sleeping session (running for a Running one), none for a
 //!   Reclaimed one, none of the harness's hosts without a live session;
@@ -58,6 +68,8 @@ use serde_json::json;
 const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
 /// The longest one workload step may take.
 const STEP_LIMIT: Duration = Duration::from_secs(10);
+/// The least time a `hang` target stays stopped: longer than the operators' host deadline.
+const HANG_AT_LEAST: Duration = Duration::from_secs(6);
 
 /// What a trial may kill.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,6 +84,8 @@ enum Target {
     Etcd,
     /// The shared dockerd.
     Dockerd,
+    /// One sandboxd host, stopped (`kill -STOP`) instead of killed: it hangs.
+    Hang,
 }
 
 impl Target {
@@ -82,6 +96,7 @@ impl Target {
             Target::Apiserver => "apiserver",
             Target::Etcd => "etcd",
             Target::Dockerd => "dockerd",
+            Target::Hang => "hang",
         }
     }
 }
@@ -99,7 +114,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "operator,sandboxd,apiserver,etcd,dockerd"
+        default_value = "operator,sandboxd,apiserver,etcd,dockerd,hang"
     )]
     targets: Vec<Target>,
     /// Workload steps per trial.
@@ -384,6 +399,8 @@ impl Operator {
             .args(["--lease-seconds", "3", "--probe-seconds", "1"])
             .args(["--follow-seconds", "1", "--tombstone-backoff-seconds", "1"])
             .args(["--tombstone-backoff-cap-seconds", "4"])
+            // Short host deadlines, so a hung host (`hang`) outlasts them.
+            .args(["--host-request-seconds", "3", "--host-open-seconds", "10"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -426,6 +443,8 @@ struct Tracked {
     fate: Fate,
     /// Files whose write the API acknowledged: path → bytes.
     writes: BTreeMap<String, Vec<u8>>,
+    /// The workload removed its workspace folder: it must end Lost.
+    vanished: bool,
 }
 
 /// What should have become of a session the workload created.
@@ -449,6 +468,10 @@ struct Trial {
     namespaces: Vec<String>,
     deleted_ns: BTreeSet<String>,
     ns_delete_tried: bool,
+    /// Whether the workload already opened a session on a missing Runtime, and removed a
+    /// workspace (once each per trial).
+    late_tried: bool,
+    vanish_tried: bool,
     hosts: Vec<Host>,
     operators: Vec<Operator>,
     runtime: String,
@@ -457,6 +480,8 @@ struct Trial {
     /// The target and how long after the trial's start it was killed and restarted.
     events: Vec<String>,
     started: Instant,
+    /// When (after `started`) the kill was sent.
+    killed_at: Option<Duration>,
     /// Workload steps by kind, and how many of them the stack accepted.
     did: BTreeMap<&'static str, (usize, usize)>,
 }
@@ -484,6 +509,8 @@ impl Trial {
             namespaces: namespaces.clone(),
             deleted_ns: BTreeSet::new(),
             ns_delete_tried: false,
+            late_tried: false,
+            vanish_tried: false,
             hosts: vec![],
             operators: vec![],
             runtime: format!("base-{scope}"),
@@ -491,6 +518,7 @@ impl Trial {
             image: image.to_owned(),
             events: vec![],
             started: Instant::now(),
+            killed_at: None,
             did: BTreeMap::new(),
         }
     }
@@ -533,17 +561,74 @@ impl Trial {
                 .await?;
             self.hosts.push(host);
         }
-        Api::<Runtime>::all(client.clone())
-            .create(&PostParams::default(), &serde_json::from_value(json!({
-                "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-                "metadata": {"name": self.runtime, "labels": labels(&scope)},
-                "spec": {"description": "the local base image", "image": self.image, "default": true}}))?)
-            .await?;
+        let runtime = self.runtime.clone();
+        self.create_runtime(&runtime, true).await?;
         for i in 0..2 {
             self.operators
                 .push(Operator::spawn(&format!("{scope}-{i}"), &home, &scope)?);
         }
         Ok(())
+    }
+
+    /// Creates a Runtime of the trial on the local base image.
+    async fn create_runtime(&self, name: &str, default: bool) -> Result<()> {
+        Api::<Runtime>::all(self.client.clone())
+            .create(&PostParams::default(), &serde_json::from_value(json!({
+                "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+                "metadata": {"name": name, "labels": labels(&self.scope)},
+                "spec": {"description": "the local base image", "image": self.image, "default": default}}))?)
+            .await
+            .with_context(|| format!("creating Runtime {name}"))?;
+        Ok(())
+    }
+
+    /// A session on a Runtime that does not exist yet: it must say so at once, and open once
+    /// the Runtime is created. True when it said so and the Runtime was created.
+    async fn open_on_missing_runtime(&mut self, ns: &str, n: usize) -> bool {
+        let runtime = format!("late-{}-{n}", self.short);
+        let name = format!("late{n}");
+        if !self.apply_session_on(ns, &name, &runtime) {
+            return false;
+        }
+        let want = format!("Runtime '{runtime}' does not exist");
+        let api = Api::<SandboxSession>::namespaced(self.client.clone(), ns);
+        let by = Instant::now() + Duration::from_secs(5);
+        let mut said = false;
+        while !said && Instant::now() < by {
+            said = api.get_opt(&name).await.ok().flatten().is_some_and(|s| {
+                s.status
+                    .and_then(|st| st.message)
+                    .is_some_and(|m| m.contains(&want))
+            });
+            if !said {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        self.create_runtime(&runtime, false).await.is_ok() && said
+    }
+
+    /// Removes a placed session's workspace folder on its host, under it.
+    async fn vanish(&mut self, i: usize) -> bool {
+        let t = &self.sessions[i];
+        let Ok(Some(s)) = Api::<SandboxSession>::namespaced(self.client.clone(), &t.ns)
+            .get_opt(&t.name)
+            .await
+        else {
+            return false;
+        };
+        let st = s.status.unwrap_or_default();
+        let (Some(hname), Some(id)) = (st.host, st.session_id) else {
+            return false;
+        };
+        let Some(host) = self.hosts.iter().find(|h| h.name == hname) else {
+            return false;
+        };
+        let ws = host.workspace(&id);
+        if !ws.is_dir() || std::fs::remove_dir_all(&ws).is_err() {
+            return false;
+        }
+        self.sessions[i].vanished = true;
+        true
     }
 
     fn at(&self) -> String {
@@ -552,11 +637,19 @@ impl Trial {
 
     /// `kubectl apply` of a new session in `ns`.
     fn apply_session(&mut self, ns: &str, name: &str) -> bool {
-        let doc = json!({
+        self.apply_session_on(ns, name, "")
+    }
+
+    /// `kubectl apply` of a new session in `ns` naming `runtime` (empty: the default).
+    fn apply_session_on(&mut self, ns: &str, name: &str, runtime: &str) -> bool {
+        let mut doc = json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
             "metadata": {"name": name, "namespace": ns, "labels": labels(&self.scope)},
             "spec": {"scope": "conversation", "tenant": "org-1", "subject": name},
         });
+        if !runtime.is_empty() {
+            doc["spec"]["runtime"] = json!(runtime);
+        }
         let applied = kubectl(
             &["apply", "--request-timeout=10s", "-f", "-"],
             Some(&doc.to_string()),
@@ -566,6 +659,7 @@ impl Trial {
             name: name.to_owned(),
             fate: if applied { Fate::Live } else { Fate::Unknown },
             writes: BTreeMap::new(),
+            vanished: false,
         });
         applied
     }
@@ -621,7 +715,7 @@ impl Trial {
             .filter(|ns| !self.deleted_ns.contains(*ns))
             .cloned()
             .collect();
-        match rng.below(10) {
+        match rng.below(13) {
             0..=2 if !open_ns.is_empty() => {
                 let ns = open_ns[rng.below(open_ns.len())].clone();
                 let ok = self.apply_session(&ns, &format!("s{n}"));
@@ -636,7 +730,8 @@ impl Trial {
                     return ("write", false);
                 };
                 let ok = c.write(&id, &path, data.clone()).await.is_ok();
-                if ok {
+                // A session whose workspace is gone keeps no write: it must be refused there.
+                if ok && !self.sessions[i].vanished {
                     self.sessions[i].writes.insert(path, data);
                 }
                 ("write", ok)
@@ -694,6 +789,31 @@ impl Trial {
                 }
                 ("delete namespace", ok)
             }
+            10 => {
+                let description = format!("changed at step {n}");
+                let ok = Api::<Runtime>::all(self.client.clone())
+                    .patch(
+                        &self.runtime,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"description": description}})),
+                    )
+                    .await
+                    .is_ok();
+                ("change runtime", ok)
+            }
+            11 if !self.late_tried && !open_ns.is_empty() => {
+                self.late_tried = true;
+                let ns = open_ns[rng.below(open_ns.len())].clone();
+                (
+                    "missing runtime",
+                    self.open_on_missing_runtime(&ns, n).await,
+                )
+            }
+            12 if !self.vanish_tried && !live.is_empty() => {
+                self.vanish_tried = true;
+                let i = live[rng.below(live.len())];
+                ("vanish workspace", self.vanish(i).await)
+            }
             _ => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 ("idle", true)
@@ -722,10 +842,15 @@ impl Trial {
                 let pid = self.operators[i].child.as_ref().map(Child::id);
                 (Killed::Operator(i), pid.context("the operator runs")?)
             }
-            Target::Sandboxd => {
+            Target::Sandboxd | Target::Hang => {
                 let i = rng.below(self.hosts.len());
                 let pid = self.hosts[i].child.as_ref().map(Child::id);
-                (Killed::Host(i), pid.context("sandboxd runs")?)
+                let pid = pid.context("sandboxd runs")?;
+                if target == Target::Hang {
+                    (Killed::Hung(i, pid), pid)
+                } else {
+                    (Killed::Host(i), pid)
+                }
             }
             shared => (Killed::Shared(shared), dev.pid(shared)?),
         })
@@ -733,16 +858,29 @@ impl Trial {
 
     /// Reaps a killed child of the harness and notes the kill, sent `after` the trial began.
     fn killed(&mut self, killed: &Killed, after: Duration) {
+        self.killed_at = Some(after);
         match killed {
             Killed::Operator(i) => self.operators[*i].kill9(),
             Killed::Host(i) => self.hosts[*i].kill9(),
-            Killed::Shared(_) => {}
+            Killed::Shared(_) | Killed::Hung(..) => {}
         }
+        let how = if matches!(killed, Killed::Hung(..)) {
+            "kill -STOP"
+        } else {
+            "kill -9"
+        };
         self.events.push(format!(
-            "kill -9 {} at {:.1}s",
+            "{how} {} at {:.1}s",
             killed.describe(self),
             after.as_secs_f64()
         ));
+    }
+
+    /// How long ago the trial's kill was sent.
+    fn since_kill(&self) -> Duration {
+        self.started
+            .elapsed()
+            .saturating_sub(self.killed_at.unwrap_or_default())
     }
 
     fn restart(&mut self, killed: Killed, dev: &Dev) -> Result<()> {
@@ -753,10 +891,20 @@ impl Trial {
                 self.operators[i] = Operator::spawn(&identity, &self.home, &self.scope)?;
             }
             Killed::Host(i) => self.hosts[i].spawn()?,
+            Killed::Hung(_, pid) => {
+                // Hung for longer than the operators' host deadline (3 s) before it goes on.
+                std::thread::sleep(HANG_AT_LEAST.saturating_sub(self.since_kill()));
+                signal(&pid.to_string(), "CONT")?;
+            }
             Killed::Shared(t) => dev.restart(t)?,
         }
+        let how = if matches!(killed, Killed::Hung(..)) {
+            "continued"
+        } else {
+            "restarted"
+        };
         self.events.push(format!(
-            "restarted at {} (took {:.1} s)",
+            "{how} at {} (took {:.1} s)",
             self.at(),
             began.elapsed().as_secs_f64()
         ));
@@ -785,6 +933,12 @@ impl Trial {
                 live.insert((ns.clone(), s.name_any()), s);
             }
         }
+        let vanished: BTreeSet<(String, String)> = self
+            .sessions
+            .iter()
+            .filter(|t| t.vanished)
+            .map(|t| (t.ns.clone(), t.name.clone()))
+            .collect();
         for ((ns, name), s) in &live {
             let st = s.status.clone().unwrap_or_default();
             if s.metadata.deletion_timestamp.is_some() {
@@ -796,8 +950,16 @@ impl Trial {
                 ));
                 continue;
             }
+            let gone = vanished.contains(&(ns.clone(), name.clone()));
             match st.phase {
-                Some(SessionPhase::Running | SessionPhase::Sleeping | SessionPhase::Reclaimed) => {}
+                Some(SessionPhase::Lost)
+                    if gone && st.message.as_deref().is_some_and(|m| !m.is_empty()) => {}
+                Some(SessionPhase::Running | SessionPhase::Sleeping | SessionPhase::Reclaimed)
+                    if !gone => {}
+                p if gone => broken.push(format!(
+                    "session {ns}/{name} lost its workspace and is {p:?}, not Lost: {}",
+                    st.message.unwrap_or_default()
+                )),
                 p => broken.push(format!(
                     "session {ns}/{name} is {p:?}: {}",
                     st.message.unwrap_or_default()
@@ -871,6 +1033,12 @@ impl Trial {
                         "{n} container(s) of session {id} on host {} without a live session",
                         h.name
                     )),
+                    // A Lost session keeps its container, if it still has one, until deleted.
+                    Some((SessionPhase::Lost, (ns, name))) if *n > 1 => broken.push(format!(
+                        "session {ns}/{name} (Lost) has {n} containers on host {}",
+                        h.name
+                    )),
+                    Some((SessionPhase::Lost, _)) => {}
                     Some((p, (ns, name))) => {
                         let want = usize::from(*p != SessionPhase::Reclaimed);
                         if *n != want {
@@ -888,10 +1056,34 @@ impl Trial {
                 }
             }
             for ((host, id), (p, (ns, name))) in &placed {
-                if host == &h.name && *p != SessionPhase::Reclaimed && !per.contains_key(id) {
+                if host == &h.name
+                    && !matches!(p, SessionPhase::Reclaimed | SessionPhase::Lost)
+                    && !per.contains_key(id)
+                {
                     broken.push(format!(
                         "session {ns}/{name} ({p:?}) has no container on host {host}"
                     ));
+                }
+            }
+        }
+        // Runtimes: every host reports each of the trial's, as it is now defined.
+        let runtimes = Api::<Runtime>::all(self.client.clone())
+            .list(&lp)
+            .await?
+            .items;
+        for h in &self.hosts {
+            let admin = sandboxd::client::Client::new(&h.endpoint(), &h.token)
+                .with_deadline(Duration::from_secs(15));
+            let reported = admin.runtimes().await?.runtimes;
+            for rt in &runtimes {
+                let name = rt.name_any();
+                match reported.iter().find(|r| r.alias == name) {
+                    None => broken.push(format!("host {} does not report Runtime {name}", h.name)),
+                    Some(r) if r.description != rt.spec.description => broken.push(format!(
+                        "host {} reports Runtime {name} as {:?}, not {:?}",
+                        h.name, r.description, rt.spec.description
+                    )),
+                    Some(_) => {}
                 }
             }
         }
@@ -918,6 +1110,17 @@ impl Trial {
                 continue;
             };
             let ws = host.workspace(&id);
+            if t.vanished {
+                if ws.exists() {
+                    broken.push(format!(
+                        "the removed workspace of session {}/{} is back: {}",
+                        t.ns,
+                        t.name,
+                        ws.display()
+                    ));
+                }
+                continue;
+            }
             if !ws.is_dir() {
                 broken.push(format!(
                     "workspace of session {}/{} lost: {} is missing",
@@ -995,6 +1198,8 @@ impl Trial {
 enum Killed {
     Operator(usize),
     Host(usize),
+    /// A host stopped with `kill -STOP`, and its pid.
+    Hung(usize, u32),
     Shared(Target),
 }
 
@@ -1003,6 +1208,7 @@ impl Killed {
         match self {
             Killed::Operator(i) => format!("operator {} (leader)", t.operators[*i].identity),
             Killed::Host(i) => format!("sandboxd {}", t.hosts[*i].name),
+            Killed::Hung(i, _) => format!("sandboxd {} (hangs)", t.hosts[*i].name),
             Killed::Shared(s) => s.name().to_owned(),
         }
     }
@@ -1154,10 +1360,19 @@ async fn drive(
             let (victim, pid) = t.victim(target, dev, rng).await?;
             let delay = Duration::from_millis(rng.below(400) as u64);
             let started = t.started;
+            let hang = target == Target::Hang;
             let killer = tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let at = started.elapsed();
-                tokio::task::spawn_blocking(move || kill9_and_wait(pid).map(|()| at)).await
+                tokio::task::spawn_blocking(move || {
+                    if hang {
+                        signal(&pid.to_string(), "STOP")
+                    } else {
+                        kill9_and_wait(pid)
+                    }
+                    .map(|()| at)
+                })
+                .await
             });
             t.bounded_step(rng, n).await;
             let at = killer.await.context("the killer task")??;
