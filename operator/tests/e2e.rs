@@ -1373,7 +1373,7 @@ async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
     assert_eq!(
         refused.message,
         format!(
-            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node 'another-node' (spec.node) from the master in Secret {}/{secret} key token. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN)",
+            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node 'another-node' (spec.node) from the master in Secret {}/{secret} key token. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN) or whose node token's hash it reads (SANDBOXD_NODE_TOKEN_HASHES, written by the operator with --node-token-hashes)",
             host.endpoint(),
             scope.ns
         )
