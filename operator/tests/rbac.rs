@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Host, Scope, phase, token_of, wait_gone};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use common::{Host, Scope, mount_config_map, node_token_hashes, phase, token_of, wait_gone};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
@@ -394,25 +394,7 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
 
     // The operator writes the hash of the node's token under the node's name: neither the
     // token nor the master is in it.
-    let maps = Api::<ConfigMap>::namespaced(scope.client.clone(), &scope.ns);
-    let key = node.clone();
-    let written = tokio::time::timeout(
-        Duration::from_secs(30),
-        await_condition(maps.clone(), &map_name, move |m: Option<&ConfigMap>| {
-            m.and_then(|m| m.data.as_ref())
-                .is_some_and(|d| d.contains_key(&key))
-        }),
-    )
-    .await;
-    let data = match written {
-        Ok(Ok(Some(m))) => m.data.unwrap_or_default(),
-        _ => panic!(
-            "the operator did not write node {node}'s hash within 30 s: {:?}",
-            maps.get_opt(&map_name)
-                .await
-                .map(|m| m.and_then(|m| m.data))
-        ),
-    };
+    let data = node_token_hashes(&scope.client, &scope.ns, &map_name, &node).await;
     let token = node_token(&master, &node);
     assert_eq!(
         data,
@@ -431,9 +413,7 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
     );
 
     // The test plays the kubelet: the ConfigMap's data, file by file, into the mounted folder.
-    for (name, value) in &data {
-        std::fs::write(mounted.path().join(name), value).expect("write the mounted file");
-    }
+    mount_config_map(mounted.path(), &data);
     host_ready(&scope.client, &host.name, 30, |c| c.status == "True").await;
 
     // A session runs there, through the node's token.

@@ -61,7 +61,8 @@ pub enum WorkspaceQuota {
     about = "The sandboxd node daemon: sandbox sessions in containers with persistent workspaces"
 )]
 pub struct Config {
-    /// The master admin token. Required. With SANDBOXD_NODE_NAME unset it is itself the admin
+    /// The master admin token. Required unless SANDBOXD_NODE_TOKEN or SANDBOXD_NODE_TOKEN_HASHES
+    /// is given. With SANDBOXD_NODE_NAME unset it is itself the admin
     /// token (root-equivalent: whoever holds it starts containers on this host, and on every
     /// host that shares it); with SANDBOXD_NODE_NAME set, only the token derived from it for
     /// this node is.
@@ -70,8 +71,9 @@ pub struct Config {
 
     /// The node this sandboxd runs on (the chart sets it from the pod's spec.nodeName). When
     /// set, the only admin token accepted is the one derived for this node from SANDBOXD_TOKEN
-    /// (`sandboxd admin-token --node NAME` prints it); the master itself and other nodes'
-    /// tokens are refused. Unset: SANDBOXD_TOKEN itself is the admin token.
+    /// (`sandboxd admin-token --node NAME` prints it; or given in SANDBOXD_NODE_TOKEN, or whose
+    /// hash is in SANDBOXD_NODE_TOKEN_HASHES); the master itself and other nodes' tokens are
+    /// refused. Unset: SANDBOXD_TOKEN itself is the admin token.
     #[arg(long, env = "SANDBOXD_NODE_NAME")]
     pub node_name: Option<String>,
 
@@ -669,7 +671,7 @@ mod tests {
         let c = Config::parse_from(["sandboxd", "--runtimes", "base=img"]);
         assert_eq!(
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
-            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)".to_owned())
+            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN, or the directory of node token hashes in SANDBOXD_NODE_TOKEN_HASHES)".to_owned())
         );
     }
 
