@@ -178,6 +178,14 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_HOST_CA_FILE")]
     pub host_ca_file: Option<std::path::PathBuf>,
 
+    /// A ConfigMap in the operator's namespace into which it writes, for every host whose
+    /// admin-token Secret is --host-token-secret and that names its node (`spec.node`), the hex
+    /// SHA-256 of that node's token under the node's name. Mounted into the sandboxd pods
+    /// (SANDBOXD_NODE_TOKEN_HASHES), it lets each node check its own token without holding
+    /// the master or any token. Unset: nothing is written.
+    #[arg(long, env = "SANDBOX_OPERATOR_NODE_TOKEN_HASHES")]
+    pub node_token_hashes: Option<String>,
+
     /// Log as JSON.
     #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
     pub json_logs: bool,

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -119,6 +119,8 @@ pub struct Context {
     host_clients: Mutex<HashMap<String, CachedClient>>,
     /// Hosts already warned about for a plain http:// endpoint.
     plain_http_warned: Mutex<std::collections::HashSet<String>>,
+    /// The node token hashes written to the ConfigMap: node -> (hash, when).
+    node_hashes: Mutex<HashMap<String, (String, Instant)>>,
     /// Caches of the watched kinds, filled by reflectors (reads cost no API request).
     pub caches: std::sync::OnceLock<Caches>,
     /// The session controller's own store (sessions are not cached twice).
@@ -193,6 +195,7 @@ impl Context {
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
             plain_http_warned: Mutex::default(),
+            node_hashes: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
         }
@@ -274,7 +277,11 @@ impl Context {
                 why: format!("Secret {}/{} has no key {}", r.namespace, r.name, r.key),
             })?;
         let token = match &host.spec.node {
-            Some(node) => sandboxd::auth::node_token(token.trim(), node),
+            Some(node) => {
+                let token = sandboxd::auth::node_token(token.trim(), node);
+                self.keep_node_token_hash(host, node, &token).await;
+                token
+            }
             None => token.trim().to_owned(),
         };
         let token = token.as_str();
@@ -319,6 +326,73 @@ impl Context {
             },
         );
         Ok(client)
+    }
+
+    /// Writes the hash of `node`'s token into the node-token-hash ConfigMap, when one is
+    /// configured and the host's token comes from the discovery master (--host-token-secret):
+    /// then the value under a node's name is a function of the master and that name alone, so
+    /// whoever may write a SandboxHost cannot put another value there. Written again after
+    /// [`TOKEN_REFRESH`] (a ConfigMap edited or recreated is mended); a failure is logged and
+    /// tried again at the next probe (the host then says TokenRefused if its sandboxd lacks it).
+    async fn keep_node_token_hash(&self, host: &SandboxHost, node: &str, token: &str) {
+        let Some(map) = self.config.node_token_hashes.as_deref() else {
+            return;
+        };
+        let master = crate::discovery::parse_secret(&self.config.host_token_secret);
+        if master.as_ref() != Some(&host.spec.admin_token_secret) {
+            return;
+        }
+        let hash = sandboxd::auth::hash(token);
+        let fresh = self
+            .node_hashes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .is_some_and(|(h, at)| *h == hash && at.elapsed() < TOKEN_REFRESH);
+        if fresh {
+            return;
+        }
+        match self.write_node_token_hash(map, node, &hash).await {
+            Ok(()) => {
+                self.node_hashes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(node.to_owned(), (hash, Instant::now()));
+            }
+            Err(e) => {
+                warn!(host = %host.name_any(), node, configmap = %map, error = %e, "the hash of the node's admin token could not be written; its sandboxd refuses the token until it is");
+            }
+        }
+    }
+
+    /// Merges `node: hash` into ConfigMap `map` of the operator's namespace, creating it when
+    /// it is missing (the chart renders it, and grants no create).
+    async fn write_node_token_hash(
+        &self,
+        map: &str,
+        node: &str,
+        hash: &str,
+    ) -> Result<(), kube::Error> {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        let patch = serde_json::json!({"data": {node: hash}});
+        match api
+            .patch(map, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(map.to_owned()),
+                        labels: Some(self.labels.clone()),
+                        ..Default::default()
+                    },
+                    data: Some(BTreeMap::from([(node.to_owned(), hash.to_owned())])),
+                    ..Default::default()
+                };
+                api.create(&PostParams::default(), &cm).await.map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     /// The CA certificate (PEM) the client of host `name` trusts, if one is configured: what

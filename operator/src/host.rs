@@ -55,7 +55,7 @@ pub fn token_refused_message(host: &SandboxHost) -> String {
     let r = &host.spec.admin_token_secret;
     match &host.spec.node {
         Some(node) => format!(
-            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node '{node}' (spec.node) from the master in Secret {}/{} key {}. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN)",
+            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node '{node}' (spec.node) from the master in Secret {}/{} key {}. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN) or whose node token's hash it reads (SANDBOXD_NODE_TOKEN_HASHES, written by the operator with --node-token-hashes)",
             host.spec.endpoint, r.namespace, r.name, r.key
         ),
         None => format!(

@@ -580,12 +580,21 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
 async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
     let mut scope = Scope::new("disc").await;
     let node = format!("worker-{}", scope.scope);
-    // As the chart runs it: told its node, so it takes only that node's own admin token.
+    // As the chart runs it: told its node, given no token, only the folder where the operator's
+    // ConfigMap of node token hashes is mounted; it takes only that node's own admin token.
+    let mounted = tempfile::tempdir().expect("temp dir");
     let host = Host::start(
         &format!("disc-{}", scope.scope),
-        &[("SANDBOXD_NODE_NAME", node.as_str())],
+        &[
+            ("SANDBOXD_TOKEN", ""),
+            (
+                "SANDBOXD_NODE_TOKEN_HASHES",
+                mounted.path().to_str().expect("a UTF-8 path"),
+            ),
+            ("SANDBOXD_NODE_NAME", node.as_str()),
+        ],
     );
-    // The DaemonSet's admin token and one of its pods (no kubelet runs it: its status is set
+    // The master (the harness's token, which this sandboxd is not given) and one of its pods (no kubelet runs it: its status is set
     // by hand, with the loopback address of the real sandboxd this test started).
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "sandboxd-admin-token", "labels": scope.labels()},
@@ -623,7 +632,21 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         &host.port.to_string(),
         "--host-token-secret",
         &format!("{ns}/sandboxd-admin-token"),
+        "--node-token-hashes",
+        "sandboxd-node-token-hashes",
     ]);
+    // The discovered node's hash is written (the ConfigMap made, as no chart rendered it), and
+    // the test plays the kubelet that copies it into the pod's volume.
+    let hashes =
+        common::node_token_hashes(&scope.client, &ns, "sandboxd-node-token-hashes", &node).await;
+    assert_eq!(
+        hashes,
+        std::collections::BTreeMap::from([(
+            node.clone(),
+            sandboxd::auth::hash(&sandboxd::auth::node_token(&host.token, &node))
+        )])
+    );
+    common::mount_config_map(mounted.path(), &hashes);
     let hosts = Api::<SandboxHost>::all(scope.client.clone());
     let host_name = format!("node-{node}");
     let ready = tokio::time::timeout(
@@ -1373,7 +1396,7 @@ async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
     assert_eq!(
         refused.message,
         format!(
-            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node 'another-node' (spec.node) from the master in Secret {}/{secret} key token. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN)",
+            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node 'another-node' (spec.node) from the master in Secret {}/{secret} key token. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN) or whose node token's hash it reads (SANDBOXD_NODE_TOKEN_HASHES, written by the operator with --node-token-hashes)",
             host.endpoint(),
             scope.ns
         )

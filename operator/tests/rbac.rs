@@ -3,7 +3,8 @@
 //! talking through a kubeconfig that impersonates that ServiceAccount. It may not list, watch or
 //! read a Secret outside its namespace, yet a session runs with its token Secret (replacing one
 //! of that name left over), a deleted token Secret is issued again, and a deleted session is
-//! destroyed through its Tombstone.
+//! destroyed through its Tombstone. A sandboxd given only the hash of its node's token takes the
+//! token once the operator, under the same RBAC, has written that hash into the chart's ConfigMap.
 
 mod common;
 
@@ -11,15 +12,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Host, Scope, phase, token_of, wait_gone};
+use common::{Host, Scope, mount_config_map, node_token_hashes, phase, token_of, wait_gone};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use kube::{Client, Config, ResourceExt};
 use rand::Rng;
-use sandboxd_crds::v1alpha1::Tombstone;
+use sandboxd::auth::{hash, node_token};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
 
 fn helm() -> PathBuf {
     PathBuf::from(std::env::var("SANDBOXD_HELM").expect(
@@ -48,7 +50,8 @@ fn output(cmd: &mut Command, input: Option<&str>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The chart's operator RBAC for release `release` in `ns`, applied; its cluster-wide objects
+/// The chart's operator RBAC (and the ConfigMap of node token hashes it may patch) for release
+/// `release` in `ns`, applied; its cluster-wide objects
 /// are deleted when this is dropped (the namespaced ones go with the namespace).
 struct ChartRbac {
     /// The ServiceAccount's and the roles' name.
@@ -69,7 +72,8 @@ impl ChartRbac {
                     "--set",
                     "adminToken.value=render-only-admin-token-0123456789abcdef",
                 ])
-                .args(["--show-only", "templates/operator-rbac.yaml"]),
+                .args(["--show-only", "templates/operator-rbac.yaml"])
+                .args(["--show-only", "templates/node-token-hashes.yaml"]),
             None,
         );
         output(
@@ -299,6 +303,143 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     )
     .await;
     assert!(host.containers().is_empty(), "{:?}", host.containers());
+    scope.delete().await;
+    drop(rbac);
+}
+
+/// Waits up to `secs` for host `name`'s Ready condition to satisfy `cond`, and returns it.
+async fn host_ready(
+    client: &Client,
+    name: &str,
+    secs: u64,
+    cond: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool + Send + 'static,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let ready = |h: &SandboxHost| {
+        h.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .cloned()
+    };
+    let hosts = Api::<SandboxHost>::all(client.clone());
+    let found = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(hosts.clone(), name, move |h: Option<&SandboxHost>| {
+            h.and_then(ready).is_some_and(|c| cond(&c))
+        }),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(h))) => ready(&h).expect("a Ready condition"),
+        _ => panic!(
+            "host {name}'s Ready did not turn as awaited within {secs} s: {:?}",
+            hosts
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|h| ready(&h))
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it() {
+    let mut scope = Scope::new("nodehash").await;
+    let release = format!("r{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let rbac = ChartRbac::apply(&release, &scope.ns);
+    let service_account = format!("system:serviceaccount:{}:{}", scope.ns, rbac.name);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = impersonating(&service_account, dir.path());
+
+    // The node's sandboxd as the chart runs it: told its node, given the folder the ConfigMap
+    // is mounted at, and no token at all. It starts before its hash exists.
+    let master = format!("master-{:016x}", rand::rng().random::<u64>());
+    let node = format!("worker-{}", scope.scope);
+    let mounted = tempfile::tempdir().expect("temp dir");
+    let host = Host::start(
+        &format!("hash-host-{}", scope.scope),
+        &[
+            ("SANDBOXD_TOKEN", ""),
+            (
+                "SANDBOXD_NODE_TOKEN_HASHES",
+                mounted.path().to_str().expect("a UTF-8 path"),
+            ),
+            ("SANDBOXD_NODE_NAME", node.as_str()),
+        ],
+    );
+    let admin_secret = format!("{release}-sandboxd-admin-token");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": admin_secret, "labels": scope.labels()},
+        "stringData": {"token": master},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the master's Secret");
+    scope
+        .register_endpoint_on_node(&host.name, &host.endpoint(), &admin_secret, Some(&node))
+        .await;
+    scope.default_runtime().await;
+    let map_name = format!("{release}-sandboxd-node-token-hashes");
+    scope.start_operator_with(
+        kubeconfig.to_str().expect("a UTF-8 path"),
+        &[
+            "--host-token-secret",
+            &format!("{}/{admin_secret}", scope.ns),
+            "--node-token-hashes",
+            &map_name,
+        ],
+    );
+
+    // The operator writes the hash of the node's token under the node's name: neither the
+    // token nor the master is in it.
+    let data = node_token_hashes(&scope.client, &scope.ns, &map_name, &node).await;
+    let token = node_token(&master, &node);
+    assert_eq!(
+        data,
+        std::collections::BTreeMap::from([(node.clone(), hash(&token))])
+    );
+
+    // Not yet in the sandboxd's folder (the kubelet has not copied it): the token is refused.
+    let refused = host_ready(&scope.client, &host.name, 30, |c| {
+        c.status == "False" && c.reason == "TokenRefused"
+    })
+    .await;
+    assert!(
+        refused.message.contains("SANDBOXD_NODE_TOKEN_HASHES"),
+        "{}",
+        refused.message
+    );
+
+    // The test plays the kubelet: the ConfigMap's data, file by file, into the mounted folder.
+    mount_config_map(mounted.path(), &data);
+    host_ready(&scope.client, &host.name, 30, |c| c.status == "True").await;
+
+    // A session runs there, through the node's token.
+    scope.kubectl_apply_session("xc-hash", serde_json::json!({}));
+    let running = scope
+        .wait_session("xc-hash", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(
+        running.status.and_then(|s| s.host).as_deref(),
+        Some(host.name.as_str())
+    );
+    assert_eq!(host.containers(), vec![(scope.host_id("xc-hash"), true)]);
+    // The master opens nothing on the node; its token does.
+    assert!(
+        sandboxd::client::Client::new(&host.endpoint(), &master)
+            .list()
+            .await
+            .is_err()
+    );
+    let sessions = sandboxd::client::Client::new(&host.endpoint(), &token)
+        .list()
+        .await
+        .expect("the node's token lists");
+    assert_eq!(sessions.len(), 1);
     scope.delete().await;
     drop(rbac);
 }

@@ -5,10 +5,15 @@
 //! derived for that node from the master admin token ([`node_token`]), so a token that reaches
 //! one node opens no other.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tracing::{info, warn};
 
 /// The prefix of every session token, so a leaked one is recognisable.
 pub const SESSION_TOKEN_PREFIX: &str = "sbx_";
@@ -40,17 +45,124 @@ pub fn node_token(master: &str, node: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// The admin token, kept only as its hash.
+/// The admin token, kept only as its hash: fixed at start, or read from a file of hashes.
 #[derive(Clone)]
 pub struct AdminToken {
-    digest: [u8; 32],
+    source: Arc<Source>,
+}
+
+enum Source {
+    Fixed([u8; 32]),
+    File(HashFile),
+}
+
+/// How long a hash read from its file is used before the file is read again, so a changed
+/// (rotated) token is taken and the old one refused within this time.
+pub const HASH_REREAD: Duration = Duration::from_secs(5);
+/// The least time between two reads of the file when a presented token does not match: a token
+/// whose hash was just written is taken within this time, and refused tokens cannot make
+/// sandboxd read the file more often.
+pub const HASH_REREAD_ON_MISS: Duration = Duration::from_secs(1);
+
+/// The hash of one node's admin token in a file `<dir>/<node>` (hex SHA-256, 64 digits).
+struct HashFile {
+    path: PathBuf,
+    state: Mutex<HashState>,
+}
+
+#[derive(Default)]
+struct HashState {
+    digest: Option<[u8; 32]>,
+    read_at: Option<Instant>,
+    /// What the last read found, to log only changes.
+    seen: Option<Found>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Found {
+    Hash,
+    Missing,
+    Invalid,
+}
+
+/// The hash in `path`, or what is wrong with it.
+fn read_hash(path: &Path) -> Result<[u8; 32], (Found, String)> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err((Found::Missing, "no such file".into()));
+        }
+        Err(e) => return Err((Found::Invalid, format!("cannot be read: {e}"))),
+    };
+    let text = text.trim();
+    let mut digest = [0u8; 32];
+    match hex::decode_to_slice(text, &mut digest) {
+        Ok(()) => Ok(digest),
+        Err(_) => Err((
+            Found::Invalid,
+            format!(
+                "holds {} characters, not the 64 hex digits of a SHA-256",
+                text.chars().count()
+            ),
+        )),
+    }
+}
+
+impl HashFile {
+    /// Reads the file again and logs what changed.
+    fn reread(&self, state: &mut HashState) {
+        let found = read_hash(&self.path);
+        state.read_at = Some(Instant::now());
+        let kind = match &found {
+            Ok(_) => Found::Hash,
+            Err((kind, _)) => *kind,
+        };
+        let changed = match (&found, state.digest) {
+            (Ok(d), Some(old)) => *d != old,
+            _ => state.seen != Some(kind),
+        };
+        if changed {
+            match &found {
+                Ok(_) => {
+                    info!(file = %self.path.display(), "admin token hash for this node read: this node's token is taken")
+                }
+                Err((Found::Missing, _)) => {
+                    warn!(file = %self.path.display(), "no admin token hash for this node yet: every admin request is refused until the operator writes it (it does when it sees this node's SandboxHost)")
+                }
+                Err((_, why)) => {
+                    warn!(file = %self.path.display(), why = %why, "the admin token hash for this node is unusable: every admin request is refused until it is fixed")
+                }
+            }
+        }
+        state.seen = Some(kind);
+        state.digest = found.ok();
+    }
+
+    fn matches(&self, presented: &[u8; 32]) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.read_at.is_none_or(|at| at.elapsed() >= HASH_REREAD) {
+            self.reread(&mut state);
+        }
+        let hit = |s: &HashState| s.digest.is_some_and(|d| bool::from(d.ct_eq(presented)));
+        if hit(&state) {
+            return true;
+        }
+        if state
+            .read_at
+            .is_none_or(|at| at.elapsed() >= HASH_REREAD_ON_MISS)
+        {
+            self.reread(&mut state);
+            return hit(&state);
+        }
+        false
+    }
 }
 
 impl AdminToken {
     /// Keeps the hash of `token`.
     pub fn new(token: &str) -> Self {
         Self {
-            digest: Sha256::digest(token.as_bytes()).into(),
+            source: Arc::new(Source::Fixed(Sha256::digest(token.as_bytes()).into())),
         }
     }
 
@@ -63,10 +175,27 @@ impl AdminToken {
         }
     }
 
+    /// The token whose hex SHA-256 is in `dir/node`, read now and again every
+    /// [`HASH_REREAD`] and on a token that does not match (at most every
+    /// [`HASH_REREAD_ON_MISS`]). While the file is missing or unusable, every token is refused.
+    pub fn hash_file(dir: &Path, node: &str) -> Self {
+        let file = HashFile {
+            path: dir.join(node),
+            state: Mutex::default(),
+        };
+        file.reread(&mut file.state.lock().unwrap_or_else(|p| p.into_inner()));
+        Self {
+            source: Arc::new(Source::File(file)),
+        }
+    }
+
     /// Whether `presented` is the admin token, compared in constant time.
     pub fn matches(&self, presented: &str) -> bool {
         let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        bool::from(self.digest.ct_eq(&d))
+        match self.source.as_ref() {
+            Source::Fixed(digest) => bool::from(digest.ct_eq(&d)),
+            Source::File(file) => file.matches(&d),
+        }
     }
 }
 
@@ -132,6 +261,35 @@ mod tests {
         let single = AdminToken::accepted(master, None);
         assert!(single.matches(master));
         assert!(!single.matches(&node_token(master, "a")));
+    }
+
+    #[test]
+    fn a_hash_file_takes_its_token_once_it_appears_and_follows_its_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let admin = AdminToken::hash_file(dir.path(), "node-a");
+        assert!(!admin.matches("token-a"), "no file: nothing is taken");
+        std::thread::sleep(HASH_REREAD_ON_MISS);
+        std::fs::write(dir.path().join("node-a"), format!("{}\n", hash("token-a"))).expect("write");
+        assert!(admin.matches("token-a"), "read again on a miss");
+        assert!(!admin.matches("token-b"));
+        std::thread::sleep(HASH_REREAD_ON_MISS);
+        std::fs::write(dir.path().join("node-a"), hash("token-b")).expect("write");
+        assert!(
+            admin.matches("token-b"),
+            "a changed hash is taken on a miss"
+        );
+        std::thread::sleep(HASH_REREAD);
+        assert!(
+            !admin.matches("token-a"),
+            "the old token is refused once read again"
+        );
+        std::fs::write(dir.path().join("node-a"), "not a hash").expect("write");
+        std::thread::sleep(HASH_REREAD);
+        assert!(
+            !admin.matches("token-b"),
+            "an unusable file refuses every token"
+        );
+        assert!(!admin.matches("not a hash"));
     }
 
     #[test]

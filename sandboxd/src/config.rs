@@ -61,7 +61,8 @@ pub enum WorkspaceQuota {
     about = "The sandboxd node daemon: sandbox sessions in containers with persistent workspaces"
 )]
 pub struct Config {
-    /// The master admin token. Required. With SANDBOXD_NODE_NAME unset it is itself the admin
+    /// The master admin token. Required unless SANDBOXD_NODE_TOKEN or SANDBOXD_NODE_TOKEN_HASHES
+    /// is given. With SANDBOXD_NODE_NAME unset it is itself the admin
     /// token (root-equivalent: whoever holds it starts containers on this host, and on every
     /// host that shares it); with SANDBOXD_NODE_NAME set, only the token derived from it for
     /// this node is.
@@ -70,8 +71,9 @@ pub struct Config {
 
     /// The node this sandboxd runs on (the chart sets it from the pod's spec.nodeName). When
     /// set, the only admin token accepted is the one derived for this node from SANDBOXD_TOKEN
-    /// (`sandboxd admin-token --node NAME` prints it); the master itself and other nodes'
-    /// tokens are refused. Unset: SANDBOXD_TOKEN itself is the admin token.
+    /// (`sandboxd admin-token --node NAME` prints it; or given in SANDBOXD_NODE_TOKEN, or whose
+    /// hash is in SANDBOXD_NODE_TOKEN_HASHES); the master itself and other nodes' tokens are
+    /// refused. Unset: SANDBOXD_TOKEN itself is the admin token.
     #[arg(long, env = "SANDBOXD_NODE_NAME")]
     pub node_name: Option<String>,
 
@@ -80,6 +82,16 @@ pub struct Config {
     /// exclusive with SANDBOXD_TOKEN.
     #[arg(long, env = "SANDBOXD_NODE_TOKEN", hide_env_values = true)]
     pub node_token: Option<String>,
+
+    /// A directory of files named after nodes, each holding the hex SHA-256 of that node's
+    /// admin token (the operator's node-token-hash ConfigMap, mounted: what the Helm chart
+    /// does). The only admin token accepted is the one whose hash is in the file named
+    /// SANDBOXD_NODE_NAME, so this node holds neither the master nor any token. The file is read
+    /// again every 5 s and on a token that does not match: a node started before its hash is
+    /// written takes its token once the file appears. Needs SANDBOXD_NODE_NAME; exclusive with
+    /// SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN.
+    #[arg(long, env = "SANDBOXD_NODE_TOKEN_HASHES")]
+    pub node_token_hashes: Option<PathBuf>,
 
     /// Address to listen on.
     #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
@@ -295,6 +307,7 @@ impl std::fmt::Debug for Config {
             .field("state_dir", &self.state_dir)
             .field("instance", &self.instance)
             .field("node_name", &self.node_name)
+            .field("node_token_hashes", &self.node_token_hashes)
             .finish_non_exhaustive()
     }
 }
@@ -304,7 +317,7 @@ impl std::fmt::Debug for Config {
 pub enum ConfigError {
     /// The admin token is missing.
     #[error(
-        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)"
+        "SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN, or the directory of node token hashes in SANDBOXD_NODE_TOKEN_HASHES)"
     )]
     MissingToken,
     /// The runtime list is empty or malformed.
@@ -511,6 +524,27 @@ impl Config {
     /// from the master for SANDBOXD_NODE_NAME), or the master when it is not told its node.
     pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
         let node = self.node()?;
+        if let Some(dir) = &self.node_token_hashes {
+            let Some(node) = node else {
+                return Err(ConfigError::Invalid(
+                    "SANDBOXD_NODE_TOKEN_HASHES needs SANDBOXD_NODE_NAME: the node whose token's hash is read there".into(),
+                ));
+            };
+            if self.master_token().is_ok()
+                || self.node_token.as_deref().is_some_and(|t| !t.is_empty())
+            {
+                return Err(ConfigError::Invalid(
+                    "SANDBOXD_NODE_TOKEN_HASHES is set with SANDBOXD_TOKEN or SANDBOXD_NODE_TOKEN: give this node only one of the master, its own token, or its token's hash".into(),
+                ));
+            }
+            if !dir.is_dir() {
+                return Err(ConfigError::Invalid(format!(
+                    "SANDBOXD_NODE_TOKEN_HASHES {} is not a directory: it must be where the node token hashes are mounted (a file per node, named after it)",
+                    dir.display()
+                )));
+            }
+            return Ok(crate::auth::AdminToken::hash_file(dir, node));
+        }
         let own = self.node_token.as_deref().filter(|t| !t.is_empty());
         match (self.master_token(), own, node) {
             (Ok(_), Some(_), _) => Err(ConfigError::Invalid(
@@ -637,7 +671,7 @@ mod tests {
         let c = Config::parse_from(["sandboxd", "--runtimes", "base=img"]);
         assert_eq!(
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
-            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN)".to_owned())
+            Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN, or the directory of node token hashes in SANDBOXD_NODE_TOKEN_HASHES)".to_owned())
         );
     }
 
@@ -752,6 +786,35 @@ mod tests {
         assert_eq!(
             refused(&["sandboxd", "--token", "t", "--node-token", &own, "--node-name", "w"]),
             Err("SANDBOXD_TOKEN and SANDBOXD_NODE_TOKEN are both set: give either the master (with SANDBOXD_NODE_NAME) or this node's own token, not both".to_owned())
+        );
+        // Given the directory of hashes, it needs its node and nothing else.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dir_s = dir.path().to_str().expect("utf-8 path");
+        std::fs::write(dir.path().join("w"), crate::auth::hash(&own)).expect("write");
+        let c = Config::parse_from(["sandboxd", "--node-token-hashes", dir_s, "--node-name", "w"]);
+        let admin = c.admin_token().expect("an admin token");
+        assert!(admin.matches(&own) && !admin.matches("t"));
+        assert_eq!(
+            refused(&["sandboxd", "--node-token-hashes", dir_s]),
+            Err("SANDBOXD_NODE_TOKEN_HASHES needs SANDBOXD_NODE_NAME: the node whose token's hash is read there".to_owned())
+        );
+        assert_eq!(
+            refused(&["sandboxd", "--token", "t", "--node-token-hashes", dir_s, "--node-name", "w"]),
+            Err("SANDBOXD_NODE_TOKEN_HASHES is set with SANDBOXD_TOKEN or SANDBOXD_NODE_TOKEN: give this node only one of the master, its own token, or its token's hash".to_owned())
+        );
+        let missing = dir.path().join("nope");
+        let missing_s = missing.to_str().expect("utf-8 path");
+        assert_eq!(
+            refused(&[
+                "sandboxd",
+                "--node-token-hashes",
+                missing_s,
+                "--node-name",
+                "w"
+            ]),
+            Err(format!(
+                "SANDBOXD_NODE_TOKEN_HASHES {missing_s} is not a directory: it must be where the node token hashes are mounted (a file per node, named after it)"
+            ))
         );
     }
 

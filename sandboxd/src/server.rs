@@ -65,6 +65,10 @@ async fn start_with(
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
     let (admin, runtimes) = config.validate()?;
     match config.node()? {
+        Some(node) if config.node_token_hashes.is_some() => info!(
+            node,
+            "the admin token is this node's own, known only by its hash (SANDBOXD_NODE_TOKEN_HASHES); this node holds neither the master nor any token"
+        ),
         Some(node) if config.node_token.is_some() => info!(
             node,
             "the admin token is this node's own (SANDBOXD_NODE_TOKEN); the master never reaches this node"

@@ -1,14 +1,16 @@
 //! Admin tokens per node: two real sandboxd processes share a master admin token and are told
 //! different nodes (SANDBOXD_NODE_NAME); each takes only its own derived token, and neither takes
-//! the master. Without a node, the master is the admin token, as on a single host.
+//! the master. Without a node, the master is the admin token, as on a single host. Given only the
+//! hash of its node's token (SANDBOXD_NODE_TOKEN_HASHES, as the chart mounts the operator's
+//! ConfigMap), a sandboxd holds no token at all and still takes exactly its own.
 
 mod common;
 
 use std::process::Command;
 
-use common::{Daemon, raw};
+use common::{Daemon, raw, until};
 use reqwest::Method;
-use sandboxd::auth::node_token;
+use sandboxd::auth::{hash, node_token};
 use serde_json::json;
 
 /// What every refused token gets on `/v1`: 401 and this body, whatever was presented.
@@ -103,6 +105,67 @@ async fn a_node_given_only_its_own_token_takes_it_and_never_sees_the_master() {
         sessions_with(&c, &node_token(&master, "node-d")).await,
         (401, unauthorized())
     );
+}
+
+#[tokio::test]
+async fn a_node_given_only_its_tokens_hash_takes_its_token_and_refuses_the_others() {
+    let master = format!("master-{:016x}", rand::random::<u64>());
+    let (own, other) = (node_token(&master, "node-e"), node_token(&master, "node-f"));
+    // The directory as the chart mounts the ConfigMap: one file per node, each a hash.
+    let hashes = tempfile::tempdir().expect("tempdir");
+    std::fs::write(hashes.path().join("node-e"), hash(&own)).expect("write");
+    std::fs::write(hashes.path().join("node-f"), hash(&other)).expect("write");
+    let dir = hashes.path().to_str().expect("utf-8 path");
+    let e = Daemon::start(&[
+        ("SANDBOXD_TOKEN", ""),
+        ("SANDBOXD_NODE_TOKEN_HASHES", dir),
+        ("SANDBOXD_NODE_NAME", "node-e"),
+    ]);
+    let (status, body) = sessions_with(&e, &own).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"sessions": []}));
+    // Another node's token, the master, and a hash presented as a token open nothing.
+    assert_eq!(sessions_with(&e, &other).await, (401, unauthorized()));
+    assert_eq!(sessions_with(&e, &master).await, (401, unauthorized()));
+    assert_eq!(sessions_with(&e, &hash(&own)).await, (401, unauthorized()));
+    let opened = e
+        .client(&own)
+        .open("by-hash", "org-e", None, None)
+        .await
+        .expect("open with node e's token");
+    assert!(opened.token.is_some());
+}
+
+#[tokio::test]
+async fn a_node_started_before_its_hash_exists_takes_its_token_once_it_is_written() {
+    let master = format!("master-{:016x}", rand::random::<u64>());
+    let own = node_token(&master, "node-g");
+    let hashes = tempfile::tempdir().expect("tempdir");
+    let dir = hashes.path().to_str().expect("utf-8 path");
+    let g = Daemon::start(&[
+        ("SANDBOXD_TOKEN", ""),
+        ("SANDBOXD_NODE_TOKEN_HASHES", dir),
+        ("SANDBOXD_NODE_NAME", "node-g"),
+    ]);
+    assert_eq!(sessions_with(&g, &own).await, (401, unauthorized()));
+    // Written the way the kubelet updates a ConfigMap volume: a new folder swapped in
+    // through the ..data symlink, the file a link into it.
+    let data = hashes.path().join("..2026_01_01_00_00_00.1");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::write(data.join("node-g"), hash(&own)).expect("write");
+    std::os::unix::fs::symlink(&data, hashes.path().join("..data")).expect("symlink");
+    std::os::unix::fs::symlink("..data/node-g", hashes.path().join("node-g")).expect("symlink");
+    let (status, body) = until(
+        "sandboxd takes its token once its hash is written",
+        std::time::Duration::from_secs(15),
+        || async {
+            let (status, body) = sessions_with(&g, &own).await;
+            (status == 200).then_some((status, body))
+        },
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"sessions": []})));
+    assert_eq!(sessions_with(&g, &master).await, (401, unauthorized()));
 }
 
 #[tokio::test]

@@ -640,20 +640,13 @@ fn a_render_without_the_cluster_refuses_to_make_up_an_admin_token() {
         docs.iter().all(|d| d["kind"] != "Secret"),
         "no Secret of the chart's own"
     );
+    // The operator reads the named Secret; sandboxd never sees it (only its node's hash).
     let ds = of_kind(&docs, "DaemonSet");
-    let token = ds["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_sequence()
-        .expect("env")
-        .iter()
-        .find(|e| e["name"] == "SANDBOXD_TOKEN")
-        .expect("SANDBOXD_TOKEN");
-    assert_eq!(
-        token["valueFrom"]["secretKeyRef"]["name"].as_str(),
-        Some("platform-sandboxd-admin")
-    );
-    assert_eq!(
-        token["valueFrom"]["secretKeyRef"]["key"].as_str(),
-        Some("token")
+    assert!(
+        !serde_yaml::to_string(ds)
+            .expect("YAML")
+            .contains("platform-sandboxd-admin"),
+        "the DaemonSet names the admin-token Secret"
     );
     let operator = of_kind(&docs, "Deployment");
     let secret = operator["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -1040,6 +1033,16 @@ async fn the_service_accounts_may_do_only_what_they_need() {
     );
     yes(&operator, &["list", "pods", "-n", &ns.name]);
     no(&operator, &["list", "pods", "-A"]);
+    // The node token hashes: that one ConfigMap patched, by name; no other ConfigMap, none
+    // created, none read.
+    let hashes = format!("configmaps/{full}-node-token-hashes");
+    yes(&operator, &["patch", &hashes, "-n", &ns.name]);
+    no(&operator, &["patch", &hashes, "-n", &other.name]);
+    no(&operator, &["patch", "configmaps/other", "-n", &ns.name]);
+    for verb in ["create", "list", "watch", "delete"] {
+        no(&operator, &[verb, "configmaps", "-n", &ns.name]);
+    }
+    no(&operator, &["get", "configmaps/other", "-n", &ns.name]);
 
     // sandboxd: nothing at all beyond what every ServiceAccount may.
     for resource in [
@@ -1069,6 +1072,96 @@ async fn the_service_accounts_may_do_only_what_they_need() {
     ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
     other.delete().await;
     ns.delete().await;
+}
+
+#[test]
+fn sandboxd_pods_are_given_no_master_and_no_token_only_their_nodes_hash() {
+    for tls in [false, true] {
+        let mut args = vec!["-n", "sandboxd"];
+        if tls {
+            args.extend([
+                "--set",
+                "tls.enabled=true",
+                "--set",
+                "tls.existingSecret=sbx-tls",
+            ]);
+        }
+        let docs = documents(&template(&args));
+        let ds = of_kind(&docs, "DaemonSet");
+        let pod = &ds["spec"]["template"]["spec"];
+        // Nothing of the admin-token Secret: no env from it, no volume of it, not its name.
+        assert!(
+            !serde_yaml::to_string(ds)
+                .expect("YAML")
+                .contains("admin-token"),
+            "the DaemonSet names the admin-token Secret"
+        );
+        let sandboxd = &pod["containers"][0];
+        for env in sandboxd["env"].as_sequence().expect("env") {
+            assert!(
+                env["valueFrom"]["secretKeyRef"].is_null(),
+                "sandboxd takes {:?} from a Secret",
+                env["name"]
+            );
+            for name in ["SANDBOXD_TOKEN", "SANDBOXD_NODE_TOKEN"] {
+                assert_ne!(env["name"].as_str(), Some(name), "sandboxd is given {name}");
+            }
+        }
+        // The only Secret a sandboxd pod mounts is its TLS certificate, when TLS is on.
+        let secrets: Vec<&str> = pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .filter_map(|v| v["secret"]["secretName"].as_str())
+            .collect();
+        assert_eq!(secrets, if tls { vec!["sbx-tls"] } else { vec![] });
+        // Its node's hash: the operator's ConfigMap, mounted where SANDBOXD_NODE_TOKEN_HASHES
+        // says, the file picked by SANDBOXD_NODE_NAME (the pod's node).
+        assert_eq!(
+            env_of(sandboxd, "SANDBOXD_NODE_TOKEN_HASHES"),
+            Some("/etc/sandboxd-node-tokens")
+        );
+        let volume = pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"] == "node-token-hashes")
+            .expect("the node-token-hashes volume");
+        assert_eq!(
+            volume["configMap"]["name"].as_str(),
+            Some("rel-sandboxd-node-token-hashes")
+        );
+        let mount = sandboxd["volumeMounts"]
+            .as_sequence()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["name"] == "node-token-hashes")
+            .expect("the node-token-hashes mount");
+        assert_eq!(
+            mount["mountPath"].as_str(),
+            Some("/etc/sandboxd-node-tokens")
+        );
+        assert_eq!(mount["readOnly"].as_bool(), Some(true));
+        // The ConfigMap is rendered without data (an upgrade keeps what the operator wrote),
+        // and the operator is told to write it.
+        let map = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ConfigMap"
+                    && d["metadata"]["name"] == "rel-sandboxd-node-token-hashes"
+            })
+            .expect("the node-token-hashes ConfigMap");
+        assert!(map["data"].is_null(), "{map:?}");
+        let operator = &of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            env_of(operator, "SANDBOX_OPERATOR_NODE_TOKEN_HASHES"),
+            Some("rel-sandboxd-node-token-hashes")
+        );
+        assert_eq!(
+            env_of(operator, "SANDBOX_OPERATOR_HOST_TOKEN_SECRET"),
+            Some("sandboxd/rel-sandboxd-admin-token")
+        );
+    }
 }
 
 /// The value of `name` in a container's env, if set.

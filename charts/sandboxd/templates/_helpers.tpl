@@ -39,6 +39,11 @@ app.kubernetes.io/component: sandboxd
 {{- default (printf "%s-admin-token" (include "sandboxd.fullname" .)) .Values.adminToken.existingSecret -}}
 {{- end -}}
 
+{{/* The ConfigMap of node token hashes: the operator writes, the sandboxd pods read. */}}
+{{- define "sandboxd.nodeTokenHashes" -}}
+{{- printf "%s-node-token-hashes" (include "sandboxd.fullname" .) -}}
+{{- end -}}
+
 {{/* The Secret with tls.crt, tls.key and ca.crt, when TLS is on. */}}
 {{- define "sandboxd.tlsSecret" -}}
 {{- required "tls.enabled=true needs tls.existingSecret: a Secret in the release namespace with tls.crt, tls.key (a certificate naming every node's IP) and ca.crt" .Values.tls.existingSecret -}}
@@ -46,9 +51,10 @@ app.kubernetes.io/component: sandboxd
 
 {{/* The sandboxd container's environment, shared by the DaemonSet and the prepare hook. */}}
 {{- define "sandboxd.env" -}}
-- name: SANDBOXD_TOKEN
-  valueFrom:
-    secretKeyRef: {name: {{ include "sandboxd.tokenSecret" . }}, key: token}
+{{- /* No master and no token: only the hash of this node's token, from the operator's
+  ConfigMap (the file named after the node), read again when it changes. */}}
+- name: SANDBOXD_NODE_TOKEN_HASHES
+  value: /etc/sandboxd-node-tokens
 - name: SANDBOXD_HOST
   value: "0.0.0.0"
 - name: SANDBOXD_PORT
@@ -91,8 +97,8 @@ app.kubernetes.io/component: sandboxd
 - name: SANDBOXD_INSTANCE
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
-{{- /* The admin token it accepts is the one derived for its node from the master, and discovery
-  sets the node's SandboxHost spec.node from the same spec.nodeName. */}}
+{{- /* The admin token it accepts is its node's, whose hash is in the file of this name, and
+  discovery sets the node's SandboxHost spec.node from the same spec.nodeName. */}}
 - name: SANDBOXD_NODE_NAME
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
@@ -115,6 +121,7 @@ app.kubernetes.io/component: sandboxd
   {{- end }}
 - {name: state, mountPath: {{ .Values.sandboxd.stateDir | quote }}}
 - {name: runtimes, mountPath: /etc/sandboxd, readOnly: true}
+- {name: node-token-hashes, mountPath: /etc/sandboxd-node-tokens, readOnly: true}
 {{- end -}}
 {{- define "sandboxd.volumes" -}}
 - name: docker-socket
@@ -125,4 +132,6 @@ app.kubernetes.io/component: sandboxd
   hostPath: {path: {{ .Values.sandboxd.stateDir | quote }}, type: DirectoryOrCreate}
 - name: runtimes
   configMap: {name: {{ include "sandboxd.fullname" . }}-runtimes}
+- name: node-token-hashes
+  configMap: {name: {{ include "sandboxd.nodeTokenHashes" . }}}
 {{- end -}}

@@ -546,3 +546,42 @@ where
         api.get_opt(name).await
     );
 }
+
+/// Waits (watching, with a deadline of 30 s) until ConfigMap `map` of `ns` holds an entry for
+/// `node`, and returns its data: the node token hashes the operator writes.
+pub async fn node_token_hashes(
+    client: &Client,
+    ns: &str,
+    map: &str,
+    node: &str,
+) -> BTreeMap<String, String> {
+    let maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns);
+    let key = node.to_owned();
+    let written = tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(
+            maps.clone(),
+            map,
+            move |m: Option<&k8s_openapi::api::core::v1::ConfigMap>| {
+                m.and_then(|m| m.data.as_ref())
+                    .is_some_and(|d| d.contains_key(&key))
+            },
+        ),
+    )
+    .await;
+    match written {
+        Ok(Ok(Some(m))) => m.data.unwrap_or_default(),
+        _ => panic!(
+            "the operator did not write node {node}'s hash into {ns}/{map} within 30 s: {:?}",
+            maps.get_opt(map).await.map(|m| m.and_then(|m| m.data))
+        ),
+    }
+}
+
+/// Plays the kubelet's part for a ConfigMap volume: every entry of `data` becomes a file of
+/// that name in `dir`.
+pub fn mount_config_map(dir: &std::path::Path, data: &BTreeMap<String, String>) {
+    for (name, value) in data {
+        std::fs::write(dir.join(name), value).expect("write the mounted file");
+    }
+}
