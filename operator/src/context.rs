@@ -13,7 +13,7 @@ use kube::api::PostParams;
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use sandboxd::client::{Client as HostClient, ClientError, Trust};
+use sandboxd_api::client::{Client as HostClient, ClientError, Trust};
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_crds::v1alpha1::host::SecretKeyRef;
 use tracing::warn;
@@ -274,7 +274,7 @@ impl Context {
                 why: format!("Secret {}/{} has no key {}", r.namespace, r.name, r.key),
             })?;
         let token = match &host.spec.node {
-            Some(node) => sandboxd::auth::node_token(token.trim(), node),
+            Some(node) => sandboxd_api::auth::node_token(token.trim(), node),
             None => token.trim().to_owned(),
         };
         let token = token.as_str();

@@ -19,8 +19,8 @@ use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::watcher::watcher;
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
-use sandboxd::client::ClientError;
-use sandboxd::store::State;
+use sandboxd_api::client::ClientError;
+use sandboxd_api::{ErrorCode, SessionState as State};
 use sandboxd_crds::key::host_session_id;
 use sandboxd_crds::v1alpha1::condition::{ADMITTED, PLACED, READY, RUNTIME_READY};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
@@ -537,7 +537,7 @@ async fn advance(
         status.credentials_secret.is_some() && token_secret_there(s, ctx, &secrets, &secret).await;
     let mut opened_view = None;
     if status.session_id.is_none() || !have_secret {
-        let limits = s.spec.resources.as_ref().map(|r| sandboxd::core::Limits {
+        let limits = s.spec.resources.as_ref().map(|r| sandboxd_api::Limits {
             cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
             mem_limit: r.mem_limit.clone(),
             pids_limit: r.pids_limit,
@@ -597,7 +597,11 @@ async fn advance(
                 );
                 conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
             }
-            Err(ClientError::Api { code, message, .. }) if code == "runtime_preparing" => {
+            Err(ClientError::Api {
+                code: ErrorCode::RuntimePreparing,
+                message,
+                ..
+            }) => {
                 let since = conditions::get(&status.conditions, RUNTIME_READY)
                     .filter(|c| c.status == "False" && c.reason == "Preparing")
                     .map(|c| c.last_transition_time.0)
@@ -641,10 +645,9 @@ async fn advance(
                 code,
                 message,
             }) => {
-                let reason = if code == "tenant_cap" {
-                    "TenantCap"
-                } else {
-                    "HostCap"
+                let reason = match code {
+                    ErrorCode::TenantCap => "TenantCap",
+                    _ => "HostCap",
                 };
                 conditions::set(
                     &mut status.conditions,
@@ -660,7 +663,11 @@ async fn advance(
                     requeue: backoff(),
                 });
             }
-            Err(ClientError::Api { code, message, .. }) if code == "owner_mismatch" => {
+            Err(ClientError::Api {
+                code: ErrorCode::OwnerMismatch,
+                message,
+                ..
+            }) => {
                 // The id is held for another object: a deleted session of this name whose
                 // destroy is still owed (its Tombstone removes it, then this open succeeds).
                 let m = format!(
@@ -680,7 +687,11 @@ async fn advance(
                     requeue: backoff(),
                 });
             }
-            Err(ClientError::Api { code, message, .. }) if code == "runtime_failed" => {
+            Err(ClientError::Api {
+                code: ErrorCode::RuntimeFailed,
+                message,
+                ..
+            }) => {
                 conditions::set(
                     &mut status.conditions,
                     RUNTIME_READY,

@@ -5,8 +5,8 @@
 //! derived for that node from the master admin token ([`node_token`]), so a token that reaches
 //! one node opens no other.
 
-use hmac::{Hmac, Mac};
 use rand::RngCore;
+pub use sandboxd_api::auth::{NODE_TOKEN_CONTEXT, node_token};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -23,21 +23,6 @@ pub fn new_session_token() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     format!("{SESSION_TOKEN_PREFIX}{}", hex::encode(bytes))
-}
-
-/// What a node's admin token is derived with: the HMAC message is this, then the node's name.
-pub const NODE_TOKEN_CONTEXT: &str = "sandboxd-admin-token/v1/";
-
-/// The admin token of `node`: hex(HMAC-SHA256(key = the master admin token,
-/// msg = [`NODE_TOKEN_CONTEXT`] + node)). What a sandboxd with `SANDBOXD_NODE_NAME=node`
-/// accepts, and what the operator sends to a SandboxHost whose `spec.node` is `node`.
-pub fn node_token(master: &str, node: &str) -> String {
-    // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(master.as_bytes())
-        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
-    mac.update(NODE_TOKEN_CONTEXT.as_bytes());
-    mac.update(node.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
 }
 
 /// The admin token, kept only as its hash.

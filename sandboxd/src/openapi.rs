@@ -633,6 +633,25 @@ mod tests {
         }
     }
 
+    /// Every code the document names is one of [`sandboxd_api::ErrorCode`], which clients
+    /// match on.
+    #[test]
+    fn every_documented_code_is_a_typed_code() {
+        for (route, errors) in ERRORS {
+            for (_, codes) in *errors {
+                for code in *codes {
+                    assert!(
+                        !matches!(
+                            sandboxd_api::ErrorCode::from(*code),
+                            sandboxd_api::ErrorCode::Other(_)
+                        ),
+                        "{route} answers {code}, which ErrorCode does not name"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every code a file operation fails with is documented on the file routes.
     #[test]
     fn file_routes_list_every_file_error_code() {
