@@ -18,7 +18,7 @@ use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession};
 use serde_json::json;
 
-pub use sandboxd_tests::{TestNamespace, client, install_crds};
+pub use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
 
 pub const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
 
@@ -36,10 +36,6 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-pub fn base_image() -> String {
-    std::env::var("SANDBOXD_BASE_IMAGE").expect("SANDBOXD_BASE_IMAGE is not set: run `make test` or `eval \"$(make -s env)\"` after `make up`")
 }
 
 /// A free loopback port (bound, then released).
