@@ -214,7 +214,7 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     );
     let first = token_of(&stored);
     assert_ne!(first, "a-token-of-long-ago");
-    let session = sandboxd::client::Client::new(&host.endpoint(), &first);
+    let session = sandboxd_api::client::Client::new(&host.endpoint(), &first);
     let run = session
         .run(
             &id,
@@ -274,7 +274,7 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
             .map(|o| o[0].name.as_str()),
         Some("xc-rbac")
     );
-    let again = sandboxd::client::Client::new(&host.endpoint(), &token_of(&reissued))
+    let again = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&reissued))
         .run(&id, "cat note.txt", None, None, None)
         .await
         .expect("a run with the new token");
