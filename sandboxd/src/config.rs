@@ -623,7 +623,7 @@ impl Config {
                 "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),
             ));
         }
-        if let Err(e) = self.policy().check() {
+        if let Err(e) = crate::policy::PolicyRules::check(&self.policy()) {
             return Err(ConfigError::Invalid(e));
         }
         if self.operation_retention_days == 0 {

@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use crate::api::AppState;
 use crate::audit::Op;
 use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest as CoreRun};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::files::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 use crate::store::{SessionRow, State as SessionState};
 
@@ -209,9 +209,9 @@ impl WireError {
     fn from_core(id: &str, e: ApiError) -> Self {
         match (e.status, e.code) {
             (401, _) => Self::unauthorized(),
-            (404, "session_not_found") => Self::no_such_session(id),
+            (404, ErrorCode::SessionNotFound) => Self::no_such_session(id),
             (410, _) => Self::gone(id),
-            (429, "host_cap") => {
+            (429, ErrorCode::HostCap) => {
                 // The core's words carry the count; the protocol's name the ceiling.
                 let max = e
                     .message
@@ -752,10 +752,10 @@ async fn create_session(
     let opened = loop {
         let (c, o) = (core.clone(), open.clone());
         match crate::core::detached(async move { c.open(o).await }).await {
-            Err(e) if e.code == "runtime_preparing" && Instant::now() < deadline => {
+            Err(e) if e.code == ErrorCode::RuntimePreparing && Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            Err(e) if e.code == "name_taken" => {
+            Err(e) if e.code == ErrorCode::NameTaken => {
                 return Err(WireError::new(409, format!("Session exists: {id}")));
             }
             Err(e) if e.status == 502 || e.status == 500 => {
@@ -1084,7 +1084,7 @@ fn file_outcome<T>(r: &Result<T, FileError>, bytes: impl Fn(&T) -> Option<i64>) 
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code().to_owned()),
+            error: Some(e.code().to_string()),
             ..Outcome::default()
         },
     }
@@ -1321,7 +1321,7 @@ async fn file_list(
         },
         Err((e, _)) => Outcome {
             ok: false,
-            error: Some(e.code().to_owned()),
+            error: Some(e.code().to_string()),
             ..Outcome::default()
         },
     };
@@ -1886,7 +1886,7 @@ mod tests {
             "x",
             ApiError::new(
                 429,
-                "host_cap",
+                ErrorCode::HostCap,
                 "This host already holds 20 of 20 sessions. Release an idle session before opening another.",
             ),
         );

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -19,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
-use sandboxd_tests::{DEADLINE, TestNamespace, client, eventually, install_crds, repo_root};
+use sandboxd_tests::{DEADLINE, TestNamespace, client, install_crds, repo_root, until};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -700,34 +699,42 @@ fn apply(ns: &str, manifest: &str, extra: &[&str]) -> Output {
 /// Waits until the API server refuses `manifest` in `ns` with `message` (a policy binding takes
 /// effect a moment after it is created), trying with server-side dry runs that create nothing.
 async fn until_refused(ns: &str, manifest: &str, message: &str) {
-    eventually(DEADLINE, Duration::from_millis(250), || async move {
-        let out = apply(ns, manifest, &["--dry-run=server"]);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() {
-            Err(format!(
-                "accepted: {}",
-                String::from_utf8_lossy(&out.stdout).trim()
-            ))
-        } else if err.contains(message) {
-            Ok(())
-        } else {
-            Err(err)
-        }
-    })
+    until(
+        "the API server to refuse the manifest",
+        DEADLINE,
+        || async move {
+            let out = apply(ns, manifest, &["--dry-run=server"]);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if out.status.success() {
+                Err(format!(
+                    "accepted: {}",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                ))
+            } else if err.contains(message) {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        },
+    )
     .await;
 }
 
 /// Waits until the API server would accept `manifest` in `ns` (the namespace labels admission
 /// sees lag a moment behind a change), trying with server-side dry runs that create nothing.
 async fn until_accepted(ns: &str, manifest: &str) {
-    eventually(DEADLINE, Duration::from_millis(250), || async move {
-        let out = apply(ns, manifest, &["--dry-run=server"]);
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    })
+    until(
+        "the API server to accept the manifest",
+        DEADLINE,
+        || async move {
+            let out = apply(ns, manifest, &["--dry-run=server"]);
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        },
+    )
     .await;
 }
 
