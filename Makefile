@@ -21,11 +21,13 @@ demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session o
 images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)
 	hack/images.sh
 
-generate: ## regenerate every generated file (CRD YAML, Runtime manifests, docs/openapi.json)
+generate: ## regenerate every generated file (CRD YAML, Runtime manifests, docs/openapi.json, docs/openapi-wire.json)
 	$(CARGO) run -q -p sandboxd-crds --bin crdgen -- .
 	$(CARGO) run -q -p sandboxd-crds --bin runtimegen -- .
 	$(CARGO) run -q -p sandboxd --bin sandboxd -- openapi > docs/openapi.json.tmp
 	mv docs/openapi.json.tmp docs/openapi.json
+	$(CARGO) run -q -p sandboxd --bin sandboxd -- openapi --wire > docs/openapi-wire.json.tmp
+	mv docs/openapi-wire.json.tmp docs/openapi-wire.json
 
 lint: ## formatting and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check

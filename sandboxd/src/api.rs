@@ -171,7 +171,7 @@ async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let path = req.uri().path();
-    if PUBLIC_ROUTES.contains(&path) {
+    if PUBLIC_ROUTES.contains(&path) || crate::wire::PUBLIC_ROUTES.contains(&path) {
         return next.run(req).await;
     }
     let v1 = path.starts_with("/v1/");

@@ -31,8 +31,13 @@ pub enum Command {
         node: String,
     },
     /// Print the OpenAPI 3.1 document of the `/v1` API (what `GET /openapi.json` serves and
-    /// `docs/openapi.json` holds) and exit.
-    Openapi,
+    /// `docs/openapi.json` holds) and exit; with `--wire`, that of the wire protocol's routes
+    /// (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
+    Openapi {
+        /// The wire protocol's document instead of the `/v1` one.
+        #[arg(long)]
+        wire: bool,
+    },
 }
 
 /// How runs reach a sandbox.

@@ -1440,6 +1440,10 @@ impl Core {
         if req.command.trim().is_empty() {
             return Err(ApiError::bad_request("command must not be empty"));
         }
+        // No process takes a NUL in its arguments; refused here rather than failing to start.
+        if req.command.contains('\0') {
+            return Err(ApiError::bad_request("command must not hold a NUL byte"));
+        }
         if let Some(t) = req.timeout_seconds
             && t == 0
         {

@@ -40,6 +40,7 @@ pub mod tls;
 pub mod trash;
 pub mod view;
 pub mod wire;
+pub mod wire_openapi;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

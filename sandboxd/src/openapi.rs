@@ -5,8 +5,8 @@
 //! the index at `/` lists the routes without a token too), printed by `sandboxd openapi` and
 //! committed as `docs/openapi.json`, which a test keeps equal to it.
 //!
-//! The wire protocol's routes (`crate::wire`) are not described here: that surface is
-//! pydantic-ai-backend's, whose own schema is its reference.
+//! The wire protocol's routes (`crate::wire`) have a document of their own,
+//! [`crate::wire_openapi`] (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
 
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
