@@ -594,7 +594,7 @@ fn service_policy(core: &Core) -> ServicePolicy {
         .into_iter()
         .map(|r| {
             let builds = r.kind == crate::runtimes::RuntimeKind::Build;
-            let image = if builds && r.state != crate::runtimes::BuildState::Ready {
+            let image = if builds && r.state != sandboxd_api::BuildState::Ready {
                 r.source_image
             } else {
                 r.tag
