@@ -31,6 +31,15 @@ from sandboxd.pydantic_ai import SandboxSessionBackend
 REPO = Path(__file__).resolve().parents[3]
 SCOPE_LABEL = "sandboxd.dev/test-scope"
 TEST_LABEL = "sandboxd.dev/test"
+API_SERVER_AWAY = (
+    "connection refused",
+    "connection reset",
+    "ServiceUnavailable",
+    "the server is currently unable",
+    "TLS handshake timeout",
+    "storage is (re)initializing",
+    "before all known HTTP paths have been installed",
+)
 
 
 def need(name: str) -> str:
@@ -87,9 +96,16 @@ class Stack:
         return {SCOPE_LABEL: self.scope}
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [self.kubectl_path, *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
-        )
+        deadline = time.monotonic() + 90
+        while True:
+            done = subprocess.run(
+                [self.kubectl_path, *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
+            )
+            # The API server restarting (the shared stack's fault harness does that) is waited out.
+            away = any(words in done.stderr for words in API_SERVER_AWAY)
+            if done.returncode == 0 or not away or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         if check and done.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = (
+    "ApiServerError",
     "SandboxError",
     "SandboxHTTPError",
     "SandboxLostError",
@@ -15,6 +16,15 @@ __all__ = (
 
 class SandboxError(Exception):
     """Anything the SDK reports about a sandbox; `str(error)` is a sentence for a person."""
+
+
+class ApiServerError(SandboxError):
+    """The Kubernetes API server refused or failed a request: `status` is its HTTP status and
+    the message names the request and carries the server's words."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SandboxHTTPError(SandboxError):

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .errors import SandboxError, SandboxLostError, SandboxNotFoundError, SandboxPreparationError
+from .errors import ApiServerError, SandboxError, SandboxLostError, SandboxNotFoundError, SandboxPreparationError
 
 __all__ = (
     "GROUP",
@@ -222,8 +223,11 @@ class Cluster:
         Failed (with the operator's message)."""
         said: tuple[str | None, str | None] | None = None
 
+        last: SessionInfo | None = None
+
         def check(info: SessionInfo | None) -> SessionInfo | None:
-            nonlocal said
+            nonlocal said, last
+            last = info
             if info is None or info.uid != ref.uid:
                 raise SandboxNotFoundError(
                     f"SandboxSession {ref.namespace}/{ref.name} with uid {ref.uid} is gone"
@@ -246,55 +250,74 @@ class Cluster:
                     on_status(words)
             return None
 
-        last: SessionInfo | None = None
         try:
             with anyio.fail_after(timeout):
+                attempt = 0
                 while True:
-                    async with await self._api() as api:
-                        objects = client.CustomObjectsApi(api)
-                        try:
-                            found = await objects.list_namespaced_custom_object(
-                                GROUP, VERSION, ref.namespace, PLURAL, field_selector=f"metadata.name={ref.name}"
-                            )
-                        except ApiException as error:
-                            raise _api_error(error, f"could not read SandboxSession {ref}") from error
-                        items = found.get("items", [])
-                        last = SessionInfo.of(items[0]) if items else None
-                        ready = check(last)
-                        if ready is not None:
-                            return ready
-                        version = found["metadata"]["resourceVersion"]
-                        # The watch holds a client of its own: closed by its context.
-                        async with watch.Watch() as watcher:
-                            stream = watcher.stream(
-                                objects.list_namespaced_custom_object,
-                                GROUP,
-                                VERSION,
-                                ref.namespace,
-                                PLURAL,
-                                field_selector=f"metadata.name={ref.name}",
-                                resource_version=version,
-                                timeout_seconds=30,
-                            )
-                            try:
-                                async for event in stream:
-                                    if event.get("type") == "ERROR":
-                                        break  # an expired resourceVersion: list again
-                                    obj = event.get("object")
-                                    if not isinstance(obj, Mapping):
-                                        continue
-                                    last = None if event.get("type") == "DELETED" else SessionInfo.of(obj)
-                                    ready = check(last)
-                                    if ready is not None:
-                                        return ready
-                            except ApiException as error:
-                                if error.status != 410:
-                                    raise _api_error(error, f"could not watch SandboxSession {ref}") from error
+                    try:
+                        ready = await self._look(ref, check)
+                    except Exception as error:
+                        if not is_transient(error):
+                            raise
+                        attempt += 1
+                        _log.warning("%s: the API server is away (%s); trying again", ref, error)
+                        await anyio.sleep(min(5.0, 0.25 * 2**attempt))
+                        continue
+                    attempt = 0
+                    if ready is not None:
+                        return ready
         except TimeoutError as error:
             where = "no status yet" if last is None else f"{last.phase}: {last.message or 'no message'}"
             raise SandboxPreparationError(
                 f"SandboxSession {ref.namespace}/{ref.name} was not ready within {timeout:g} s ({where})"
             ) from error
+
+    async def _look(
+        self, ref: SessionRef, check: Callable[[SessionInfo | None], SessionInfo | None]
+    ) -> SessionInfo | None:
+        """One list and one watch (of at most 30 s) of the session: what `check` found ready, or
+        None to look again."""
+        async with await self._api() as api:
+            objects = client.CustomObjectsApi(api)
+            try:
+                found = await objects.list_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, PLURAL, field_selector=f"metadata.name={ref.name}"
+                )
+            except ApiException as error:
+                raise _api_error(error, f"could not read SandboxSession {ref}") from error
+            items = found.get("items", [])
+            info = SessionInfo.of(items[0]) if items else None
+            ready = check(info)
+            if ready is not None:
+                return ready
+            version = found["metadata"]["resourceVersion"]
+            # The watch holds a client of its own: closed by its context.
+            async with watch.Watch() as watcher:
+                stream = watcher.stream(
+                    objects.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    ref.namespace,
+                    PLURAL,
+                    field_selector=f"metadata.name={ref.name}",
+                    resource_version=version,
+                    timeout_seconds=30,
+                )
+                try:
+                    async for event in stream:
+                        if event.get("type") == "ERROR":
+                            break  # an expired resourceVersion: list again
+                        obj = event.get("object")
+                        if not isinstance(obj, Mapping):
+                            continue
+                        seen = None if event.get("type") == "DELETED" else SessionInfo.of(obj)
+                        ready = check(seen)
+                        if ready is not None:
+                            return ready
+                except ApiException as error:
+                    if error.status != 410:
+                        raise _api_error(error, f"could not watch SandboxSession {ref}") from error
+        return None
 
     async def credentials(self, namespace: str, secret: str) -> Credentials:
         """The session's token Secret: its sandboxd endpoint, id there, token and CA."""
@@ -334,8 +357,22 @@ class Cluster:
         return str(name)
 
 
-def _api_error(error: ApiException, what: str) -> SandboxError:
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""API server answers that say "try again": it is starting, overloaded or restarting."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether `error` is the API server being away for a moment (restarting, overloaded), which
+    a wait with a deadline rides out, rather than a refusal."""
+    if isinstance(error, ApiServerError):
+        return error.status in TRANSIENT_STATUSES
+    if isinstance(error, ApiException):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, aiohttp.ClientError | ConnectionError)
+
+
+def _api_error(error: ApiException, what: str) -> ApiServerError:
     reason = error.reason
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         reason = json.loads(error.body or b"").get("message", reason)
-    return SandboxError(f"{what}: the API server answered {error.status} ({reason})")
+    return ApiServerError(f"{what}: the API server answered {error.status} ({reason})", status=int(error.status or 0))

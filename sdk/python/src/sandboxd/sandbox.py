@@ -4,6 +4,7 @@ operation, watched to a phase that can take work, and then spoken to through its
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
@@ -29,11 +30,12 @@ from .errors import (
     SandboxUnavailableError,
 )
 from .key import Actor, Scope, session_key
-from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef
+from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef, is_transient
 
 __all__ = ("AsyncBackgroundRun", "AsyncFiles", "AsyncSandbox")
 
 T = TypeVar("T")
+_log = logging.getLogger("sandboxd")
 
 DEFAULT_PREPARE_TIMEOUT = 900.0
 """Seconds to wait for a session to be ready: the operator waits up to 600 s for a runtime build."""
@@ -99,33 +101,49 @@ class AsyncSandbox:
 
     async def open(self) -> SessionInfo:
         """Creates the SandboxSession (or attaches to it) and waits until it can take work; what
-        every operation does first. Returns the session as the operator reports it."""
+        every operation does first. Returns the session as the operator reports it. The API
+        server being away for a moment (restarting, overloaded) is waited out, up to the
+        `prepare_timeout`."""
         async with self._lock:
-            if self._ref is None:
-                spec: dict[str, object] = {"scope": self.scope, "tenant": self.tenant, "subject": self.subject}
-                if self.runtime:
-                    spec["runtime"] = self.runtime
-                info = await self._cluster.create(self.namespace, self.name, spec, self.labels)
-                if info.deleting:
-                    raise SandboxNotFoundError(
-                        f"SandboxSession {self.namespace}/{self.name} is being deleted: "
-                        "open it again once it is gone, for a new, empty workspace"
-                    )
-                # Recorded before the wait, so a caller cancelled mid-create keeps the ref.
-                self._ref = SessionRef(self.namespace, self.name, info.uid)
-            ref = self._ref
-            info = await self._cluster.wait_ready(ref, timeout=self.prepare_timeout, on_status=self.on_status)
-            if self._api is None:
-                secret = await self._cluster.credentials_secret(ref)
-                creds = await self._cluster.credentials(ref.namespace, secret)
-                self._api = SessionApi(
-                    endpoint=creds.endpoint,
-                    session_id=creds.session_id,
-                    token=creds.token,
-                    ca_pem=creds.ca_pem,
-                    agent=self.agent,
+            deadline = anyio.current_time() + self.prepare_timeout
+            attempt = 0
+            while True:
+                try:
+                    return await self._open(deadline)
+                except Exception as error:
+                    if not is_transient(error) or anyio.current_time() >= deadline:
+                        raise
+                    attempt += 1
+                    _log.warning("%s/%s: the API server is away (%s); trying again", self.namespace, self.name, error)
+                    await anyio.sleep(min(5.0, 0.25 * 2**attempt))
+
+    async def _open(self, deadline: float) -> SessionInfo:
+        if self._ref is None:
+            spec: dict[str, object] = {"scope": self.scope, "tenant": self.tenant, "subject": self.subject}
+            if self.runtime:
+                spec["runtime"] = self.runtime
+            info = await self._cluster.create(self.namespace, self.name, spec, self.labels)
+            if info.deleting:
+                raise SandboxNotFoundError(
+                    f"SandboxSession {self.namespace}/{self.name} is being deleted: "
+                    "open it again once it is gone, for a new, empty workspace"
                 )
-            return info
+            # Recorded before the wait, so a caller cancelled mid-create keeps the ref.
+            self._ref = SessionRef(self.namespace, self.name, info.uid)
+        ref = self._ref
+        remaining = max(1.0, deadline - anyio.current_time())
+        info = await self._cluster.wait_ready(ref, timeout=remaining, on_status=self.on_status)
+        if self._api is None:
+            secret = await self._cluster.credentials_secret(ref)
+            creds = await self._cluster.credentials(ref.namespace, secret)
+            self._api = SessionApi(
+                endpoint=creds.endpoint,
+                session_id=creds.session_id,
+                token=creds.token,
+                ca_pem=creds.ca_pem,
+                agent=self.agent,
+            )
+        return info
 
     async def _session_api(self) -> SessionApi:
         if self._api is None:
