@@ -170,12 +170,10 @@ class AsyncSandbox:
             if error.status != 401 and error.code != "session_not_found":
                 raise
             stale = error
+        # The object decides: open() raises when it is gone or Lost, else reads the Secret again.
         self._api = None
         await api.aclose()
-        try:
-            await self.open()
-        except SandboxUnavailableError:
-            raise
+        await self.open()
         api = await self._session_api()
         try:
             return await operation(api)
