@@ -284,7 +284,8 @@ load() {
   export DOCKER_HOST="${DOCKER_HOST:-unix://$DEV_DIR/docker.sock}"
   local image
   for image in "$@"; do
-    docker save "$image" | ctr images import - >/dev/null || die "cannot load $image into the node"
+    local err
+    err=$(docker save "$image" | ctr images import - 2>&1 >/dev/null) || die "cannot load $image into the node: $err"
     log "node: loaded $image"
   done
 }
