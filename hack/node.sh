@@ -35,7 +35,10 @@ TAINT=sandboxd.dev/local-node=true:NoSchedule
 KUBELET_PORT="${SANDBOXD_KUBELET_PORT:-20250}"
 HEALTHZ_PORT=$((KUBELET_PORT + 1))
 STREAM_PORT=$((KUBELET_PORT + 2))
-SOCK="$NODE_DIR/run/containerd.sock"
+# Unix sockets (containerd's, its shims') need a short path, whatever the checkout's: like
+# dockerd's exec root, a folder in /run named after the checkout.
+RUN_DIR="/run/sandboxd-node-$(printf '%s' "$ROOT_DIR" | sha256sum | cut -c1-8)"
+SOCK="$RUN_DIR/containerd.sock"
 LOGS="$NODE_DIR/logs"
 # The sysctls the kubelet's setupKernelTunables checks, with the values it wants.
 SYSCTLS="vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1
@@ -73,7 +76,7 @@ node_schedulable() {
 }
 
 configs() {
-  mkdir -p "$NODE_DIR"/{run/s,run/runc,containerd,cni/net.d,cni/bin,cdi,kubelet,pod-logs,volume-plugins,sysctl-cover} "$LOGS"
+  mkdir -p "$RUN_DIR"/{s,runc} "$NODE_DIR"/{containerd,cni/net.d,cni/bin,cdi,kubelet,pod-logs,volume-plugins,sysctl-cover} "$LOGS"
   printf 'nameserver 127.0.0.1\noptions ndots:1\n' >"$NODE_DIR/resolv.conf"
   # Loopback only: with this network config the node is Ready; pods use the node's network.
   echo '{"cniVersion":"1.0.0","name":"lo-only","plugins":[{"type":"loopback"}]}' >"$NODE_DIR/cni/net.d/10-lo-only.conflist"
@@ -87,7 +90,7 @@ state = '$NODE_DIR/containerd/state'
   [plugins.'io.containerd.server.v1.ttrpc']
     address = '$SOCK.ttrpc'
   [plugins.'io.containerd.shim.v1.manager']
-    socket_dir = '$NODE_DIR/run/s'
+    socket_dir = '$RUN_DIR/s'
   [plugins.'io.containerd.internal.v1.opt']
     path = '$NODE_DIR/containerd/opt'
   [plugins.'io.containerd.image-verifier.v1.bindir']
@@ -113,7 +116,7 @@ state = '$NODE_DIR/containerd/state'
         runtime_path = '$CONTAINERD_BIN/containerd-shim-runc-v2'
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '$RUNC_BIN/runc'
-          Root = '$NODE_DIR/run/runc'
+          Root = '$RUN_DIR/runc'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['$NODE_DIR/cni/bin']
@@ -274,8 +277,9 @@ stop() {
   rm -f /var/lib/kubelet/device-plugins/kubelet.sock
   rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
   # Nothing of the node is mounted any more (its namespace is gone): its state goes, the logs stay.
-  if grep -qF " $NODE_DIR/" /proc/self/mountinfo; then die "node: mounts under $NODE_DIR remain in the host's namespace"; fi
+  if grep -qF -e " $NODE_DIR/" -e " $RUN_DIR/" /proc/self/mountinfo; then die "node: mounts under $NODE_DIR remain in the host's namespace"; fi
   find "$NODE_DIR" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
+  rm -rf "$RUN_DIR"
 }
 
 # load IMAGE…: docker save from the project's dockerd | ctr import into the node's containerd.
