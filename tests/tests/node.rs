@@ -9,7 +9,8 @@
 //! pods and leaves the CRDs and the workspaces.
 //!
 //! One test in its own binary: the node has one sandboxd port and one SandboxHost, so it runs
-//! alone. It fails (never skips) when the node is not there.
+//! alone (and removes `make demo`'s release first). It fails (never skips) when the node is not
+//! there.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -94,8 +95,10 @@ fn test_dir() -> PathBuf {
 }
 
 /// Removes what an earlier run left: its namespace (the release's pods with it) and the
-/// session containers of the node's sandboxd in the project's dockerd.
+/// session containers of the node's sandboxd in the project's dockerd; and `make demo`'s
+/// release: the node holds one sandboxd of the chart at a time (one SandboxHost per node).
 async fn clean_earlier_runs(client: &kube::Client) {
+    ok(Command::new(repo_root().join("hack/demo.sh")).arg("clean"));
     let namespaces = Api::<Namespace>::all(client.clone());
     let earlier = namespaces
         .list(&ListParams::default().labels("sandboxd.dev/node-test=true"))
@@ -378,6 +381,11 @@ async fn the_chart_runs_as_pods_on_the_local_node() {
         "echo kept-by-the-node > notes.txt && cat notes.txt && id -u",
     );
     assert!(out.contains("kept-by-the-node"), "{out}");
+    // File operations run as the sandbox user in sandboxd (setfsuid): they work from the pod.
+    let mut cp = kubectl_cmd(&bins);
+    cp.args(["sandbox", "cp", "-", "s1:notes/cp.txt", "-n", &n]);
+    let out = pipe(cp, "copied through the pod\n");
+    assert!(out.contains("copied 23 B to s1:notes/cp.txt"), "{out}");
 
     // kubectl logs shows both components.
     let logs = ok(kubectl_cmd(&bins).args(["logs", "-n", &n, &sandboxd_pod]));

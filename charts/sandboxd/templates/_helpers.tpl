@@ -156,3 +156,15 @@ app.kubernetes.io/component: sandboxd
 {{- toPrettyJson $all -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The labels of operator.selector (`k=v,k2=v2`), as YAML lines. */}}
+{{- define "sandboxd.selectorLabels" -}}
+{{- $lines := list -}}
+{{- range $pair := splitList "," .Values.operator.selector -}}
+{{- $kv := splitList "=" (trim $pair) -}}
+{{- if eq (len $kv) 2 -}}
+{{- $lines = append $lines (printf "%s: %s" (index $kv 0) (index $kv 1 | quote)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
