@@ -130,17 +130,26 @@ impl std::fmt::Debug for Trust {
 }
 
 impl Trust {
-    /// Trusts the system's CA roots for https:// endpoints.
+    /// Trusts the system's CA roots for https:// endpoints. A system without any (a minimal
+    /// image without ca-certificates: the chart's operator image) trusts no CA: plain http://
+    /// endpoints work, https:// ones fail verification, naming why.
     pub fn system() -> Self {
         crate::tls::install_provider();
-        Self {
-            // With the provider installed, reqwest verifies against the system's roots. A
-            // builder that cannot be built (no TLS backend) falls back to reqwest's defaults.
-            http: reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .build()
-                .unwrap_or_default(),
-            trust: "the system's CA roots",
+        // With the provider installed, reqwest verifies against the system's roots; it refuses
+        // to build a client when the system has none.
+        let builder = || reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        match builder().build() {
+            Ok(http) => Self {
+                http,
+                trust: "the system's CA roots",
+            },
+            Err(_) => Self {
+                http: builder()
+                    .tls_certs_only(Vec::new())
+                    .build()
+                    .unwrap_or_default(),
+                trust: "no CA (the system has no CA roots)",
+            },
         }
     }
 

@@ -523,7 +523,15 @@ fn without_workspace_disks_sandboxd_is_not_privileged() {
         .collect();
     assert_eq!(
         add,
-        ["CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN", "NET_RAW"]
+        [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "SETUID",
+            "SETGID",
+            "NET_ADMIN",
+            "NET_RAW"
+        ]
     );
     assert_eq!(
         sc["capabilities"]["drop"][0].as_str(),
