@@ -18,8 +18,10 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
 use rand::Rng;
+use sandboxd_crds::v1alpha1::SandboxHost;
 use serde_json::json;
 
 /// Removes the cluster-scoped objects a test made, however it ends.
@@ -86,6 +88,18 @@ async fn pod_bound_kubeconfig(
     node_name: &str,
     dir: &Path,
 ) -> PathBuf {
+    pod_bound_kubeconfig_labelled(client, ns, sa, node_name, dir, json!({})).await
+}
+
+/// [`pod_bound_kubeconfig`], the pod carrying `labels`.
+async fn pod_bound_kubeconfig_labelled(
+    client: &Client,
+    ns: &str,
+    sa: &str,
+    node_name: &str,
+    dir: &Path,
+    labels: serde_json::Value,
+) -> PathBuf {
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
     if accounts.get_opt(sa).await.expect("get sa").is_none() {
         let account: ServiceAccount =
@@ -97,7 +111,7 @@ async fn pod_bound_kubeconfig(
     }
     let pod_name = format!("{sa}-on-{node_name}");
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": pod_name},
+        "metadata": {"name": pod_name, "labels": labels},
         "spec": {
             "nodeName": node_name,
             "serviceAccountName": sa,
@@ -204,7 +218,7 @@ fn condition(csr: &CertificateSigningRequest, type_: &str) -> Option<(String, St
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_node_gets_a_certificate_for_itself_only_and_sandboxd_serves_it() {
+async fn a_node_gets_a_certificate_for_itself_only_sandboxd_serves_it_and_the_operator_trusts_it() {
     sandboxd::tls::install_provider();
     let mut scope = Scope::new("csr").await;
     let client = scope.client.clone();
@@ -293,7 +307,17 @@ subjects:
         &requester,
     ]);
     let dir = tempfile::tempdir().expect("temp dir");
-    let as_a = pod_bound_kubeconfig(&client, &ns, "sandboxd", &node_a, dir.path()).await;
+    // The pod is also what discovery finds (below): labelled as the chart's sandboxd pods are.
+    let app = format!("sandboxd-{suffix}");
+    let as_a = pod_bound_kubeconfig_labelled(
+        &client,
+        &ns,
+        "sandboxd",
+        &node_a,
+        dir.path(),
+        json!({"app": app}),
+    )
+    .await;
 
     // Node A's pod asks for node A's name and IP: signed.
     let tls = dir.path().join("tls");
@@ -321,6 +345,7 @@ subjects:
     let host = Host::start(
         "csr",
         &[
+            ("SANDBOXD_NODE_NAME", node_a.as_str()),
             (
                 "SANDBOXD_TLS_CERT_FILE",
                 tls.join("tls.crt").to_str().expect("path"),
@@ -404,6 +429,80 @@ subjects:
         "{:?}",
         other.status
     );
+    // Discovery: the operator keeps a host for node A's sandboxd pod, https:// at its IP, with
+    // the signer's CA as the host's CA; it verifies the certificate with it and is Ready.
+    let master = host.token.clone();
+    let admin: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "admin"},
+        "stringData": {"token": master},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &admin)
+        .await
+        .expect("the admin token");
+    let pod_status = json!({"status": {"podIP": "127.0.0.1", "hostIP": "127.0.0.1"}});
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &format!("sandboxd-on-{node_a}"),
+            &PatchParams::default(),
+            &Patch::Merge(&pod_status),
+        )
+        .await
+        .expect("the pod's IP (as a kubelet would write it)");
+    scope.kill9_operator(0);
+    scope.start_operator(&[
+        "--csr-ca-secret",
+        "signer-ca",
+        "--csr-signer-name",
+        &signer,
+        "--csr-requester",
+        &requester,
+        "--host-pod-selector",
+        &format!("app={app}"),
+        "--host-pod-namespace",
+        &ns,
+        "--host-port",
+        &host.port.to_string(),
+        "--host-token-secret",
+        &format!("{ns}/admin"),
+    ]);
+    let host_name = format!("node-{node_a}");
+    let hosts = Api::<SandboxHost>::all(client.clone());
+    let ready = |h: &SandboxHost| {
+        h.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True")
+    };
+    let found = tokio::time::timeout(
+        Duration::from_secs(60),
+        await_condition(hosts.clone(), &host_name, move |h: Option<&SandboxHost>| {
+            h.is_some_and(ready)
+        }),
+    )
+    .await;
+    let discovered = hosts.get_opt(&host_name).await.expect("get host");
+    assert!(
+        matches!(found, Ok(Ok(Some(_)))),
+        "host {host_name} is not Ready: {:?}",
+        discovered.as_ref().map(|h| (&h.spec, &h.status))
+    );
+    let discovered = discovered.expect("the discovered host");
+    assert_eq!(
+        discovered.spec.endpoint,
+        format!("https://127.0.0.1:{}", host.port)
+    );
+    let ca_ref = discovered.spec.ca_secret.expect("spec.caSecret");
+    assert_eq!(
+        (
+            ca_ref.namespace.as_str(),
+            ca_ref.name.as_str(),
+            ca_ref.key.as_str()
+        ),
+        (ns.as_str(), "signer-ca", "tls.crt")
+    );
+
     drop(host);
     scope.delete().await;
 }
