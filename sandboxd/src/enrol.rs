@@ -247,8 +247,25 @@ mod tests {
         );
     }
 
+    fn self_signed(name: &str) -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        rcgen::CertificateParams::new(vec![name.to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("certificate")
+            .pem()
+    }
+
     #[test]
     fn a_chain_splits_into_leaf_and_ca() {
+        let (leaf, ca) = (self_signed("leaf"), self_signed("ca"));
+        let (got_leaf, got_ca) = split_chain(format!("{leaf}{ca}").as_bytes()).expect("a chain");
+        assert_eq!((got_leaf, got_ca), (leaf.clone(), ca));
+        let err = split_chain(leaf.as_bytes()).expect_err("no CA");
+        assert!(
+            err.starts_with("the chain holds only one certificate"),
+            "{err}"
+        );
         let err = split_chain(b"nothing").expect_err("no PEM");
         assert!(err.starts_with("no PEM certificate"), "{err}");
     }

@@ -1455,6 +1455,15 @@ fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_
         let init = &pod["initContainers"][0];
         assert_eq!(init["name"].as_str(), Some("enrol"));
         assert_eq!(init["args"][0].as_str(), Some("enrol"));
+        assert_eq!(seccomp(init), Some("RuntimeDefault"));
+        assert_eq!(
+            init["securityContext"]["runAsNonRoot"].as_bool(),
+            Some(true)
+        );
+        assert_eq!(
+            init["securityContext"]["allowPrivilegeEscalation"].as_bool(),
+            Some(false)
+        );
         assert_eq!(
             env_of(init, "SANDBOXD_ENROL_DIR"),
             Some("/etc/sandboxd-tls")
