@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv faults
+.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv sdk-venv sdk-test faults
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -21,11 +21,13 @@ demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session o
 images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)
 	hack/images.sh
 
-generate: ## regenerate every generated file (CRD YAML, Runtime manifests, docs/openapi.json)
+generate: ## regenerate every generated file (CRD YAML, Runtime manifests, docs/openapi.json, docs/openapi-wire.json)
 	$(CARGO) run -q -p sandboxd-crds --bin crdgen -- .
 	$(CARGO) run -q -p sandboxd-crds --bin runtimegen -- .
 	$(CARGO) run -q -p sandboxd --bin sandboxd -- openapi > docs/openapi.json.tmp
 	mv docs/openapi.json.tmp docs/openapi.json
+	$(CARGO) run -q -p sandboxd --bin sandboxd -- openapi --wire > docs/openapi-wire.json.tmp
+	mv docs/openapi-wire.json.tmp docs/openapi-wire.json
 
 lint: ## formatting and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
@@ -37,11 +39,23 @@ wire-venv: ## the wire tests' virtualenv: pydantic-ai-backend at its pin, from P
 schemathesis-venv: ## the API fuzz test's virtualenv: Schemathesis at its pin, from PyPI (once per pin)
 	@hack/schemathesis-venv.sh >/dev/null
 
+sdk-venv: ## the Python SDK's virtualenv: its dependencies and test tools at their pins, from PyPI (once per pins)
+	@hack/sdk-venv.sh >/dev/null
+
+# The Python SDK (sdk/python): ruff, mypy, and pytest against the real stack (its fixture starts
+# the workspace's sandboxd and operator, so they are built first).
+sdk-test: sdk-venv ## the Python SDK's lint, types and tests (pytest, on the stack `make up` started)
+	$(CARGO) build -p sandboxd -p sandboxd-operator --bins
+	PY="$$(hack/sdk-venv.sh)" && cd sdk/python && "$$PY" -m ruff check . && "$$PY" -m ruff format --check . \
+	  && "$$PY" -m mypy
+	$(ENV) && PY="$$(hack/sdk-venv.sh)" && cd sdk/python && timeout --kill-after=30 1500 "$$PY" -m pytest
+
 # The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
 # built first. A hung test must not hold CI to its own limit: the run is bounded.
-test: up lint wire-venv schemathesis-venv ## everything: up, lint, unit and end-to-end tests (the wire tests run pytest)
+test: up lint wire-venv schemathesis-venv sdk-venv ## everything: up, lint, unit and end-to-end tests (the wire and SDK tests run pytest)
 	$(CARGO) build --workspace --bins
 	$(ENV) && timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast
+	$(MAKE) sdk-test
 	$(MAKE) faults
 
 # kill -9 of the operator, a sandboxd, the API server, etcd and dockerd during a random workload

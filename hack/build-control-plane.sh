@@ -10,25 +10,8 @@ build_kube() {
   log "building Kubernetes v$KUBERNETES_VERSION (kube-apiserver, kube-controller-manager, kubectl)"
   local work="$CACHE_DIR/src/kube-v$KUBERNETES_VERSION"
   rm -rf "$work" "$KUBE_BIN"; mkdir -p "$work" "$KUBE_BIN"
-  # k8s.io/kubernetes replaces its staging modules with ./staging paths; a module of our own
-  # requires it and points every such replace at the published staging module instead.
-  local gomod
-  gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [[ -n $gomod ]] || die "could not download k8s.io/kubernetes@v$KUBERNETES_VERSION"
-  {
-    echo "module sandboxd.dev/hack/kube"
-    echo
-    echo "go $(sed -n 's/^go //p' "$gomod")"
-    echo
-    echo "require k8s.io/kubernetes v$KUBERNETES_VERSION"
-    echo
-    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*#replace \1 => \1 v'"$KUBERNETES_STAGING_VERSION"'#p' "$gomod"
-  } >"$work/go.mod"
-  local minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
-  local ld="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION"
-  ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-  ld+=" -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES_VERSION"
-  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  kube_module "$work"
+  local ld; ld=$(kube_ldflags)
   for cmd in kube-apiserver kube-controller-manager kubectl; do
     log "  go build $cmd"
     (cd "$work" && go build -trimpath -ldflags "$ld" -o "$KUBE_BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd")

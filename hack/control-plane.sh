@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Starts a real etcd, kube-apiserver and kube-controller-manager (garbage collector and namespace
-# controllers) on loopback with certificates generated here, and writes .dev/kubeconfig.
+# Starts a real etcd, kube-apiserver and kube-controller-manager on loopback with certificates
+# generated here, and writes .dev/kubeconfig. The API server authorizes with Node,RBAC and admits
+# ServiceAccounts, and the controller-manager runs what pods of the local node (hack/node.sh)
+# need: deployments, replica sets, daemon sets, jobs, service accounts and their tokens, node
+# lifecycle, garbage collection and namespaces. The kubelet and kube-scheduler get identities
+# of their own (.dev/control-plane/{kubelet,scheduler}.kubeconfig).
 # Idempotent: a control plane that answers is left alone.
 #   hack/control-plane.sh start|stop
+# SANDBOXD_ETCD_PORT and SANDBOXD_APISERVER_PORT move it off its ports (a second checkout's).
 source "$(dirname "$0")/lib.sh"
 
 ETCD_PORT="${SANDBOXD_ETCD_PORT:-23790}"
@@ -10,6 +15,15 @@ APISERVER_PORT="${SANDBOXD_APISERVER_PORT:-26443}"
 CP="$DEV_DIR/control-plane"
 PKI="$CP/pki"
 KUBECONFIG_FILE="$DEV_DIR/kubeconfig"
+# The local node's name (hack/node.sh registers it with --hostname-override): its InternalIP is
+# then 127.0.0.1, so the pods of the node's network are reached on loopback.
+NODE_NAME=127.0.0.1
+# node-lifecycle: drops the not-ready taint a node registers with; clusterrole-aggregation:
+# fills view/edit/admin; the token and root CA controllers: in-cluster clients.
+CONTROLLERS=garbage-collector-controller,namespace-controller,deployment-controller
+CONTROLLERS+=,replicaset-controller,daemonset-controller,job-controller,node-lifecycle-controller
+CONTROLLERS+=,serviceaccount-controller,serviceaccount-token-controller
+CONTROLLERS+=,root-ca-certificate-publisher-controller,clusterrole-aggregation-controller
 
 api_ready() {
   "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz >/dev/null 2>&1
@@ -34,14 +48,28 @@ certs() {
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -extfile san.ext -out apiserver.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >admin.token
-    printf '%s,admin,admin-uid,"system:masters"\n' "$(cat admin.token)" >tokens.csv
   )
 }
 
+# The API server's token file: the admin, the node's kubelet (system:node:<node>, which the Node
+# authorizer limits to its own node's objects) and kube-scheduler (its bootstrap role).
+# Written at every start, so a checkout made before the node existed gets the two new ones.
+tokens() {
+  local who
+  for who in admin kubelet scheduler; do
+    [[ -s $PKI/$who.token ]] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PKI/$who.token"
+  done
+  {
+    printf '%s,admin,admin-uid,"system:masters"\n' "$(cat "$PKI/admin.token")"
+    printf '%s,system:node:%s,kubelet-uid,"system:nodes"\n' "$(cat "$PKI/kubelet.token")" "$NODE_NAME"
+    printf '%s,system:kube-scheduler,kube-scheduler-uid\n' "$(cat "$PKI/scheduler.token")"
+  } >"$PKI/tokens.csv"
+}
+
+# kubeconfig FILE USER: a kubeconfig for the token of USER (admin, kubelet, scheduler).
 kubeconfig() {
-  local ca; ca=$(base64 -w0 <"$PKI/ca.crt")
-  cat >"$KUBECONFIG_FILE.tmp" <<KC
+  local file="$1" who="$2" ca; ca=$(base64 -w0 <"$PKI/ca.crt")
+  cat >"$file.tmp" <<KC
 apiVersion: v1
 kind: Config
 clusters:
@@ -50,15 +78,15 @@ clusters:
     server: https://127.0.0.1:$APISERVER_PORT
     certificate-authority-data: $ca
 users:
-- name: admin
+- name: $who
   user:
-    token: $(cat "$PKI/admin.token")
+    token: $(cat "$PKI/$who.token")
 contexts:
 - name: sandboxd-dev
-  context: {cluster: sandboxd-dev, user: admin, namespace: default}
+  context: {cluster: sandboxd-dev, user: $who, namespace: default}
 current-context: sandboxd-dev
 KC
-  mv "$KUBECONFIG_FILE.tmp" "$KUBECONFIG_FILE"
+  mv "$file.tmp" "$file"
 }
 
 # A component whose process lives is waited for, never started twice: a second one could not
@@ -95,7 +123,7 @@ start_apiserver() {
     --cert-dir "$PKI" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" --token-auth-file "$PKI/tokens.csv" \
     --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
-    --authorization-mode RBAC --disable-admission-plugins ServiceAccount \
+    --authorization-mode Node,RBAC \
     --service-account-issuer "https://127.0.0.1:$APISERVER_PORT/" \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --endpoint-reconciler-type none --enable-priority-and-fairness=false \
@@ -106,11 +134,12 @@ start_apiserver() {
 
 start_controller_manager() {
   alive kube-controller-manager && return 0
-  log "starting kube-controller-manager (garbage collector, namespace controller)"
+  log "starting kube-controller-manager"
   setsid "$KUBE_BIN/kube-controller-manager" \
     --kubeconfig "$KUBECONFIG_FILE" --authentication-kubeconfig "$KUBECONFIG_FILE" \
     --authorization-kubeconfig "$KUBECONFIG_FILE" \
-    --controllers garbage-collector-controller,namespace-controller \
+    --controllers "$CONTROLLERS" \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port 0 \
     >"$CP/kube-controller-manager.log" 2>&1 </dev/null &
   echo $! >"$CP/kube-controller-manager.pid"
@@ -123,7 +152,10 @@ start() {
   done
   mkdir -p "$CP"
   certs
-  kubeconfig
+  tokens
+  kubeconfig "$KUBECONFIG_FILE" admin
+  kubeconfig "$CP/kubelet.kubeconfig" kubelet
+  kubeconfig "$CP/scheduler.kubeconfig" scheduler
   start_etcd
   start_apiserver
   start_controller_manager

@@ -3,6 +3,7 @@
 # local base image ($BASE_IMAGE_TAG) and the binaries cargo builds on this machine (no compiler
 # and nothing pulled in the image build), tagged with the workspace version:
 #   sandbox-operator:<version>, sandboxd:<version>
+# and loaded into the local node's containerd when it runs (hack/node.sh; no registry).
 # PROFILE=release (default) or debug picks the cargo profile; SANDBOXD_BIN_DIR names a folder
 # of binaries already built (then cargo is not run). Binaries are stripped into the image.
 source "$(dirname "$0")/lib.sh"
@@ -48,3 +49,8 @@ for pair in "sandboxd:sandboxd" "operator:sandbox-operator"; do
     -t "$bin:$VERSION" "$stage/$file" >/dev/null
   log "images: built $bin:$VERSION ($(docker image inspect -f '{{.Size}}' "$bin:$VERSION" | awk '{printf "%.0f MB", $1/1000000}'))"
 done
+if "$HACK_DIR/node.sh" running; then
+  "$HACK_DIR/node.sh" load "sandboxd:$VERSION" "sandbox-operator:$VERSION"
+else
+  log "images: the local node does not run (make up starts it): nothing loaded into it"
+fi

@@ -9,6 +9,11 @@ DEV_DIR="$ROOT_DIR/.dev"
 KUBE_BIN="$CACHE_DIR/bin/kubernetes-v$KUBERNETES_VERSION"
 ETCD_BIN="$CACHE_DIR/bin/etcd-v$ETCD_VERSION"
 HELM_BIN="$CACHE_DIR/bin/helm-v$HELM_VERSION"
+# The local node's binaries (hack/build-node.sh), each folder keyed by its version.
+KUBELET_BIN="$CACHE_DIR/bin/kubelet-v$KUBERNETES_VERSION"
+CONTAINERD_BIN="$CACHE_DIR/bin/containerd-v$CONTAINERD_VERSION"
+RUNC_BIN="$CACHE_DIR/bin/runc-v$RUNC_VERSION"
+PAUSE_DIR="$CACHE_DIR/bin/pause-v$PAUSE_VERSION"
 export GOMODCACHE="$CACHE_DIR/go/mod"
 export GOCACHE="$CACHE_DIR/go/build"
 export GOFLAGS="-mod=mod"
@@ -17,6 +22,36 @@ export CGO_ENABLED=0
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# kube_module DIR: a Go module in DIR that requires k8s.io/kubernetes at the pin. Its go.mod
+# replaces every staging module with ./staging paths (which `go build` of a dependency refuses),
+# so ours points every such replace at the published staging module instead.
+kube_module() {
+  local work="$1" gomod
+  [[ -f $work/go.mod ]] && return 0
+  mkdir -p "$work"
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [[ -n $gomod ]] || die "could not download k8s.io/kubernetes@v$KUBERNETES_VERSION"
+  {
+    echo "module sandboxd.dev/hack/kube"
+    echo
+    echo "go $(sed -n 's/^go //p' "$gomod")"
+    echo
+    echo "require k8s.io/kubernetes v$KUBERNETES_VERSION"
+    echo
+    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*#replace \1 => \1 v'"$KUBERNETES_STAGING_VERSION"'#p' "$gomod"
+  } >"$work/go.mod.tmp"
+  mv "$work/go.mod.tmp" "$work/go.mod"
+}
+
+# kube_ldflags: the version stamp of Kubernetes commands (else /version says v0.0.0-master).
+kube_ldflags() {
+  local minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
+  printf '%s' "-s -w -X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION" \
+    " -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
+    " -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES_VERSION" \
+    " -X k8s.io/component-base/version.gitTreeState=clean"
+}
 
 # wait_for DESCRIPTION SECONDS COMMAND...: runs COMMAND until it succeeds or the deadline passes.
 # With WAIT_PID set, gives up at once when that process has exited.

@@ -6,13 +6,17 @@
 #      and the busybox-only test image (hack/busybox-image.sh)
 #   4. etcd, kube-apiserver, kube-controller-manager on loopback (.dev/kubeconfig)
 #   5. PostgreSQL for the audit-store tests (Debian's postgresql, a cluster in .dev/postgres)
+#   6. the local node: kube-scheduler, containerd and a kubelet (hack/node.sh), built once
+#      (hack/build-node.sh), so the chart runs as pods
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$DEV_DIR"
 "$HACK_DIR/build-control-plane.sh" all
+"$HACK_DIR/build-node.sh" all
 "$HACK_DIR/dockerd.sh" start
 "$HACK_DIR/base-image.sh"
 "$HACK_DIR/busybox-image.sh" >/dev/null
 "$HACK_DIR/control-plane.sh" start
 "$HACK_DIR/postgres.sh" start
-log "up: kube-apiserver v$KUBERNETES_VERSION, etcd v$ETCD_VERSION, dockerd, base image $BASE_IMAGE_TAG, PostgreSQL $("$HACK_DIR/postgres.sh" url)"
+"$HACK_DIR/node.sh" start
+log "up: kube-apiserver v$KUBERNETES_VERSION, etcd v$ETCD_VERSION, the node 127.0.0.1 (kubelet, containerd v$CONTAINERD_VERSION), dockerd, base image $BASE_IMAGE_TAG, PostgreSQL $("$HACK_DIR/postgres.sh" url)"
 log "use them with: eval \"\$(make -s env)\""

@@ -1,8 +1,8 @@
 # sandboxd, the node daemon. Built by `make images` (hack/images.sh) from the local base image and
 # the binary cargo built on the host; no compiler and no registry in the build.
 # Root inside: it holds the node's Docker socket, hands workspaces to the sandbox uid and
-# installs the sandbox network's iptables rules (the chart drops every capability but CHOWN,
-# DAC_OVERRIDE, FOWNER, NET_ADMIN and NET_RAW, never privileged).
+# installs the sandbox network's iptables rules (without workspace disks the chart drops every
+# capability but CHOWN, DAC_OVERRIDE, FOWNER, SETUID, SETGID, NET_ADMIN and NET_RAW).
 ARG BASE_IMAGE=sandboxd-base:bookworm-1
 FROM ${BASE_IMAGE}
 ARG VERSION

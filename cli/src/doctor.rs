@@ -24,7 +24,11 @@ pub struct Finding {
 }
 
 /// Judges a host from its index (or the error reaching it).
-pub fn judge(endpoint: &str, index: Result<&sandboxd::api::Index, String>, image: &str) -> Finding {
+pub fn judge(
+    endpoint: &str,
+    index: Result<&sandboxd_api::routes::Index, String>,
+    image: &str,
+) -> Finding {
     match index {
         Err(e) => Finding {
             healthy: false,
@@ -40,10 +44,10 @@ pub fn judge(endpoint: &str, index: Result<&sandboxd::api::Index, String>, image
                 .map(|r| (*r).to_owned())
                 .collect();
             if missing.is_empty() {
-                let note = if index.version == sandboxd::VERSION {
+                let note = if index.version == sandboxd_api::VERSION {
                     String::new()
                 } else {
-                    format!(" (this plugin is {})", sandboxd::VERSION)
+                    format!(" (this plugin is {})", sandboxd_api::VERSION)
                 };
                 Finding {
                     healthy: true,
@@ -104,7 +108,7 @@ pub async fn doctor(
         let answer = match trusted {
             Err(e) => Err(e.to_string()),
             Ok(trust) => {
-                let probe = sandboxd::client::Client::with_trust(endpoint, "", &trust);
+                let probe = sandboxd_api::client::Client::with_trust(endpoint, "", &trust);
                 match tokio::time::timeout(Duration::from_secs(timeout), probe.index()).await {
                     Ok(Ok(index)) => Ok(index),
                     Ok(Err(e)) => Err(e.to_string()),
@@ -148,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_host_missing_routes_names_the_image_to_run() {
-        let index = sandboxd::api::Index {
+        let index = sandboxd_api::routes::Index {
             service: "sandboxd".into(),
             version: "0.0.1".into(),
             routes: vec!["GET /v1/sessions".into()],
@@ -163,7 +167,7 @@ mod tests {
         assert!(
             advice.ends_with(&format!(
                 "Run sandboxd:{v} and redeploy it",
-                v = sandboxd::VERSION
+                v = sandboxd_api::VERSION
             )),
             "{advice}"
         );

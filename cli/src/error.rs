@@ -1,6 +1,6 @@
 //! What `kubectl sandbox` can fail with. Every message says what to do next.
 
-use sandboxd::client::ClientError;
+use sandboxd_api::client::ClientError;
 
 /// A failure of one command, printed as `kubectl sandbox: <message>` with exit status 1.
 #[derive(Debug, thiserror::Error)]

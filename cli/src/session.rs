@@ -36,16 +36,16 @@ pub fn trust(
     ca_file: Option<&std::path::Path>,
     ca: Option<&[u8]>,
     origin: &str,
-) -> Result<sandboxd::client::Trust, Error> {
+) -> Result<sandboxd_api::client::Trust, Error> {
     let trusted = match ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|source| Error::Local {
                 path: path.display().to_string(),
                 source,
             })?;
-            sandboxd::client::Trust::ca(Some(&pem), &format!("--ca-file {}", path.display()))
+            sandboxd_api::client::Trust::ca(Some(&pem), &format!("--ca-file {}", path.display()))
         }
-        None => sandboxd::client::Trust::ca(ca, origin),
+        None => sandboxd_api::client::Trust::ca(ca, origin),
     };
     trusted.map_err(|e| Error::Usage(e.to_string()))
 }
@@ -70,7 +70,10 @@ impl Target {
 
     /// A sandboxd client for the session, with its token: the session must have a sandbox
     /// (Running, Sleeping or Reclaimed: a run wakes it). Returns the client and the session id.
-    pub async fn sandbox(&self, name: &str) -> Result<(sandboxd::client::Client, String), Error> {
+    pub async fn sandbox(
+        &self,
+        name: &str,
+    ) -> Result<(sandboxd_api::client::Client, String), Error> {
         let s = self.find(name).await?;
         self.usable(&s)?;
         let status = s.status.clone().unwrap_or_default();
@@ -108,7 +111,7 @@ impl Target {
             &format!("Secret {}/{secret} key ca.crt", self.namespace),
         )?;
         Ok((
-            sandboxd::client::Client::with_trust(&endpoint, &token, &trust),
+            sandboxd_api::client::Client::with_trust(&endpoint, &token, &trust),
             id,
         ))
     }

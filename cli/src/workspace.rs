@@ -4,8 +4,8 @@
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 
-use sandboxd::audit::{Op, OperationQuery};
-use sandboxd::files::{Entry, EntryKind};
+use sandboxd_api::audit::{Op, OperationQuery};
+use sandboxd_api::files::{Entry, EntryKind};
 
 use crate::error::Error;
 use crate::render;
@@ -25,12 +25,12 @@ pub async fn exec(
     let line = render::shell_command(command);
     let outcome = client
         .run_streaming(&id, &line, timeout, |event| match event {
-            sandboxd::runner::RunEvent::Stdout { data } => {
+            sandboxd_api::run::RunEvent::Stdout { data } => {
                 let mut out = std::io::stdout();
                 let _ = out.write_all(data.as_bytes());
                 let _ = out.flush();
             }
-            sandboxd::runner::RunEvent::Stderr { data } => {
+            sandboxd_api::run::RunEvent::Stderr { data } => {
                 let mut err = std::io::stderr();
                 let _ = err.write_all(data.as_bytes());
                 let _ = err.flush();
@@ -211,7 +211,7 @@ pub async fn tree(t: &Target, name: &str, path: &str) -> Result<(), Error> {
 }
 
 /// The tree depth first, children under their folder, two spaces per level.
-pub fn render_tree(tree: &sandboxd::files::Tree) -> String {
+pub fn render_tree(tree: &sandboxd_api::files::Tree) -> String {
     let root_depth = tree.root.split('/').filter(|p| !p.is_empty()).count();
     let mut entries: Vec<&Entry> = tree.entries.iter().collect();
     entries.sort_by(|a, b| a.path.split('/').cmp(b.path.split('/')));
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn trees_render_depth_first() {
-        let tree = sandboxd::files::Tree {
+        let tree = sandboxd_api::files::Tree {
             root: String::new(),
             entries: vec![
                 entry("a", EntryKind::Dir),

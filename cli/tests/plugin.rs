@@ -2,39 +2,22 @@
 //! a real sandboxd on the project's dockerd and the real operator (scoped by a label, so it
 //! touches only this test's objects). Asserts what a person sees: output and exit status.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost};
+use sandboxd_tests::host::{Host, bin, free_port};
 use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
 use serde_json::json;
 
 const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
 
 /// A workspace binary next to this test's `deps/` folder (`make test` builds them first).
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build it with `cargo build --workspace --bins` (make test does)",
-        path.display()
-    );
-    path
-}
-
-/// Children killed when the test ends, however it ends; and the containers of the test's host.
+/// The processes a test starts besides its sandboxd (the operator), killed when it ends.
 struct Processes {
     children: Vec<Child>,
-    instance: String,
 }
 
 impl Drop for Processes {
@@ -43,23 +26,7 @@ impl Drop for Processes {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let filter = format!("label=sandboxd.dev/instance={}", self.instance);
-        if let Ok(out) = Command::new("docker")
-            .args(["ps", "-aq", "--filter", &filter])
-            .output()
-        {
-            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("docker").args(["rm", "-f", id]).output();
-            }
-        }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// Runs the plugin in the test's namespace.
@@ -105,31 +72,10 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .prefix("sandboxd-plugin-test-")
         .tempdir()
         .expect("temp dir");
-    let port = free_port();
-    let token = format!("admin-{:032x}", rand::rng().random::<u128>());
-    let mut procs = Processes {
-        children: vec![],
-        instance: format!("pl{:08x}", rand::rng().random::<u32>()),
-    };
-    let mut sandboxd = Command::new(bin("sandboxd"))
-        .env("SANDBOXD_TOKEN", &token)
-        .env("SANDBOXD_WORKSPACE_QUOTA", "off")
-        .env("SANDBOXD_PORT", port.to_string())
-        .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
-        .env("SANDBOXD_INSTANCE", &procs.instance)
-        .env("SANDBOXD_WORKSPACE_ROOT", dir.path().join("ws"))
-        .env("SANDBOXD_STATE_DIR", dir.path().join("state"))
-        .env("SANDBOXD_MEM_LIMIT", "256m")
-        .env("RUST_LOG", "warn,sandboxd::server=error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("sandboxd starts");
-    let mut line = String::new();
-    BufReader::new(sandboxd.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("sandboxd says where it listens");
-    procs.children.push(sandboxd);
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let sandboxd = Host::start(&host_name, &[]);
+    let token = sandboxd.token.clone();
+    let mut procs = Processes { children: vec![] };
+    let endpoint = sandboxd.endpoint();
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "host-admin", "labels": labels},
         "stringData": {"token": token},
@@ -361,6 +307,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
 
     // Clean up: the operator is stopped with the processes, so drop finalizers first.
     drop(procs);
+    drop(sandboxd);
     for name in [host_name.clone(), format!("plugin-dead-{scope}")] {
         strip_and_delete(&hosts, &name).await;
     }
@@ -420,34 +367,17 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
     let other_file = dir.path().join("other-ca.crt");
     std::fs::write(&other_file, &other.pem).expect("write the other CA");
 
-    let port = free_port();
-    let token = format!("admin-{:032x}", rand::rng().random::<u128>());
-    let mut procs = Processes {
-        children: vec![],
-        instance: format!("pt{:08x}", rand::rng().random::<u32>()),
-    };
-    let mut sandboxd = Command::new(bin("sandboxd"))
-        .env("SANDBOXD_TOKEN", &token)
-        .env("SANDBOXD_WORKSPACE_QUOTA", "off")
-        .env("SANDBOXD_PORT", port.to_string())
-        .env("SANDBOXD_RUNTIMES", format!("base={}", base_image()))
-        .env("SANDBOXD_INSTANCE", &procs.instance)
-        .env("SANDBOXD_WORKSPACE_ROOT", dir.path().join("ws"))
-        .env("SANDBOXD_STATE_DIR", dir.path().join("state"))
-        .env("SANDBOXD_MEM_LIMIT", "256m")
-        .env("SANDBOXD_TLS_CERT_FILE", &leaf.cert)
-        .env("SANDBOXD_TLS_KEY_FILE", &leaf.key)
-        .env("RUST_LOG", "warn,sandboxd::server=error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("sandboxd starts");
-    let mut line = String::new();
-    BufReader::new(sandboxd.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("sandboxd says where it listens");
-    procs.children.push(sandboxd);
-    let endpoint = format!("https://127.0.0.1:{port}");
-    assert_eq!(line.trim(), format!("sandboxd listening on {endpoint}"));
+    let sandboxd = Host::start(
+        &host_name,
+        &[
+            ("SANDBOXD_TLS_CERT_FILE", leaf.cert.to_str().expect("utf-8")),
+            ("SANDBOXD_TLS_KEY_FILE", leaf.key.to_str().expect("utf-8")),
+        ],
+    );
+    let token = sandboxd.token.clone();
+    let mut procs = Processes { children: vec![] };
+    let endpoint = sandboxd.endpoint();
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     for (name, key, value) in [
         ("host-admin", "token", &token),
@@ -545,6 +475,7 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
     );
 
     drop(procs);
+    drop(sandboxd);
     strip_and_delete(&hosts, &host_name).await;
     strip_and_delete(&runtimes, &format!("base-{scope}")).await;
     strip_and_delete(

@@ -346,6 +346,64 @@ mod tests {
         assert!(session_key(&parts(Scope::Conversation, "c-1", Actor::WidgetVisitor)).is_ok());
     }
 
+    /// The vectors the Python SDK (`sdk/python`, `sandboxd.key.session_key`) is tested against
+    /// too: both derive every row's key, or refuse it with the same words.
+    #[test]
+    fn shared_vectors_agree_with_the_python_sdk() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/session_keys.json");
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"));
+        let rows = doc["vectors"].as_array().expect("a vectors array");
+        assert!(rows.len() >= 50, "{path} holds only {} vectors", rows.len());
+        let field = |row: &serde_json::Value, name: &str| -> String {
+            row[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("{row} has no string {name}"))
+                .to_owned()
+        };
+        for row in rows {
+            let backend = match field(row, "backend").as_str() {
+                "container" => Backend::Container,
+                "document" => Backend::Document,
+                other => panic!("unknown backend {other}"),
+            };
+            let scope_name = field(row, "scope");
+            let scope = Scope::ALL
+                .into_iter()
+                .find(|s| s.as_str() == scope_name)
+                .unwrap_or_else(|| panic!("unknown scope {scope_name}"));
+            let actor = match field(row, "actor").as_str() {
+                "member" => Actor::Member,
+                "widget_visitor" => Actor::WidgetVisitor,
+                "trigger" => Actor::Trigger { as_creator: false },
+                "trigger_as_creator" => Actor::Trigger { as_creator: true },
+                other => panic!("unknown actor {other}"),
+            };
+            let (tenant, host, subject) = (
+                field(row, "tenant"),
+                field(row, "host"),
+                field(row, "subject"),
+            );
+            let got = session_key(&KeyParts {
+                backend,
+                scope,
+                tenant: &tenant,
+                host: &host,
+                subject: &subject,
+                actor,
+            })
+            .map_err(|e| e.to_string());
+            let want = match (row["key"].as_str(), row["error"].as_str()) {
+                (Some(key), None) => Ok(key.to_owned()),
+                (None, Some(error)) => Err(error.to_owned()),
+                _ => panic!("{row} needs exactly one of key and error"),
+            };
+            assert_eq!(got, want, "{row}");
+        }
+    }
+
     #[test]
     fn empty_parts_are_named() {
         let p = parts(Scope::Run, "", Actor::Member);

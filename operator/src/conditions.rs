@@ -12,8 +12,29 @@ pub fn set(
     message: &str,
     generation: Option<i64>,
 ) {
+    set_at(
+        conditions,
+        type_,
+        status,
+        reason,
+        message,
+        generation,
+        Timestamp::now(),
+    );
+}
+
+/// [`set`] at time `now` (a transition is stamped with it).
+pub fn set_at(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     let status = if status { "True" } else { "False" };
-    let now = Time(Timestamp::now());
+    let now = Time(now);
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             if c.status != status {

@@ -198,7 +198,7 @@ pub struct Config {
     #[arg(
         long,
         env = "SANDBOX_OPERATOR_CSR_SIGNER_NAME",
-        default_value = sandboxd::enrol::SIGNER_NAME
+        default_value = sandboxd_api::enrol::SIGNER_NAME
     )]
     pub csr_signer_name: String,
 

@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use sandboxd::client::{Client as HostClient, ClientError, Trust};
+use sandboxd_api::client::{Client as HostClient, ClientError, Trust};
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_crds::v1alpha1::host::SecretKeyRef;
 use tracing::warn;
@@ -287,7 +287,7 @@ impl Context {
             })?;
         let token = match &host.spec.node {
             Some(node) => {
-                let token = sandboxd::auth::node_token(token.trim(), node);
+                let token = sandboxd_api::auth::node_token(token.trim(), node);
                 self.keep_node_token_hash(host, node, &token).await;
                 token
             }
@@ -351,7 +351,7 @@ impl Context {
         if master.as_ref() != Some(&host.spec.admin_token_secret) {
             return;
         }
-        let hash = sandboxd::auth::hash(token);
+        let hash = sandboxd_api::auth::hash(token);
         let fresh = self
             .node_hashes
             .lock()

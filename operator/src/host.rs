@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
-use sandboxd::runtimes::BuildState;
+use sandboxd_api::BuildState;
 use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
 use sandboxd_crds::v1alpha1::host::HostCapacity;
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostStatus, Tombstone};
@@ -225,7 +225,7 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
                         "takes sessions",
                         generation,
                     ),
-                    Err(sandboxd::client::ClientError::Api { status: 401, .. }) => {
+                    Err(sandboxd_api::client::ClientError::Api { status: 401, .. }) => {
                         let message = token_refused_message(host);
                         let already = conditions::get(&old.conditions, READY)
                             .is_some_and(|c| c.reason == TOKEN_REFUSED);
@@ -300,9 +300,9 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
 
 /// Reads capacity, load and ready runtimes.
 async fn observe(
-    client: &sandboxd::client::Client,
+    client: &sandboxd_api::client::Client,
     status: &mut SandboxHostStatus,
-) -> Result<(), sandboxd::client::ClientError> {
+) -> Result<(), sandboxd_api::client::ClientError> {
     let policy = client.policy().await?;
     status.capacity = Some(HostCapacity {
         max_sessions: i32::try_from(policy.policy.max_sessions).unwrap_or(i32::MAX),
@@ -315,9 +315,9 @@ async fn observe(
         .filter(|s| {
             matches!(
                 s.state,
-                sandboxd::store::State::Opening
-                    | sandboxd::store::State::Running
-                    | sandboxd::store::State::Stopped
+                sandboxd_api::SessionState::Opening
+                    | sandboxd_api::SessionState::Running
+                    | sandboxd_api::SessionState::Stopped
             )
         })
         .count();
@@ -402,4 +402,19 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_required_route_is_a_route_of_the_api() {
+        for route in REQUIRED_ROUTES {
+            assert!(
+                sandboxd_api::routes::ROUTES.contains(route),
+                "{route} is not a route of sandboxd's API"
+            );
+        }
+    }
 }

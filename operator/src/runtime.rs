@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use sandboxd::runtimes::BuildState as HostBuildState;
+use sandboxd_api::BuildState as HostBuildState;
 use sandboxd_catalog::CatalogEntry;
 use sandboxd_crds::v1alpha1::condition::{DEFAULT_CONFLICT, READY};
 use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus};

@@ -86,12 +86,12 @@ pub fn check_request(
             )
         })?;
     let usages: BTreeSet<&str> = spec.usages.iter().flatten().map(String::as_str).collect();
-    let wanted: BTreeSet<&str> = sandboxd::enrol::USAGES.into_iter().collect();
+    let wanted: BTreeSet<&str> = sandboxd_api::enrol::USAGES.into_iter().collect();
     if usages != wanted {
         return Err(format!(
             "the usages {:?} are not exactly {:?}",
             spec.usages.clone().unwrap_or_default(),
-            sandboxd::enrol::USAGES
+            sandboxd_api::enrol::USAGES
         ));
     }
     let pem = std::str::from_utf8(&spec.request.0)
@@ -389,7 +389,7 @@ mod tests {
             .expect("pem");
         CertificateSigningRequestSpec {
             request: ByteString(pem.into_bytes()),
-            signer_name: sandboxd::enrol::SIGNER_NAME.to_owned(),
+            signer_name: sandboxd_api::enrol::SIGNER_NAME.to_owned(),
             username: Some(user.to_owned()),
             usages: Some(usages.iter().map(|u| (*u).to_owned()).collect()),
             extra: node.map(|n| [(NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()])].into()),
@@ -402,13 +402,18 @@ mod tests {
     #[test]
     fn only_the_nodes_own_names_from_its_pods_pass() {
         let ok = check_request(
-            &spec(SA, Some("a"), &["a", "10.0.0.1"], &sandboxd::enrol::USAGES),
+            &spec(
+                SA,
+                Some("a"),
+                &["a", "10.0.0.1"],
+                &sandboxd_api::enrol::USAGES,
+            ),
             Some(SA),
         )
         .expect("signable");
         assert_eq!((ok.node.as_str(), ok.ips.len()), ("a", 1));
         let e = check_request(
-            &spec(SA, Some("a"), &["b"], &sandboxd::enrol::USAGES),
+            &spec(SA, Some("a"), &["b"], &sandboxd_api::enrol::USAGES),
             Some(SA),
         )
         .expect_err("another node's name");
@@ -416,8 +421,11 @@ mod tests {
             e,
             "the DNS name b is not the name of the requesting pod's node a"
         );
-        let e = check_request(&spec(SA, None, &["a"], &sandboxd::enrol::USAGES), Some(SA))
-            .expect_err("not pod-bound");
+        let e = check_request(
+            &spec(SA, None, &["a"], &sandboxd_api::enrol::USAGES),
+            Some(SA),
+        )
+        .expect_err("not pod-bound");
         assert!(
             e.starts_with("the request was not made with a pod-bound"),
             "{e}"
@@ -433,7 +441,7 @@ mod tests {
                 "system:serviceaccount:x:y",
                 Some("a"),
                 &["a"],
-                &sandboxd::enrol::USAGES,
+                &sandboxd_api::enrol::USAGES,
             ),
             Some(SA),
         )
@@ -443,7 +451,11 @@ mod tests {
             "{e}"
         );
         assert!(
-            check_request(&spec(SA, Some("a"), &["a"], &sandboxd::enrol::USAGES), None).is_err()
+            check_request(
+                &spec(SA, Some("a"), &["a"], &sandboxd_api::enrol::USAGES),
+                None
+            )
+            .is_err()
         );
     }
 

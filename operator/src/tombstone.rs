@@ -17,8 +17,9 @@ use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use sandboxd::client::ClientError;
-use sandboxd::core::Destroyed;
+use sandboxd_api::ErrorCode;
+use sandboxd_api::client::ClientError;
+use sandboxd_api::session::Destroyed;
 use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone, TombstoneStatus};
 use serde_json::json;
 use tracing::{info, instrument, warn};
@@ -74,19 +75,21 @@ async fn destroy(t: &Tombstone, ctx: &Context) -> Result<Action, Error> {
             Ok(client) => {
                 let owner = Some(t.spec.source.uid.as_str()).filter(|u| !u.is_empty());
                 match client.destroy_as(&t.spec.session_id, owner).await {
-                    Err(ClientError::Api { code, message, .. }) if code == "owner_mismatch" => {
-                        Ok(Destroyed {
-                            id: t.spec.session_id.clone(),
-                            destroyed: false,
-                            message: format!(
-                                "the session of {}/{} was already gone; host {} holds '{}' for a newer object, which was left alone ({message})",
-                                t.spec.source.namespace,
-                                t.spec.source.name,
-                                t.spec.host,
-                                t.spec.session_id
-                            ),
-                        })
-                    }
+                    Err(ClientError::Api {
+                        code: ErrorCode::OwnerMismatch,
+                        message,
+                        ..
+                    }) => Ok(Destroyed {
+                        id: t.spec.session_id.clone(),
+                        destroyed: false,
+                        message: format!(
+                            "the session of {}/{} was already gone; host {} holds '{}' for a newer object, which was left alone ({message})",
+                            t.spec.source.namespace,
+                            t.spec.source.name,
+                            t.spec.host,
+                            t.spec.session_id
+                        ),
+                    }),
                     other => other.map_err(|e| e.to_string()),
                 }
             }

@@ -219,7 +219,7 @@ fn condition(csr: &CertificateSigningRequest, type_: &str) -> Option<(String, St
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_gets_a_certificate_for_itself_only_sandboxd_serves_it_and_the_operator_trusts_it() {
-    sandboxd::tls::install_provider();
+    sandboxd_api::tls::install_provider();
     let mut scope = Scope::new("csr").await;
     let client = scope.client.clone();
     let ns = scope.ns.clone();

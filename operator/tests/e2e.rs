@@ -72,7 +72,7 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
     );
     let life = scope.host_id("xc-life");
     assert_eq!(status.session_id.as_deref(), Some(life.as_str()));
-    let session = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret));
+    let session = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&secret));
     let run = session
         .run(
             &life,
@@ -532,7 +532,7 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
             .get(&format!("{name}-token"))
             .await
             .expect("secret");
-        let run = sandboxd::client::Client::new(&host.endpoint(), &token_of(&secret))
+        let run = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&secret))
             .run(&scope.host_id(&name), "echo ok", None, None, None)
             .await
             .expect("run");
@@ -643,7 +643,7 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         hashes,
         std::collections::BTreeMap::from([(
             node.clone(),
-            sandboxd::auth::hash(&sandboxd::auth::node_token(&host.token, &node))
+            sandboxd_api::auth::hash(&sandboxd_api::auth::node_token(&host.token, &node))
         )])
     );
     common::mount_config_map(mounted.path(), &hashes);
@@ -865,7 +865,7 @@ async fn another_namespace_can_neither_take_over_nor_destroy_a_sandbox_of_the_sa
         .await;
     let (victim_id, victim_token) = credentials(&scope.client, &victim).await;
     assert_eq!(victim_id, scope.host_id("demo-session"));
-    let victim_client = sandboxd::client::Client::new(&host.endpoint(), &victim_token);
+    let victim_client = sandboxd_api::client::Client::new(&host.endpoint(), &victim_token);
     victim_client
         .write(&victim_id, "notes/hello.txt", "the victim's notes")
         .await
@@ -898,12 +898,12 @@ async fn another_namespace_can_neither_take_over_nor_destroy_a_sandbox_of_the_sa
         sandboxd_crds::key::host_session_id(&attacker_ns.name, "demo-session")
     );
     assert_ne!(attacker_id, victim_id);
-    let attacker_client = sandboxd::client::Client::new(&host.endpoint(), &attacker_token);
+    let attacker_client = sandboxd_api::client::Client::new(&host.endpoint(), &attacker_token);
     match attacker_client
         .read(&attacker_id, "notes/hello.txt", 0, None)
         .await
     {
-        Err(sandboxd::client::ClientError::Api { status: 404, .. }) => {}
+        Err(sandboxd_api::client::ClientError::Api { status: 404, .. }) => {}
         other => panic!("the attacker's own workspace must be empty, got {other:?}"),
     }
     let stolen = attacker_client
@@ -970,7 +970,7 @@ async fn a_session_deleted_and_recreated_under_its_name_ends_alive() {
         .await;
     let old_uid = old.metadata.uid.clone().expect("uid");
     let (id, old_token) = credentials(&scope.client, &old).await;
-    sandboxd::client::Client::new(&host.endpoint(), &old_token)
+    sandboxd_api::client::Client::new(&host.endpoint(), &old_token)
         .write(&id, "old.txt", "from the deleted object")
         .await
         .expect("write");
@@ -992,7 +992,7 @@ async fn a_session_deleted_and_recreated_under_its_name_ends_alive() {
     wait_gone(tombstones.clone(), &format!("sbx-{old_uid}"), 60).await;
     let (new_id, new_token) = credentials(&scope.client, &new).await;
     assert_eq!(new_id, id);
-    let fresh = sandboxd::client::Client::new(&host.endpoint(), &new_token);
+    let fresh = sandboxd_api::client::Client::new(&host.endpoint(), &new_token);
     fresh
         .write(&id, "new.txt", "from the new object")
         .await
@@ -1263,7 +1263,7 @@ async fn a_recreated_session_waits_for_the_pending_tombstone_of_the_deleted_one(
     assert_sleeps_at_shown(&scope, "xc-owed").await;
     let old_uid = old.metadata.uid.clone().expect("uid");
     let (id, old_token) = credentials(&scope.client, &old).await;
-    sandboxd::client::Client::new(&host.endpoint(), &old_token)
+    sandboxd_api::client::Client::new(&host.endpoint(), &old_token)
         .write(&id, "old.txt", "from the deleted object")
         .await
         .expect("write");
@@ -1343,7 +1343,7 @@ async fn a_recreated_session_waits_for_the_pending_tombstone_of_the_deleted_one(
     assert_sleeps_at_shown(&scope, "xc-owed").await;
     let (new_id, new_token) = credentials(&scope.client, &new).await;
     assert_eq!(new_id, id);
-    let fresh = sandboxd::client::Client::new(&host.endpoint(), &new_token);
+    let fresh = sandboxd_api::client::Client::new(&host.endpoint(), &new_token);
     let run = fresh
         .run(
             &id,
@@ -1506,7 +1506,7 @@ async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the
         .await;
     assert_eq!(phase(&reclaimed), Some(SessionPhase::Reclaimed));
     assert_sleeps_at_shown(&scope, "xc-removed").await;
-    let run = sandboxd::client::Client::new(&host.endpoint(), removed_token)
+    let run = sandboxd_api::client::Client::new(&host.endpoint(), removed_token)
         .run(removed, "echo back", None, None, None)
         .await
         .expect("a run recreates the container");
@@ -1534,7 +1534,7 @@ async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the
         .await;
     assert_eq!(phase(&lost), Some(SessionPhase::Lost));
     assert_sleeps_at_shown(&scope, "xc-wiped").await;
-    let refused = sandboxd::client::Client::new(&host.endpoint(), wiped_token)
+    let refused = sandboxd_api::client::Client::new(&host.endpoint(), wiped_token)
         .run(wiped, "true", None, None, None)
         .await;
     assert!(refused.is_err(), "a lost session ran: {refused:?}");
@@ -1781,10 +1781,10 @@ async fn a_tls_host_is_trusted_through_its_ca_secret_and_refused_with_another_ca
     };
     assert_eq!(field("endpoint"), host.endpoint());
     assert_eq!(field("ca.crt"), ca.pem);
-    let trust = sandboxd::client::Trust::ca(Some(field("ca.crt").as_bytes()), "ca.crt")
+    let trust = sandboxd_api::client::Trust::ca(Some(field("ca.crt").as_bytes()), "ca.crt")
         .expect("the Secret's CA is usable");
     let platform =
-        sandboxd::client::Client::with_trust(&field("endpoint"), &token_of(&secret), &trust);
+        sandboxd_api::client::Client::with_trust(&field("endpoint"), &token_of(&secret), &trust);
     let ran = platform
         .run(
             status.session_id.as_deref().expect("a session id"),

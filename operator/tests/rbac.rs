@@ -19,7 +19,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use kube::{Client, Config, ResourceExt};
 use rand::Rng;
-use sandboxd::auth::{hash, node_token};
+use sandboxd_api::auth::{hash, node_token};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
 
@@ -218,7 +218,7 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     );
     let first = token_of(&stored);
     assert_ne!(first, "a-token-of-long-ago");
-    let session = sandboxd::client::Client::new(&host.endpoint(), &first);
+    let session = sandboxd_api::client::Client::new(&host.endpoint(), &first);
     let run = session
         .run(
             &id,
@@ -278,7 +278,7 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
             .map(|o| o[0].name.as_str()),
         Some("xc-rbac")
     );
-    let again = sandboxd::client::Client::new(&host.endpoint(), &token_of(&reissued))
+    let again = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&reissued))
         .run(&id, "cat note.txt", None, None, None)
         .await
         .expect("a run with the new token");
@@ -430,12 +430,12 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
     assert_eq!(host.containers(), vec![(scope.host_id("xc-hash"), true)]);
     // The master opens nothing on the node; its token does.
     assert!(
-        sandboxd::client::Client::new(&host.endpoint(), &master)
+        sandboxd_api::Client::new(&host.endpoint(), &master)
             .list()
             .await
             .is_err()
     );
-    let sessions = sandboxd::client::Client::new(&host.endpoint(), &token)
+    let sessions = sandboxd_api::Client::new(&host.endpoint(), &token)
         .list()
         .await
         .expect("the node's token lists");

@@ -18,46 +18,13 @@ use tokio::sync::mpsc;
 use crate::audit::{Op, OperationQuery};
 use crate::auth::{AdminToken, bearer};
 use crate::core::{Actor, Core, Destroyed, OpenRequest, Opened, Outcome, RunRequest, SessionView};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::files::{MAX_LIST_ENTRIES, TreeLimits};
 use crate::metrics::{Metrics, StateLabel};
 use crate::openapi::{Binary, FilePath, PolicyChange, RunId, SessionId};
 use crate::runner::{RunEvent, RunOutcome, RunStatus};
-
-/// Every route this server serves, as the index lists them.
-pub const ROUTES: &[&str] = &[
-    "GET /",
-    "GET /healthz",
-    "GET /metrics",
-    "GET /openapi.json",
-    "GET /v1/sessions",
-    "POST /v1/sessions",
-    "GET /v1/sessions/{id}",
-    "DELETE /v1/sessions/{id}",
-    "POST /v1/sessions/{id}/stop",
-    "POST /v1/sessions/{id}/start",
-    "POST /v1/sessions/{id}/reclaim",
-    "POST /v1/sessions/{id}/token",
-    "POST /v1/sessions/{id}/runs",
-    "GET /v1/sessions/{id}/runs/{run_id}",
-    "POST /v1/sessions/{id}/runs/{run_id}/stop",
-    "GET /v1/sessions/{id}/files/{path}",
-    "PUT /v1/sessions/{id}/files/{path}",
-    "DELETE /v1/sessions/{id}/files/{path}",
-    "POST /v1/sessions/{id}/mkdir",
-    "GET /v1/sessions/{id}/ls",
-    "GET /v1/sessions/{id}/tree",
-    "GET /v1/runtimes",
-    "PUT /v1/runtimes",
-    "GET /v1/policy",
-    "PUT /v1/policy",
-    "GET /v1/operations",
-];
-
-/// The header naming the agent behind a request; recorded in the audit log.
-pub const AGENT_HEADER: &str = "x-sandbox-agent";
-/// The header naming the (agent) run behind a request; recorded in the audit log.
-pub const RUN_HEADER: &str = "x-sandbox-run";
+pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
+pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 
 fn actor(headers: &HeaderMap) -> Actor {
     let get = |name: &str| {
@@ -83,7 +50,7 @@ fn outcome<T>(result: &Result<T, ApiError>, bytes: impl Fn(&T) -> Option<i64>) -
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code.to_owned()),
+            error: Some(e.code.to_string()),
             ..Outcome::default()
         },
     }
@@ -184,10 +151,6 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The routes anyone may call: the index, health, metrics and the OpenAPI document (no body,
-/// nothing of a session).
-pub const PUBLIC_ROUTES: [&str; 4] = ["/", "/healthz", "/metrics", "/openapi.json"];
-
 /// The largest body of a request other than a file write (JSON requests, catalogs).
 pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
 
@@ -208,7 +171,7 @@ async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let path = req.uri().path();
-    if PUBLIC_ROUTES.contains(&path) {
+    if PUBLIC_ROUTES.contains(&path) || crate::wire::PUBLIC_ROUTES.contains(&path) {
         return next.run(req).await;
     }
     let v1 = path.starts_with("/v1/");
@@ -266,7 +229,7 @@ async fn authenticate(
 fn body_too_large(v1: bool) -> Response {
     let message = format!("a request body takes at most {MAX_REQUEST_BYTES} bytes");
     if v1 {
-        ApiError::new(413, "too_large", message).into_response()
+        ApiError::new(413, ErrorCode::TooLarge, message).into_response()
     } else {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -279,20 +242,9 @@ fn body_too_large(v1: bool) -> Response {
 async fn not_found() -> ApiError {
     ApiError::new(
         404,
-        "route_not_found",
+        ErrorCode::RouteNotFound,
         "This server does not serve that route; see GET / for the routes it serves",
     )
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, utoipa::ToSchema)]
-/// The index: what a client reads to know which server and version it talks to.
-pub struct Index {
-    /// Always "sandboxd".
-    pub service: String,
-    /// The server's version.
-    pub version: String,
-    /// The routes it serves.
-    pub routes: Vec<String>,
 }
 
 /// The index: [`Index`] (every route of both surfaces), and the fields of the wire protocol's
@@ -563,7 +515,7 @@ pub(crate) async fn run(
                 result = core.run(&id, req, Some(events_tx)) => result,
                 () = gone.cancelled() => Err(ApiError::new(
                     499,
-                    "run_cancelled",
+                    ErrorCode::RunCancelled,
                     "the caller went away; the run was stopped",
                 )),
             };
@@ -707,7 +659,7 @@ pub(crate) fn record_run(
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code.to_owned()),
+            error: Some(e.code.to_string()),
             ..Outcome::default()
         },
     };
@@ -858,7 +810,7 @@ pub(crate) async fn write_file(
 fn write_too_large() -> ApiError {
     ApiError::new(
         413,
-        "too_large",
+        ErrorCode::TooLarge,
         format!("a file write takes at most {MAX_WRITE_BYTES} bytes"),
     )
 }
@@ -1080,7 +1032,7 @@ pub(crate) async fn put_runtimes(
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("the catalog must be UTF-8 JSON"))?;
     let entries = sandboxd_catalog::parse(text)
-        .map_err(|e| ApiError::new(422, "invalid_catalog", e.to_string()))?;
+        .map_err(|e| ApiError::new(422, ErrorCode::InvalidCatalog, e.to_string()))?;
     state
         .core
         .runtimes()

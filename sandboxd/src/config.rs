@@ -53,8 +53,13 @@ pub enum Command {
         wait_seconds: u64,
     },
     /// Print the OpenAPI 3.1 document of the `/v1` API (what `GET /openapi.json` serves and
-    /// `docs/openapi.json` holds) and exit.
-    Openapi,
+    /// `docs/openapi.json` holds) and exit; with `--wire`, that of the wire protocol's routes
+    /// (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
+    Openapi {
+        /// The wire protocol's document instead of the `/v1` one.
+        #[arg(long)]
+        wire: bool,
+    },
 }
 
 /// How runs reach a sandbox.
@@ -645,7 +650,7 @@ impl Config {
                 "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),
             ));
         }
-        if let Err(e) = self.policy().check() {
+        if let Err(e) = crate::policy::PolicyRules::check(&self.policy()) {
             return Err(ConfigError::Invalid(e));
         }
         if self.operation_retention_days == 0 {

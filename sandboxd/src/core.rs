@@ -15,15 +15,17 @@ use crate::auth;
 use crate::config::{Config, RuntimeImage, parse_bytes};
 use crate::disk::{DiskError, Disks, human};
 use crate::docker::{Engine, Presence, SandboxSpec};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::files::Workspace;
 use crate::metrics::Metrics;
 use crate::network::SandboxNetwork;
-use crate::policy::{Fixed, Policy, PolicyView};
+use crate::policy::{Fixed, Policy, PolicyRules, PolicyView};
 use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 use crate::runtimes::Runtimes;
 use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
 use crate::trash::Trash;
+pub use sandboxd_api::run::RunRequest;
+pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
 
 /// How long an open waits for a concurrent open of the same name to finish.
 const OPEN_WAIT: Duration = Duration::from_secs(600);
@@ -105,8 +107,9 @@ impl Settings {
     }
 }
 
-/// Per-session resource limits, within the host's ceilings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+/// Per-session resource limits, within the host's ceilings, as the core checks and stores them
+/// (JSON in the session row); [`sandboxd_api::Limits`] is what the API takes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// CPUs.
@@ -123,98 +126,21 @@ pub struct Limits {
     pub workspace_size: Option<String>,
 }
 
-/// A request to open a session by name.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OpenRequest {
-    /// The session name (its id on this host).
-    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-    pub name: String,
-    /// The tenant, counted against the per-tenant cap.
-    pub tenant: String,
-    /// The runtime alias; the first allowlisted one when absent.
-    #[serde(default)]
-    pub runtime: Option<String>,
-    /// Resource limits.
-    #[serde(default)]
-    pub limits: Option<Limits>,
-    /// The object the session belongs to (the operator sends its SandboxSession's uid). An
-    /// open naming another owner than the session's is refused (409 `owner_mismatch`); a
-    /// session without one is adopted. Absent: no owner is checked or recorded.
-    #[serde(default)]
-    #[schema(pattern = "^[!-~]{1,128}$")]
-    pub owner: Option<String>,
-}
-
-/// What an open did.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Opened {
-    /// Whether this request created the session.
-    #[serde(skip)]
-    pub created: bool,
-    /// The session.
-    #[serde(flatten)]
-    pub session: SessionView,
-    /// The session token: only in the response that created it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-/// A session as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct SessionView {
-    /// The id.
-    pub id: String,
-    /// The tenant.
-    pub tenant: String,
-    /// The runtime alias.
-    pub runtime: String,
-    /// The image.
-    pub image: String,
-    /// opening, running, stopped, reclaimed, lost or destroying.
-    pub state: State,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339 of the last run or file operation.
-    pub last_activity_at: String,
-    /// Runs in flight now.
-    pub runs_in_flight: usize,
-    /// CPU time the container used, in nanoseconds (when it runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_ns: Option<u64>,
-    /// Whether the workspace folder still exists on the host.
-    pub workspace_exists: bool,
-    /// The object the session belongs to, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-}
-
-/// What a destroy did.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct Destroyed {
-    /// The id.
-    pub id: String,
-    /// False when there was nothing left to destroy.
-    pub destroyed: bool,
-    /// In words.
-    pub message: String,
-}
-
-/// A run request.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunRequest {
-    /// The command, run under POSIX `/bin/sh -c` in /workspace.
-    pub command: String,
-    /// Timeout in seconds; capped at SANDBOXD_EXECUTE_TIMEOUT.
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-    /// Extra environment.
-    #[serde(default)]
-    pub env: Option<HashMap<String, String>>,
-    /// A run id of the caller's; one is made when absent.
-    #[serde(default)]
-    pub run_id: Option<String>,
+impl From<sandboxd_api::Limits> for Limits {
+    fn from(l: sandboxd_api::Limits) -> Self {
+        let sandboxd_api::Limits {
+            cpus,
+            mem_limit,
+            pids_limit,
+            workspace_size,
+        } = l;
+        Self {
+            cpus,
+            mem_limit,
+            pids_limit,
+            workspace_size,
+        }
+    }
 }
 
 struct RunEntry {
@@ -241,7 +167,7 @@ impl Drop for InFlight<'_> {
 
 /// A run refused because its session is being destroyed: the session is gone.
 fn gone_if_destroying(id: &str, e: ApiError) -> ApiError {
-    if e.code == "session_destroying" {
+    if e.code == ErrorCode::SessionDestroying {
         ApiError::session_gone(id)
     } else {
         e
@@ -349,7 +275,7 @@ pub fn valid_owner(owner: &str) -> bool {
 /// 409 `owner_mismatch`: session `id` belongs to another owner than `mine`.
 fn owner_mismatch(id: &str, mine: &str) -> ApiError {
     ApiError::conflict(
-        "owner_mismatch",
+        ErrorCode::OwnerMismatch,
         format!(
             "Session '{id}' belongs to another owner than '{mine}': it was not opened, given a token or destroyed for this one"
         ),
@@ -373,7 +299,7 @@ fn rfc3339(ms: i64) -> String {
 /// A disk failure of session `id` as the API answers it: 507 when the node has no room.
 fn disk_error(id: &str, e: DiskError) -> ApiError {
     match e {
-        DiskError::NoRoom { .. } => ApiError::new(507, "host_disk_full", e.to_string()),
+        DiskError::NoRoom { .. } => ApiError::new(507, ErrorCode::HostDiskFull, e.to_string()),
         other => ApiError::internal(format!("the workspace disk of session '{id}': {other}")),
     }
 }
@@ -581,7 +507,7 @@ impl Core {
         }
         Err(ApiError::new(
             429,
-            "run_cap",
+            ErrorCode::RunCap,
             format!(
                 "Session '{id}' already has {held} of {max} runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one."
             ),
@@ -608,7 +534,7 @@ impl Core {
             tenant: row.tenant.clone(),
             runtime: row.runtime.clone(),
             image: row.image.clone(),
-            state: shown_state(row.state, workspace_exists, presence),
+            state: shown_state(row.state, workspace_exists, presence).into(),
             created_at: rfc3339(row.created_at),
             last_activity_at: rfc3339(row.last_activity_at),
             runs_in_flight: self.runs_in_flight(&row.id),
@@ -771,7 +697,7 @@ impl Core {
         match claim {
             Claim::TenantCap { held } => ApiError::new(
                 429,
-                "tenant_cap",
+                ErrorCode::TenantCap,
                 format!(
                     "Tenant '{tenant}' already holds {held} of {} sessions. Release an idle session before opening another.",
                     caps.max_per_tenant
@@ -785,7 +711,7 @@ impl Core {
                 };
                 ApiError::new(
                     429,
-                    "host_cap",
+                    ErrorCode::HostCap,
                     format!(
                         "This host already holds {held} of {} sessions. Release an idle session before opening another.",
                         caps.max_sessions
@@ -834,7 +760,7 @@ impl Core {
                 return Err(e);
             }
         };
-        let mut limits = req.limits.clone().unwrap_or_default();
+        let mut limits: Limits = req.limits.clone().map(Limits::from).unwrap_or_default();
         self.check_limits(&limits)?;
         // The row records the workspace size the session gets (its disk's size): a session
         // with one whose disk is gone is lost, never given a new empty disk.
@@ -916,7 +842,7 @@ impl Core {
                 let row = *row;
                 if row.tenant != req.tenant {
                     return Err(ApiError::conflict(
-                        "name_taken",
+                        ErrorCode::NameTaken,
                         format!("Session name '{}' is taken by another tenant", req.name),
                     ));
                 }
@@ -1004,7 +930,7 @@ impl Core {
     fn open_failed(id: &str) -> ApiError {
         ApiError::new(
             502,
-            "open_failed",
+            ErrorCode::OpenFailed,
             format!("A concurrent open of session '{id}' failed; open it again"),
         )
     }
@@ -1056,7 +982,7 @@ impl Core {
             (Some(network), true) => network.ensure().await.map_err(|e| {
                 ApiError::new(
                     503,
-                    "network_unavailable",
+                    ErrorCode::NetworkUnavailable,
                     format!(
                         "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
                         runtime.alias
@@ -1123,7 +1049,7 @@ impl Core {
         {
             let _ = self.engine.remove(&container).await;
             return Err(ApiError::conflict(
-                "session_changed",
+                ErrorCode::SessionChanged,
                 format!("Session '{id}' changed while it was opening"),
             ));
         }
@@ -1336,7 +1262,7 @@ impl Core {
         let row = self.row(id).await?;
         if self.settings.persist_containers {
             return Err(ApiError::conflict(
-                "containers_persist",
+                ErrorCode::ContainersPersist,
                 "This host keeps the containers of its sessions (SANDBOXD_PERSIST_CONTAINERS=true), so reclaiming is off; stop the session to let it sleep",
             ));
         }
@@ -1350,7 +1276,7 @@ impl Core {
                     .map_err(db)?
                 {
                     return Err(ApiError::conflict(
-                        "session_changed",
+                        ErrorCode::SessionChanged,
                         format!("Session '{id}' changed; try again"),
                     ));
                 }
@@ -1514,6 +1440,10 @@ impl Core {
         if req.command.trim().is_empty() {
             return Err(ApiError::bad_request("command must not be empty"));
         }
+        // No process takes a NUL in its arguments; refused here rather than failing to start.
+        if req.command.contains('\0') {
+            return Err(ApiError::bad_request("command must not hold a NUL byte"));
+        }
         if let Some(t) = req.timeout_seconds
             && t == 0
         {
@@ -1564,7 +1494,7 @@ impl Core {
                 .map_err(|_| ApiError::internal("run registry poisoned"))?;
             if runs.contains_key(&run_id) {
                 return Err(ApiError::conflict(
-                    "run_exists",
+                    ErrorCode::RunExists,
                     format!("Run '{run_id}' is already running"),
                 ));
             }
@@ -1691,7 +1621,7 @@ impl Core {
             }
             _ => Err(ApiError::new(
                 404,
-                "run_not_found",
+                ErrorCode::RunNotFound,
                 format!("No run '{run_id}' is running in session '{id}'"),
             )),
         }
@@ -1701,7 +1631,7 @@ impl Core {
     /// runs whose request was lost when sandboxd restarted.
     pub async fn stop_run_or_detached(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
         match self.stop_run(id, run_id) {
-            Err(e) if e.code == "run_not_found" => {
+            Err(e) if e.code == ErrorCode::RunNotFound => {
                 self.row(id).await?;
                 match self.runner.stop_detached(id, run_id).await {
                     Ok(true) => Ok(()),
@@ -1747,7 +1677,7 @@ impl Core {
         }
         Err(ApiError::new(
             404,
-            "run_not_found",
+            ErrorCode::RunNotFound,
             format!("No run '{run_id}' is known in session '{id}'"),
         ))
     }

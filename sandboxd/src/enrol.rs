@@ -19,11 +19,7 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
-/// The signer name of sandboxd's serving certificates (the operator signs only these).
-pub const SIGNER_NAME: &str = "sandboxd.dev/host";
-
-/// The key usages a request asks for, as the CertificateSigningRequest API spells them.
-pub const USAGES: [&str; 3] = ["digital signature", "key encipherment", "server auth"];
+pub use sandboxd_api::enrol::{SIGNER_NAME, USAGES};
 
 /// What to ask for and where to put the result.
 #[derive(Debug, Clone)]

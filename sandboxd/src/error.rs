@@ -3,18 +3,9 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 
 use crate::files::FileError;
-
-/// The body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// A stable, snake_case code a client can branch on.
-    pub code: String,
-    /// A sentence for a person: what went wrong and what to do.
-    pub message: String,
-}
+pub use sandboxd_api::error::{ErrorBody, ErrorCode};
 
 /// An error with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,14 +14,14 @@ pub struct ApiError {
     /// The HTTP status.
     pub status: u16,
     /// The stable code.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// The message.
     pub message: String,
 }
 
 impl ApiError {
     /// An error with status, code and message.
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: u16, code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -39,39 +30,43 @@ impl ApiError {
     }
     /// 400 `bad_request`.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(400, "bad_request", message)
+        Self::new(400, ErrorCode::BadRequest, message)
     }
     /// 401 `unauthorized`: missing or wrong token. Says nothing about what exists.
     pub fn unauthorized() -> Self {
         Self::new(
             401,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "a valid token is required: send Authorization: Bearer <token>",
         )
     }
     /// 403 `forbidden`.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(403, "forbidden", message)
+        Self::new(403, ErrorCode::Forbidden, message)
     }
     /// 404 `session_not_found`: the server's own "no such session".
     pub fn no_such_session(id: &str) -> Self {
-        Self::new(404, "session_not_found", format!("No such session '{id}'"))
+        Self::new(
+            404,
+            ErrorCode::SessionNotFound,
+            format!("No such session '{id}'"),
+        )
     }
     /// 409 `conflict`.
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn conflict(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(409, code, message)
     }
     /// 409 `session_opening`: an open of the session is still in flight.
     pub fn opening(id: &str) -> Self {
         Self::conflict(
-            "session_opening",
+            ErrorCode::SessionOpening,
             format!("Session '{id}' is still opening"),
         )
     }
     /// 409 `session_destroying`: the session is being destroyed.
     pub fn destroying(id: &str) -> Self {
         Self::conflict(
-            "session_destroying",
+            ErrorCode::SessionDestroying,
             format!("Session '{id}' is being destroyed"),
         )
     }
@@ -79,7 +74,7 @@ impl ApiError {
     pub fn lost(id: &str) -> Self {
         Self::new(
             410,
-            "session_lost",
+            ErrorCode::SessionLost,
             format!(
                 "The workspace of session '{id}' is gone (deleted on the host, expired, or the host was rebuilt); it is not replaced with an empty one. Open a new session"
             ),
@@ -90,17 +85,17 @@ impl ApiError {
     pub fn session_gone(id: &str) -> Self {
         Self::new(
             410,
-            "session_gone",
+            ErrorCode::SessionGone,
             format!("Session '{id}' was destroyed while the command ran: the session is gone"),
         )
     }
     /// 500 `internal`.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "internal", message)
+        Self::new(500, ErrorCode::Internal, message)
     }
     /// 502 `docker_error`.
     pub fn docker(message: impl Into<String>) -> Self {
-        Self::new(502, "docker_error", message)
+        Self::new(502, ErrorCode::DockerError, message)
     }
 }
 
@@ -116,7 +111,7 @@ impl IntoResponse for ApiError {
         (
             status,
             Json(ErrorBody {
-                code: self.code.to_owned(),
+                code: self.code,
                 message: self.message,
             }),
         )

@@ -37,13 +37,15 @@ use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use rustix::fs::OFlags;
 use serde::{Deserialize, Serialize};
 
 use crate::identity;
 use crate::trash::Trash;
 use crate::view::{self, Refusal};
+use sandboxd_api::ErrorCode;
+pub use sandboxd_api::files::{Entry, EntryKind, Listing, MAX_LIST_ENTRIES, Tree};
 
 /// Names of files and directories left out of [`Workspace::list`] and [`Workspace::tree`]
 /// (entries and counts) wherever they appear: dependency, cache and VCS folders that would
@@ -67,12 +69,6 @@ pub const EXCLUDED_NAMES: &[&str] = &[
 /// folder. The directory itself (`skills`) is left out as well as everything under it, unless
 /// the listing was asked for that directory (or something under it) explicitly.
 pub const EXCLUDED_PREFIXES: &[&str] = &["skills/", ".spill/", ".agenticos/"];
-
-/// The most entries one listing returns ([`Workspace::list`], the wire surface's listings): a
-/// folder with more is listed in part (the first entries the directory yields, sorted by name)
-/// and the listing is marked truncated. Only as many entries as are returned are read and
-/// described, so a folder of a million files costs what one of ten thousand does.
-pub const MAX_LIST_ENTRIES: usize = 10_000;
 
 /// Where the workspace is mounted inside the container; the agent's absolute paths start here.
 const MOUNT_POINT: &str = "/workspace";
@@ -187,20 +183,20 @@ impl FileError {
     }
 
     /// A stable snake_case code for API clients.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidPath { .. } => "invalid_path",
-            Self::OutsideWorkspace { .. } => "outside_workspace",
-            Self::NotFound { .. } => "not_found",
-            Self::IsADirectory { .. } => "is_a_directory",
-            Self::NotADirectory { .. } => "not_a_directory",
-            Self::DirectoryNotEmpty { .. } => "directory_not_empty",
-            Self::TooLarge { .. } => "too_large",
-            Self::NoSpace { .. } => "workspace_full",
-            Self::WorkspaceMissing => "session_lost",
-            Self::PermissionDenied { .. } => "permission_denied",
-            Self::NotRegularFile { .. } => "not_a_regular_file",
-            Self::Io { .. } => "io_error",
+            Self::InvalidPath { .. } => ErrorCode::InvalidPath,
+            Self::OutsideWorkspace { .. } => ErrorCode::OutsideWorkspace,
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::IsADirectory { .. } => ErrorCode::IsADirectory,
+            Self::NotADirectory { .. } => ErrorCode::NotADirectory,
+            Self::DirectoryNotEmpty { .. } => ErrorCode::DirectoryNotEmpty,
+            Self::TooLarge { .. } => ErrorCode::TooLarge,
+            Self::NoSpace { .. } => ErrorCode::WorkspaceFull,
+            Self::WorkspaceMissing => ErrorCode::SessionLost,
+            Self::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            Self::NotRegularFile { .. } => ErrorCode::NotARegularFile,
+            Self::Io { .. } => ErrorCode::IoError,
         }
     }
 
@@ -220,47 +216,6 @@ impl FileError {
             Self::Io { .. } => 500,
         }
     }
-}
-
-/// What a file, directory or link is. Symlinks are never followed to decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EntryKind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link (the link itself, whatever it points at).
-    Symlink,
-    /// Anything else: FIFO, socket, device.
-    Other,
-}
-
-/// One file, directory or link of the workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Entry {
-    /// The last component of the path (empty for the workspace root).
-    pub name: String,
-    /// The path relative to the workspace root, `/`-separated (empty for the root).
-    pub path: String,
-    /// What it is, not following symlinks.
-    pub kind: EntryKind,
-    /// Its size in bytes (for a symlink, the length of its target).
-    pub size: u64,
-    /// When it was last modified, serialized as RFC 3339.
-    pub modified: Option<DateTime<Utc>>,
-    /// Its permission bits (`0o7777` at most; the file type is in `kind`).
-    pub mode: u32,
-}
-
-/// One folder's entries, as [`Workspace::list`] and [`Workspace::list_all`] return them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Listing {
-    /// The entries, sorted by name.
-    pub entries: Vec<Entry>,
-    /// The folder holds more entries than were listed (the entry limit was reached).
-    #[serde(default)]
-    pub truncated: bool,
 }
 
 /// The bytes [`Workspace::read`] returned.
@@ -307,27 +262,6 @@ impl Default for TreeLimits {
             max_entries: 2000,
         }
     }
-}
-
-/// The result of a [`Workspace::tree`] walk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Tree {
-    /// The starting directory, relative to the workspace root (empty for the root).
-    pub root: String,
-    /// The entries, breadth-first, each directory's entries sorted by name.
-    pub entries: Vec<Entry>,
-    /// A directory at the last level had entries that were not listed.
-    pub depth_limit_reached: bool,
-    /// More entries were there than `max_entries`.
-    pub entry_limit_reached: bool,
-    /// The depth limit applied.
-    pub max_depth: usize,
-    /// The entry limit applied.
-    pub max_entries: usize,
-    /// The entries are not the whole tree: a limit was reached or a directory was skipped.
-    pub incomplete: bool,
-    /// Directories that could not be read and were skipped, relative to the workspace root.
-    pub skipped: Vec<String>,
 }
 
 /// One session's workspace on the host, and every file operation on it.
@@ -1373,7 +1307,7 @@ mod tests {
             for (op, result) in results {
                 match result {
                     Ok(()) => panic!("{op} {path:?} was allowed"),
-                    Err(e) => assert_eq!(e.code(), *code, "{op} {path:?}: {e}"),
+                    Err(e) => assert_eq!(e.code().as_str(), *code, "{op} {path:?}: {e}"),
                 }
             }
             f.sentinels_intact();
@@ -1429,7 +1363,7 @@ mod tests {
             f.ws.read("../etc/passwd", 0, None, 10)
                 .expect_err("refused");
         assert_eq!(e.to_string(), "'../etc/passwd' leads outside the workspace");
-        assert_eq!((e.code(), e.status()), ("outside_workspace", 403));
+        assert_eq!((e.code().as_str(), e.status()), ("outside_workspace", 403));
         let e = f.ws.read("a\0b", 0, None, 10).expect_err("refused");
         assert!(e.to_string().contains("a\\0b"), "{e}");
     }
@@ -1437,7 +1371,7 @@ mod tests {
     #[test]
     fn a_full_disk_is_named_with_the_workspace_size() {
         let e = map_io("big.bin", io::Error::from_raw_os_error(28)).within(Some(64 << 20));
-        assert_eq!((e.code(), e.status()), ("workspace_full", 507));
+        assert_eq!((e.code().as_str(), e.status()), ("workspace_full", 507));
         assert_eq!(
             e.to_string(),
             "No space left on device: the workspace is full (it holds at most 64 MiB); 'big.bin' was not written. Remove files to make room"
@@ -1501,7 +1435,7 @@ mod tests {
             ),
         ];
         for (e, code, status) in cases {
-            assert_eq!((e.code(), e.status()), (code, status), "{e}");
+            assert_eq!((e.code().as_str(), e.status()), (code, status), "{e}");
         }
     }
 
@@ -1683,7 +1617,7 @@ mod tests {
         }
         let e = f.ws.read("pipe", 0, None, 100).expect_err("a FIFO");
         assert!(matches!(e, FileError::NotRegularFile { .. }), "{e}");
-        assert_eq!((e.code(), e.status()), ("not_a_regular_file", 409));
+        assert_eq!((e.code().as_str(), e.status()), ("not_a_regular_file", 409));
         assert_eq!(
             e.to_string(),
             "'pipe' is not a regular file (a FIFO, socket or device)"
@@ -1720,7 +1654,7 @@ mod tests {
             "reading 9437184 bytes is over the read limit of 8388608 bytes \
              (SANDBOXD_MAX_READ_BYTES); read it in parts with offset and limit"
         );
-        assert_eq!((e.code(), e.status()), ("too_large", 413));
+        assert_eq!((e.code().as_str(), e.status()), ("too_large", 413));
         let part =
             f.ws.read("big.bin", 8_388_608, None, 8_388_608)
                 .expect("rest");
@@ -2249,7 +2183,7 @@ mod tests {
         assert!(!ws.exists());
         let e = ws.read("x", 0, None, 10).expect_err("lost");
         assert!(matches!(e, FileError::WorkspaceMissing));
-        assert_eq!((e.code(), e.status()), ("session_lost", 410));
+        assert_eq!((e.code().as_str(), e.status()), ("session_lost", 410));
         assert!(matches!(
             ws.write("x", b"x"),
             Err(FileError::WorkspaceMissing)
@@ -2381,7 +2315,7 @@ mod tests {
             f.ws.read("locked.txt", 0, None, 100)
                 .expect_err("unreadable");
         assert!(matches!(e, FileError::PermissionDenied { .. }), "{e}");
-        assert_eq!((e.code(), e.status()), ("permission_denied", 403));
+        assert_eq!((e.code().as_str(), e.status()), ("permission_denied", 403));
         assert_eq!(
             e.to_string(),
             "'locked.txt': permission denied for the sandbox user"

@@ -2,7 +2,8 @@
 //! workspaces. It knows Docker and the node's disk, and nothing of Kubernetes.
 //!
 //! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
-//! - [`api`]: the `/v1` HTTP API, described by [`openapi`]; [`client`]: its typed client; [`wire`]: the wire protocol of
+//! - [`api`]: the `/v1` HTTP API, described by [`openapi`], whose types, error codes, routes and
+//!   typed client ([`client`]) are the `sandboxd-api` crate's; [`wire`]: the wire protocol of
 //!   pydantic-ai-backend's sandboxd, a second surface over the same core;
 //! - [`network`]: the network of sessions whose runtime needs one, fenced in by iptables;
 //! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
@@ -40,6 +41,7 @@ pub mod tls;
 pub mod trash;
 pub mod view;
 pub mod wire;
+pub mod wire_openapi;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

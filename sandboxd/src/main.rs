@@ -66,8 +66,12 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
-    if config.command == Some(sandboxd::config::Command::Openapi) {
-        print!("{}", sandboxd::openapi::json());
+    if let Some(sandboxd::config::Command::Openapi { wire }) = config.command {
+        if wire {
+            print!("{}", sandboxd::wire_openapi::json());
+        } else {
+            print!("{}", sandboxd::openapi::json());
+        }
         return std::process::ExitCode::SUCCESS;
     }
     if config.command == Some(sandboxd::config::Command::RemoveNetwork) {

@@ -5,8 +5,8 @@
 //! the index at `/` lists the routes without a token too), printed by `sandboxd openapi` and
 //! committed as `docs/openapi.json`, which a test keeps equal to it.
 //!
-//! The wire protocol's routes (`crate::wire`) are not described here: that surface is
-//! pydantic-ai-backend's, whose own schema is its reference.
+//! The wire protocol's routes (`crate::wire`) have a document of their own,
+//! [`crate::wire_openapi`] (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
 
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -571,16 +571,11 @@ mod tests {
         );
     }
 
-    /// The routes `api::router` assembles, read from its source: each `.route("path", …)` and
-    /// the methods chained in it. A route added there and not to the document fails here.
-    #[test]
-    fn the_router_serves_exactly_the_documented_routes() {
-        let source = include_str!("api.rs");
-        let start = source.find("pub fn router(").expect("api::router");
-        let end = start
-            + source[start..]
-                .find(".merge(")
-                .expect("the wire surface merged");
+    /// The routes a router assembles, read from its source: each `.route("path", …)` between
+    /// `start` and `end` and the methods chained in it.
+    fn served(source: &str, start: &str, end: &str) -> BTreeSet<String> {
+        let start = source.find(start).expect("the router");
+        let end = start + source[start..].find(end).expect("the router's end");
         let mut served = BTreeSet::new();
         for part in source[start..end].split(".route(").skip(1) {
             let path = part
@@ -606,7 +601,31 @@ mod tests {
                 }
             }
         }
+        served
+    }
+
+    /// The routes `api::router` assembles, read from its source. A route added there and not
+    /// to the document (and `sandboxd_api::routes::ROUTES`) fails here.
+    #[test]
+    fn the_router_serves_exactly_the_documented_routes() {
+        let served = served(include_str!("api.rs"), "pub fn router(", ".merge(");
         assert_eq!(served, documented());
+    }
+
+    /// The wire protocol's router serves exactly the routes `wire::ROUTES` lists (the index
+    /// shows them), and nothing else.
+    #[test]
+    fn the_wire_router_serves_exactly_its_listed_routes() {
+        let served = served(
+            include_str!("wire.rs"),
+            "pub fn router() -> Router<AppState> {",
+            "\n}\n",
+        );
+        let listed: BTreeSet<String> = crate::wire::ROUTES
+            .iter()
+            .map(|r| (*r).to_owned())
+            .collect();
+        assert_eq!(served, listed);
     }
 
     #[test]
@@ -630,6 +649,25 @@ mod tests {
                 errors_of(route).is_empty(),
                 "{route}: a public route has no error responses, every other route has"
             );
+        }
+    }
+
+    /// Every code the document names is one of [`sandboxd_api::ErrorCode`], which clients
+    /// match on.
+    #[test]
+    fn every_documented_code_is_a_typed_code() {
+        for (route, errors) in ERRORS {
+            for (_, codes) in *errors {
+                for code in *codes {
+                    assert!(
+                        !matches!(
+                            sandboxd_api::ErrorCode::from(*code),
+                            sandboxd_api::ErrorCode::Other(_)
+                        ),
+                        "{route} answers {code}, which ErrorCode does not name"
+                    );
+                }
+            }
         }
     }
 

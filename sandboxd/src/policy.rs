@@ -4,68 +4,10 @@
 //! isolation setting is a decision that takes a restart, and the admin token is held by an
 //! application, not by whoever runs the host.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
-
-/// The settings that change live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Policy {
-    /// Sessions this host holds at most (`SANDBOXD_MAX_SESSIONS`).
-    pub max_sessions: u32,
-    /// Sessions one tenant holds at most (`SANDBOXD_MAX_SESSIONS_PER_TENANT`).
-    pub max_sessions_per_tenant: u32,
-    /// Longest run, seconds (`SANDBOXD_EXECUTE_TIMEOUT`).
-    pub execute_timeout: u64,
-    /// Largest read, bytes (`SANDBOXD_MAX_READ_BYTES`).
-    pub max_read_bytes: u64,
-    /// Output kept per stream of a run, bytes (`SANDBOXD_MAX_OUTPUT_BYTES`).
-    pub max_output_bytes: u64,
-}
-
-/// What cannot change at runtime, shown so a caller sees the whole picture.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Fixed {
-    /// The allowlisted runtime aliases (changed through `PUT /v1/runtimes`, never the policy).
-    pub runtimes: Vec<String>,
-    /// Network of sessions whose runtime needs none.
-    pub network_mode: String,
-    /// Network of sessions whose runtime needs one.
-    pub runtime_network: String,
-    /// OCI runtime of sandboxes.
-    pub oci_runtime: Option<String>,
-    /// uid of every sandbox.
-    pub sandbox_uid: u32,
-    /// The work dir inside a sandbox.
-    pub work_dir: String,
-    /// The host folder of the workspaces.
-    pub workspace_root: String,
-    /// Whether closed containers are kept.
-    pub persist_containers: bool,
-    /// CPUs per sandbox.
-    pub cpus: f64,
-    /// Memory per sandbox, bytes.
-    pub memory: i64,
-    /// Processes per sandbox.
-    pub pids_limit: i64,
-    /// Size of the tmpfs at /tmp.
-    pub tmpfs_size: String,
-    /// Workspace size per sandbox (default and ceiling), bytes; absent when workspaces are not
-    /// limited (SANDBOXD_WORKSPACE_QUOTA=off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workspace_size: Option<u64>,
-}
-
-/// The body of `GET /v1/policy` and of a successful `PUT /v1/policy`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PolicyView {
-    /// The live settings.
-    #[serde(flatten)]
-    pub policy: Policy,
-    /// What needs a restart.
-    pub fixed: Fixed,
-}
+use crate::error::{ApiError, ErrorCode};
+pub use sandboxd_api::policy::{Fixed, Policy, PolicyView};
 
 /// The fields that are refused, and the variable a restart would change them with.
 pub const FIXED_FIELDS: [(&str, &str); 14] = [
@@ -134,8 +76,19 @@ pub fn upper_bound(field: &str) -> Option<(u64, &'static str)> {
         .map(|(_, _, max, unit)| (*max, *unit))
 }
 
-impl Policy {
+/// What sandboxd checks of a [`Policy`]: its bounds, and the changes a `PUT /v1/policy` may make.
+pub trait PolicyRules: Sized {
     /// The values by field name, in the order of [`BOUNDS`].
+    fn values(&self) -> [u64; 5];
+    /// Whether every value is within its bounds (1 to the most of [`BOUNDS`]); the error names
+    /// the variable that sets it at start.
+    fn check(&self) -> Result<(), String>;
+    /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
+    /// listing every refused field (nothing is applied then).
+    fn apply(&self, body: &Value) -> Result<Self, ApiError>;
+}
+
+impl PolicyRules for Policy {
     fn values(&self) -> [u64; 5] {
         [
             u64::from(self.max_sessions),
@@ -148,7 +101,7 @@ impl Policy {
 
     /// Whether every value is within its bounds (1 to the most of [`BOUNDS`]); the error names
     /// the variable that sets it at start.
-    pub fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), String> {
         for ((_, variable, max, unit), value) in BOUNDS.iter().zip(self.values()) {
             if !(1..=*max).contains(&value) {
                 return Err(format!(
@@ -161,11 +114,11 @@ impl Policy {
 
     /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
     /// listing every refused field (nothing is applied then).
-    pub fn apply(&self, body: &Value) -> Result<Policy, ApiError> {
+    fn apply(&self, body: &Value) -> Result<Policy, ApiError> {
         let Some(map) = body.as_object() else {
             return Err(ApiError::new(
                 422,
-                "policy_refused",
+                ErrorCode::PolicyRefused,
                 "The policy was not changed: the body must be a JSON object of fields to change",
             ));
         };
@@ -217,7 +170,7 @@ impl Policy {
         } else {
             Err(ApiError::new(
                 422,
-                "policy_refused",
+                ErrorCode::PolicyRefused,
                 format!("The policy was not changed: {}", errors.join("; ")),
             ))
         }
@@ -271,7 +224,11 @@ mod tests {
                 let e = P
                     .apply(&json!({ field: over }))
                     .expect_err("over the bound");
-                assert_eq!((e.status, e.code), (422, "policy_refused"), "{field}");
+                assert_eq!(
+                    (e.status, e.code.as_str()),
+                    (422, "policy_refused"),
+                    "{field}"
+                );
                 assert_eq!(
                     e.message,
                     format!("The policy was not changed: {field} must be at most {max} {unit}")
@@ -316,7 +273,7 @@ mod tests {
         let e = P
             .apply(&json!({"max_sessions": 5, "network_mode": "bridge", "sandbox_uid": 0, "colour": 1, "max_read_bytes": 0}))
             .expect_err("refused");
-        assert_eq!((e.status, e.code), (422, "policy_refused"));
+        assert_eq!((e.status, e.code.as_str()), (422, "policy_refused"));
         assert_eq!(
             e.message,
             "The policy was not changed: colour is not a policy field; the live fields are max_sessions, max_sessions_per_tenant, execute_timeout, max_read_bytes, max_output_bytes; max_read_bytes must be a whole number of at least 1; network_mode cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_NETWORK_MODE; sandbox_uid cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_SANDBOX_UID"

@@ -30,7 +30,8 @@ use tracing::{info, warn};
 
 use crate::config::RuntimeImage;
 use crate::docker::Engine;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
+pub use sandboxd_api::runtimes::{RuntimeKind, RuntimeList, RuntimeStatus};
 
 /// Build attempts of a runtime at start (the first and two retries).
 pub const START_ATTEMPTS: u32 = 3;
@@ -50,7 +51,8 @@ pub const LABEL_RUNTIME: &str = "sandboxd.dev/runtime";
 pub const REPOSITORY: &str = "sandboxd-runtime";
 
 /// Where a runtime's image is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// The API shows it as [`sandboxd_api::BuildState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BuildState {
     /// Not there yet; a build (or pull) is queued or waits for its next attempt.
@@ -63,58 +65,15 @@ pub enum BuildState {
     Failed,
 }
 
-/// How an entry gets its image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RuntimeKind {
-    /// A ready image, used as is.
-    Image,
-    /// Built from `base_image`.
-    Build,
-}
-
-/// One runtime as `GET /v1/runtimes` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RuntimeStatus {
-    /// The alias a session names.
-    pub alias: String,
-    /// What it is for.
-    pub description: String,
-    /// Whether it is the default (the allowlist's first entry).
-    pub default: bool,
-    /// `image` (used as is) or `build` (built from a base image).
-    pub kind: RuntimeKind,
-    /// The entry's `image` or `base_image`.
-    pub source_image: String,
-    /// The image sessions run: the entry's image, or the tag derived from the definition.
-    pub tag: String,
-    /// pending, building, ready or failed.
-    pub state: BuildState,
-    /// Build (or pull) attempts since the definition was last set.
-    pub attempts: u32,
-    /// The last attempt's error, if it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// The last lines of the failed attempt's build log.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub log_tail: Option<String>,
-    /// Whether its sessions get a network.
-    pub needs_network: bool,
-    /// Its memory limit, if it names one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mem_limit: Option<String>,
-    /// The model briefing; only for an allowlist given in the catalog format.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub briefing: Option<String>,
-}
-
-/// The body of `GET /v1/runtimes` and the answer of `PUT /v1/runtimes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RuntimeList {
-    /// Whether the allowlist came in the catalog format (then it has briefings).
-    pub catalog: bool,
-    /// The runtimes, in allowlist order; the first is the default.
-    pub runtimes: Vec<RuntimeStatus>,
+impl From<BuildState> for sandboxd_api::BuildState {
+    fn from(state: BuildState) -> Self {
+        match state {
+            BuildState::Pending => Self::Pending,
+            BuildState::Building => Self::Building,
+            BuildState::Ready => Self::Ready,
+            BuildState::Failed => Self::Failed,
+        }
+    }
 }
 
 /// The allowlist: catalog entries, and whether they came in the catalog format (JSON) or the
@@ -721,7 +680,7 @@ impl Runtimes {
                             .or_else(|| e.image.clone())
                             .unwrap_or_default(),
                         tag: s.tag,
-                        state: s.state,
+                        state: s.state.into(),
                         attempts: s.attempts,
                         last_error: s.last_error,
                         log_tail: s.log_tail,
@@ -791,7 +750,7 @@ impl Runtimes {
                         .collect();
                     return Err(ApiError::new(
                         400,
-                        "unknown_runtime",
+                        ErrorCode::UnknownRuntime,
                         format!(
                             "Runtime '{a}' is not allowed on this host; allowed: {}",
                             allowed.join(", ")
@@ -809,7 +768,7 @@ impl Runtimes {
         match s.state {
             BuildState::Ready => Ok(self.image_of(&entry, s.tag)),
             BuildState::Pending | BuildState::Building => Err(ApiError::conflict(
-                "runtime_preparing",
+                ErrorCode::RuntimePreparing,
                 format!(
                     "Runtime '{alias}' is being prepared (its image {} is being built, attempt {}); try again shortly - a first build can take minutes",
                     s.tag,
@@ -830,7 +789,7 @@ impl Runtimes {
                 }
                 Err(ApiError::new(
                     503,
-                    "runtime_failed",
+                    ErrorCode::RuntimeFailed,
                     format!(
                         "Runtime '{alias}' could not be built after {} attempts: {}\nLast lines of the build log:\n{}",
                         s.attempts,

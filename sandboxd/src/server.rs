@@ -316,7 +316,7 @@ mod tests {
 
     use super::*;
     use crate::client::{Client, ClientError};
-    use crate::store::State;
+    use sandboxd_api::SessionState as State;
 
     async fn prompt<T>(what: &str, f: impl Future<Output = T>) -> T {
         tokio::time::timeout(Duration::from_secs(5), f)

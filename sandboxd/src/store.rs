@@ -13,7 +13,8 @@ use sqlx::{AssertSqlSafe, Row, SqlitePool};
 // never input; every value is bound.
 
 /// Where a session is in its life on this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// The API shows it as [`sandboxd_api::SessionState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The container is being created and started.
@@ -43,6 +44,19 @@ impl State {
             State::Reclaimed => "reclaimed",
             State::Lost => "lost",
             State::Destroying => "destroying",
+        }
+    }
+}
+
+impl From<State> for sandboxd_api::SessionState {
+    fn from(state: State) -> Self {
+        match state {
+            State::Opening => Self::Opening,
+            State::Running => Self::Running,
+            State::Stopped => Self::Stopped,
+            State::Reclaimed => Self::Reclaimed,
+            State::Lost => Self::Lost,
+            State::Destroying => Self::Destroying,
         }
     }
 }

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+pub use sandboxd_api::tls::{certificates, install_provider};
 use tracing::{info, warn};
 
 /// How often the certificate and key files are looked at for a change.
@@ -25,15 +26,6 @@ pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
 /// The crypto provider of every TLS connection sandboxd makes or accepts.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Makes [`provider`] the process default, for clients built by libraries that look it up
-/// (reqwest). Harmless when a default is installed already.
-pub fn install_provider() {
-    if CryptoProvider::get_default().is_none() {
-        // Only fails when another thread installed one in between: that one serves.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 /// Why a certificate, key or CA could not be used.
@@ -167,17 +159,6 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
-}
-
-/// The certificates of a PEM bundle, or why there are none.
-pub fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let chain = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!(": {e}"))?;
-    if chain.is_empty() {
-        return Err(" (no -----BEGIN CERTIFICATE----- block)".to_owned());
-    }
-    Ok(chain)
 }
 
 /// The server configuration in use, replaced when the files change or on SIGHUP.

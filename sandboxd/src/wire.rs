@@ -31,14 +31,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::AppState;
 use crate::audit::Op;
 use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest as CoreRun};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::files::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 use crate::store::{SessionRow, State as SessionState};
 
@@ -58,7 +59,7 @@ pub const TRUNCATED_HEADER: &str = "x-sandbox-listing-truncated";
 pub const MAX_ENTRIES_HEADER: &str = "x-sandbox-listing-max-entries";
 
 /// A bare JSON array of a folder listing, with its truncation headers.
-fn listing_response(rows: Vec<Value>, truncated: bool) -> Response {
+fn listing_response(rows: Vec<FileEntry>, truncated: bool) -> Response {
     (
         [
             (
@@ -112,7 +113,12 @@ pub const ROUTES: &[&str] = &[
     "POST /workspaces/{session_id}/tree",
     "POST /workspaces/{session_id}/read",
     "POST /workspaces/{session_id}/read_bytes",
+    "GET /wire/openapi.json",
 ];
+
+/// The routes of the protocol anyone may call: its OpenAPI document (no body, nothing of a
+/// session). The index and health are `/v1`'s ([`crate::api::PUBLIC_ROUTES`]).
+pub const PUBLIC_ROUTES: &[&str] = &["/wire/openapi.json"];
 
 /// The pydantic-ai-backend release this surface serves, read from `hack/versions.env`.
 pub fn release() -> &'static str {
@@ -149,6 +155,7 @@ pub fn router() -> Router<AppState> {
             "/workspaces/{session_id}/read_bytes",
             post(archive_read_bytes),
         )
+        .route("/wire/openapi.json", get(crate::wire_openapi::openapi_json))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,14 +165,72 @@ pub fn router() -> Router<AppState> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct WireError {
     status: u16,
-    detail: Value,
+    detail: Detail,
+}
+
+/// Every error's body: `{"detail": ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct WireErrorBody {
+    /// What went wrong.
+    pub detail: Detail,
+}
+
+/// The `detail` of an error: a sentence; for a native file operation, the Python exception the
+/// client raises; for a request that failed validation (422), what did not validate.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Detail {
+    /// A sentence.
+    Message(String),
+    /// A native file operation's error.
+    Exception(FileException),
+    /// The problems of a request that failed validation (422).
+    Invalid(Vec<Problem>),
+}
+
+impl std::fmt::Display for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Message(m) => f.write_str(m),
+            Self::Exception(e) => write!(f, "{}: {}", e.error, e.message),
+            Self::Invalid(problems) => {
+                let parts: Vec<String> = problems
+                    .iter()
+                    .map(|p| format!("{}: {}", p.loc.join("."), p.msg))
+                    .collect();
+                f.write_str(&parts.join("; "))
+            }
+        }
+    }
+}
+
+/// A native file operation's error, by the Python exception the client raises for it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FileException {
+    /// The exception's name: `FileNotFoundError`, `IsADirectoryError`, `NotADirectoryError`,
+    /// `FileExistsError`, `ValueError` or `OSError`.
+    pub error: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// One problem of a request that failed validation, as FastAPI lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Problem {
+    /// The kind of problem (`missing`, `value_error`, `string_pattern_mismatch`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Where: `body`, `path` or `query`, then the field.
+    pub loc: Vec<String>,
+    /// What is wrong.
+    pub msg: String,
 }
 
 impl WireError {
     fn new(status: u16, detail: impl Into<String>) -> Self {
         Self {
             status,
-            detail: Value::String(detail.into()),
+            detail: Detail::Message(detail.into()),
         }
     }
 
@@ -188,7 +253,10 @@ impl WireError {
     fn path(status: u16, error: &str, message: impl Into<String>) -> Self {
         Self {
             status,
-            detail: json!({"error": error, "message": message.into()}),
+            detail: Detail::Exception(FileException {
+                error: error.to_owned(),
+                message: message.into(),
+            }),
         }
     }
 
@@ -201,7 +269,11 @@ impl WireError {
     fn invalid(loc: &[&str], kind: &str, msg: impl Into<String>) -> Self {
         Self {
             status: 422,
-            detail: json!([{"type": kind, "loc": loc, "msg": msg.into()}]),
+            detail: Detail::Invalid(vec![Problem {
+                kind: kind.to_owned(),
+                loc: loc.iter().map(|l| (*l).to_owned()).collect(),
+                msg: msg.into(),
+            }]),
         }
     }
 
@@ -209,9 +281,9 @@ impl WireError {
     fn from_core(id: &str, e: ApiError) -> Self {
         match (e.status, e.code) {
             (401, _) => Self::unauthorized(),
-            (404, "session_not_found") => Self::no_such_session(id),
+            (404, ErrorCode::SessionNotFound) => Self::no_such_session(id),
             (410, _) => Self::gone(id),
-            (429, "host_cap") => {
+            (429, ErrorCode::HostCap) => {
                 // The core's words carry the count; the protocol's name the ceiling.
                 let max = e
                     .message
@@ -235,7 +307,13 @@ impl WireError {
 impl IntoResponse for WireError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({"detail": self.detail}))).into_response()
+        (
+            status,
+            Json(WireErrorBody {
+                detail: self.detail,
+            }),
+        )
+            .into_response()
     }
 }
 
@@ -394,7 +472,7 @@ pub async fn index_fields(core: &Core) -> Result<serde_json::Map<String, Value>,
     let mut m = serde_json::Map::new();
     m.insert("health".into(), health(core).await?);
     m.insert("docs_url".into(), json!("/"));
-    m.insert("openapi_url".into(), json!("/"));
+    m.insert("openapi_url".into(), json!("/wire/openapi.json"));
     m.insert("ui_url".into(), Value::Null);
     m.insert("endpoints".into(), json!(endpoints));
     m.insert(
@@ -419,86 +497,171 @@ fn size_text(bytes: i64) -> String {
     }
 }
 
-fn service_policy(core: &Core) -> Value {
+/// `ServicePolicy`: the host's policy as the protocol shows it. The fields the protocol has
+/// and this host does not (an open-session cap, idle eviction, TTLs, swap, CPU shares) are
+/// `null`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ServicePolicy {
+    /// The allowlisted runtimes, by alias.
+    pub runtimes: Vec<RuntimePolicy>,
+    /// The runtime of a session opened without one (the allowlist's first).
+    pub default_runtime: String,
+    /// Sessions this host holds at most.
+    pub max_sessions: u32,
+    /// Always `null`: no separate cap on open sessions.
+    pub max_open_sessions: Option<u32>,
+    /// Sessions one tenant holds at most.
+    pub max_sessions_per_tenant: u32,
+    /// Always `null`: idle sessions are not evicted here (the operator puts them to sleep).
+    pub evict_idle_after: Option<u64>,
+    /// Memory limit of a sandbox (`512m`, `2g` or bytes).
+    pub mem_limit: String,
+    /// Always `null`.
+    pub memswap_limit: Option<String>,
+    /// CPUs of a sandbox.
+    pub cpus: f64,
+    /// Always `null`.
+    pub cpu_shares: Option<u32>,
+    /// Processes of a sandbox at most.
+    pub pids_limit: i64,
+    /// Network of a sandbox whose runtime needs none.
+    pub network_mode: String,
+    /// The OCI runtime, if not the default.
+    pub oci_runtime: Option<String>,
+    /// The work directory inside every sandbox: `/workspace`.
+    pub work_dir: String,
+    /// Always 0: no idle timeout here.
+    pub idle_timeout: u64,
+    /// Longest run, seconds.
+    pub execute_timeout: u64,
+    /// Largest read (and native write), bytes.
+    pub max_read_bytes: u64,
+    /// Whether a closed session's container is stopped (kept) rather than removed.
+    pub persist_containers: bool,
+    /// The uid of the sandbox user.
+    pub sandbox_uid: u32,
+    /// Always `null`.
+    pub workspace_ttl: Option<u64>,
+    /// Always `null`.
+    pub container_ttl: Option<u64>,
+    /// Size of a sandbox's `/tmp`.
+    pub tmpfs_size: String,
+    /// Always `true`: images are built before a session needs them.
+    pub prewarm: bool,
+    /// Always `false`.
+    pub buildkit: bool,
+    /// Always `true`: the native file routes are served.
+    pub native_files: bool,
+    /// Always `true`: native writes are served.
+    pub native_writes: bool,
+    /// Always `true`: the native realpath is served.
+    pub native_realpath: bool,
+}
+
+/// One runtime of [`ServicePolicy`].
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RuntimePolicy {
+    /// The alias a session names.
+    pub alias: String,
+    /// The image its sessions run (for a runtime still building, the image it builds from).
+    pub image: String,
+    /// What it is for.
+    pub description: String,
+    /// Whether it is built from a base image.
+    pub builds: bool,
+    /// Memory limit of its sandboxes.
+    pub mem_limit: String,
+    /// Always `null`.
+    pub memswap_limit: Option<String>,
+    /// CPUs of its sandboxes.
+    pub cpus: f64,
+    /// Always `null`.
+    pub cpu_shares: Option<u32>,
+    /// Processes of its sandboxes at most.
+    pub pids_limit: i64,
+    /// Its sandboxes' network.
+    pub network_mode: String,
+    /// The OCI runtime, if not the default.
+    pub oci_runtime: Option<String>,
+}
+
+fn service_policy(core: &Core) -> ServicePolicy {
     let view = core.policy_view();
     let s = core.settings();
-    let listed = serde_json::to_value(core.runtimes().list()).unwrap_or_default();
-    let mut runtimes: Vec<Value> = listed["runtimes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    let listed = core.runtimes().list().runtimes;
+    let default = listed.first().map(|r| r.alias.clone()).unwrap_or_default();
+    let mut runtimes: Vec<RuntimePolicy> = listed
         .into_iter()
         .map(|r| {
-            let builds = r["kind"] == "build";
-            let image = if builds && r["state"] != "ready" {
-                r["source_image"].clone()
+            let builds = r.kind == crate::runtimes::RuntimeKind::Build;
+            let image = if builds && r.state != sandboxd_api::BuildState::Ready {
+                r.source_image
             } else {
-                r["tag"].clone()
+                r.tag
             };
-            let network = if r["needs_network"] == true {
+            let network = if r.needs_network {
                 &s.runtime_network
             } else {
                 &s.network_mode
             };
-            json!({
-                "alias": r["alias"],
-                "image": image,
-                "description": r["description"],
-                "builds": builds,
-                "mem_limit": r["mem_limit"].as_str().map_or_else(|| size_text(s.memory), str::to_owned),
-                "memswap_limit": null,
-                "cpus": s.cpus,
-                "cpu_shares": null,
-                "pids_limit": s.pids_limit,
-                "network_mode": network,
-                "oci_runtime": s.oci_runtime,
-            })
+            RuntimePolicy {
+                alias: r.alias,
+                image,
+                description: r.description,
+                builds,
+                mem_limit: r.mem_limit.unwrap_or_else(|| size_text(s.memory)),
+                memswap_limit: None,
+                cpus: s.cpus,
+                cpu_shares: None,
+                pids_limit: s.pids_limit,
+                network_mode: network.clone(),
+                oci_runtime: s.oci_runtime.clone(),
+            }
         })
         .collect();
-    let default = runtimes
-        .first()
-        .and_then(|r| r["alias"].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    runtimes.sort_by(|a, b| a["alias"].as_str().cmp(&b["alias"].as_str()));
-    json!({
-        "runtimes": runtimes,
-        "default_runtime": default,
-        "max_sessions": view.policy.max_sessions,
-        "max_open_sessions": null,
-        "max_sessions_per_tenant": view.policy.max_sessions_per_tenant,
-        "evict_idle_after": null,
-        "mem_limit": size_text(s.memory),
-        "memswap_limit": null,
-        "cpus": s.cpus,
-        "cpu_shares": null,
-        "pids_limit": s.pids_limit,
-        "network_mode": s.network_mode,
-        "oci_runtime": s.oci_runtime,
-        "work_dir": WORK_DIR,
-        "idle_timeout": 0,
-        "execute_timeout": view.policy.execute_timeout,
-        "max_read_bytes": view.policy.max_read_bytes,
-        "persist_containers": s.persist_containers,
-        "sandbox_uid": s.uid,
-        "workspace_ttl": null,
-        "container_ttl": null,
-        "tmpfs_size": s.tmpfs_size,
-        "prewarm": true,
-        "buildkit": false,
-        "native_files": true,
-        "native_writes": true,
-        "native_realpath": true,
-    })
+    runtimes.sort_by(|a, b| a.alias.cmp(&b.alias));
+    ServicePolicy {
+        runtimes,
+        default_runtime: default,
+        max_sessions: view.policy.max_sessions,
+        max_open_sessions: None,
+        max_sessions_per_tenant: view.policy.max_sessions_per_tenant,
+        evict_idle_after: None,
+        mem_limit: size_text(s.memory),
+        memswap_limit: None,
+        cpus: s.cpus,
+        cpu_shares: None,
+        pids_limit: s.pids_limit,
+        network_mode: s.network_mode.clone(),
+        oci_runtime: s.oci_runtime.clone(),
+        work_dir: WORK_DIR.to_owned(),
+        idle_timeout: 0,
+        execute_timeout: view.policy.execute_timeout,
+        max_read_bytes: view.policy.max_read_bytes,
+        persist_containers: s.persist_containers,
+        sandbox_uid: s.uid,
+        workspace_ttl: None,
+        container_ttl: None,
+        tmpfs_size: s.tmpfs_size.clone(),
+        prewarm: true,
+        buildkit: false,
+        native_files: true,
+        native_writes: true,
+        native_realpath: true,
+    }
 }
 
-async fn get_policy(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
+#[utoipa::path(
+    get, path = "/policy", tag = "policy",
+    responses((status = 200, description = "The host's policy", body = ServicePolicy))
+)]
+pub(crate) async fn get_policy(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
     service(&state, &headers)?;
     Ok(Json(service_policy(&state.core)).into_response())
 }
 
 /// The fields `PolicyUpdate` has; anything else is 422 (`extra="forbid"`).
-const POLICY_UPDATE_FIELDS: &[&str] = &[
+pub(crate) const POLICY_UPDATE_FIELDS: &[&str] = &[
     "default_runtime",
     "max_sessions",
     "max_open_sessions",
@@ -561,7 +724,16 @@ fn check_live(key: &str, value: &Value) -> WireResult<()> {
     }
 }
 
-async fn put_policy(State(state): State<AppState>, headers: HeaderMap, raw: Bytes) -> WireResult {
+#[utoipa::path(
+    put, path = "/policy", tag = "policy",
+    request_body = crate::wire_openapi::PolicyUpdate,
+    responses((status = 200, description = "Changed; the host's policy now", body = ServicePolicy))
+)]
+pub(crate) async fn put_policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> WireResult {
     service(&state, &headers)?;
     let update: serde_json::Map<String, Value> = body(&raw)?;
     let mut live = serde_json::Map::new();
@@ -581,7 +753,7 @@ async fn put_policy(State(state): State<AppState>, headers: HeaderMap, raw: Byte
             check_live(key, value)?;
             live.insert(key.clone(), value.clone());
         } else if key == "default_runtime"
-            && service_policy(&state.core)["default_runtime"] == *value
+            && value.as_str() == Some(service_policy(&state.core).default_runtime.as_str())
         {
         } else {
             refused.push(key.clone());
@@ -608,18 +780,82 @@ async fn put_policy(State(state): State<AppState>, headers: HeaderMap, raw: Byte
 // ---------------------------------------------------------------------------------------------
 // Sessions.
 
-#[derive(Debug, Deserialize)]
-struct CreateSession {
+/// `CreateSession`: the body of `POST /sessions`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CreateSession {
+    /// The session's id; one is made (`s-` and 16 hex digits) when it is absent.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
     session_id: Option<String>,
+    /// An allowlisted runtime alias; the default runtime when absent.
     #[serde(default)]
     runtime: Option<String>,
+    /// The tenant whose per-tenant cap the session counts against.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
     tenant: Option<String>,
+    /// Hand back the session if it exists (with a new token) instead of 409.
     #[serde(default)]
     reuse: bool,
+    /// Only attach to an existing session (404 when there is none).
     #[serde(default)]
     attach: bool,
+}
+
+/// Where a session stands, as the protocol says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionPhase {
+    /// Its sandbox is running (or opening).
+    Running,
+    /// Its sandbox is not running; its files are kept.
+    Hibernated,
+}
+
+/// `SessionInfo`: one session.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SessionInfo {
+    /// The session's id.
+    pub session_id: String,
+    /// Its runtime's alias.
+    pub runtime: String,
+    /// Its tenant, if it was opened with one.
+    pub tenant: Option<String>,
+    /// Whether its sandbox is running and its workspace there.
+    pub alive: bool,
+    /// `running` or `hibernated`.
+    pub state: SessionPhase,
+    /// When it was opened, seconds since the epoch.
+    pub created_at: f64,
+    /// Its last activity, seconds since the epoch.
+    pub last_activity: f64,
+    /// Seconds since its last activity.
+    pub idle_seconds: f64,
+    /// Always `null`: resource usage is not reported here.
+    #[schema(value_type = Option<Object>)]
+    pub usage: Option<Value>,
+}
+
+/// The answer of `POST /sessions`: the session and a token of its own.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Opened {
+    /// The session.
+    pub session: SessionInfo,
+    /// A token for this session only (`X-Sandbox-Token`).
+    pub token: String,
+}
+
+/// The answer of `GET /sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Every session but those being closed or lost.
+    pub sessions: Vec<SessionInfo>,
+    /// Sessions this host holds at most.
+    pub limit: u32,
+    /// Always `null`: no separate cap on open sessions.
+    pub open_limit: Option<u32>,
+    /// Sessions one tenant holds at most.
+    pub tenant_limit: u32,
 }
 
 fn secs(ms: i64) -> f64 {
@@ -627,21 +863,25 @@ fn secs(ms: i64) -> f64 {
 }
 
 /// `SessionInfo` of a row.
-fn info(core: &Core, row: &SessionRow) -> Value {
+fn info(core: &Core, row: &SessionRow) -> SessionInfo {
     let now = crate::store::now_ms();
     let alive = row.state == SessionState::Running && core.workspace(&row.id).exists();
     let tenant = (!row.tenant.starts_with(UNTENANTED)).then(|| row.tenant.clone());
-    json!({
-        "session_id": row.id,
-        "runtime": row.runtime,
-        "tenant": tenant,
-        "alive": alive,
-        "state": if matches!(row.state, SessionState::Running | SessionState::Opening) { "running" } else { "hibernated" },
-        "created_at": secs(row.created_at),
-        "last_activity": secs(row.last_activity_at),
-        "idle_seconds": secs((now - row.last_activity_at).max(0)),
-        "usage": null,
-    })
+    SessionInfo {
+        session_id: row.id.clone(),
+        runtime: row.runtime.clone(),
+        tenant,
+        alive,
+        state: if matches!(row.state, SessionState::Running | SessionState::Opening) {
+            SessionPhase::Running
+        } else {
+            SessionPhase::Hibernated
+        },
+        created_at: secs(row.created_at),
+        last_activity: secs(row.last_activity_at),
+        idle_seconds: secs((now - row.last_activity_at).max(0)),
+        usage: None,
+    }
 }
 
 async fn row_of(core: &Core, id: &str) -> WireResult<Option<SessionRow>> {
@@ -656,7 +896,7 @@ async fn attach(
     core: &Core,
     row: &SessionRow,
     runtime: Option<&str>,
-) -> WireResult<(StatusCode, Value)> {
+) -> WireResult<(StatusCode, Opened)> {
     let id = row.id.as_str();
     if let Some(r) = runtime
         && r != row.runtime
@@ -678,11 +918,19 @@ async fn attach(
         .map_err(|e| WireError::from_core(id, e))?;
     Ok((
         StatusCode::OK,
-        json!({"session": info(core, row), "token": token}),
+        Opened {
+            session: info(core, row),
+            token,
+        },
     ))
 }
 
-async fn create_session(
+#[utoipa::path(
+    post, path = "/sessions", tag = "sessions",
+    request_body = CreateSession,
+    responses((status = 200, description = "Opened (or, with `reuse` or `attach`, handed back), with a token of its own", body = Opened))
+)]
+pub(crate) async fn create_session(
     State(state): State<AppState>,
     headers: HeaderMap,
     raw: Bytes,
@@ -752,10 +1000,10 @@ async fn create_session(
     let opened = loop {
         let (c, o) = (core.clone(), open.clone());
         match crate::core::detached(async move { c.open(o).await }).await {
-            Err(e) if e.code == "runtime_preparing" && Instant::now() < deadline => {
+            Err(e) if e.code == ErrorCode::RuntimePreparing && Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            Err(e) if e.code == "name_taken" => {
+            Err(e) if e.code == ErrorCode::NameTaken => {
                 return Err(WireError::new(409, format!("Session exists: {id}")));
             }
             Err(e) if e.status == 502 || e.status == 500 => {
@@ -772,9 +1020,11 @@ async fn create_session(
         .await?
         .ok_or_else(|| WireError::gone(&id))?;
     match opened.token {
-        Some(token) if opened.created => {
-            Ok(Json(json!({"session": info(core, &row), "token": token})).into_response())
-        }
+        Some(token) if opened.created => Ok(Json(Opened {
+            session: info(core, &row),
+            token,
+        })
+        .into_response()),
         // Another request opened the name first and this one waited for it.
         _ if req.reuse => {
             let (status, v) = attach(core, &row, req.runtime.as_deref()).await?;
@@ -784,7 +1034,11 @@ async fn create_session(
     }
 }
 
-async fn list_sessions(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
+#[utoipa::path(
+    get, path = "/sessions", tag = "sessions",
+    responses((status = 200, description = "The sessions of this host", body = SessionList))
+)]
+pub(crate) async fn list_sessions(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
     service(&state, &headers)?;
     let rows = state
         .core
@@ -793,21 +1047,25 @@ async fn list_sessions(State(state): State<AppState>, headers: HeaderMap) -> Wir
         .await
         .map_err(|e| WireError::new(500, format!("sandboxd's state store failed: {e}")))?;
     let policy = state.core.policy();
-    let sessions: Vec<Value> = rows
+    let sessions: Vec<SessionInfo> = rows
         .iter()
         .filter(|r| !matches!(r.state, SessionState::Destroying | SessionState::Lost))
         .map(|r| info(&state.core, r))
         .collect();
-    Ok(Json(json!({
-        "sessions": sessions,
-        "limit": policy.max_sessions,
-        "open_limit": null,
-        "tenant_limit": policy.max_sessions_per_tenant,
-    }))
+    Ok(Json(SessionList {
+        sessions,
+        limit: policy.max_sessions,
+        open_limit: None,
+        tenant_limit: policy.max_sessions_per_tenant,
+    })
     .into_response())
 }
 
-async fn get_session(
+#[utoipa::path(
+    get, path = "/sessions/{session_id}", tag = "sessions", params(crate::wire_openapi::SessionIdParam),
+    responses((status = 200, description = "The session", body = SessionInfo))
+)]
+pub(crate) async fn get_session(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -819,9 +1077,15 @@ async fn get_session(
     Ok(Json(info(&state.core, &row)).into_response())
 }
 
-#[derive(Deserialize)]
-struct PurgeQuery {
+/// The query of `DELETE /sessions/{session_id}`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PurgeQuery {
+    /// Whether the session goes with its files and tokens (a boolean as FastAPI reads one:
+    /// `true`, `1`, `yes`, `on`, … or `false`, `0`, `no`, `off`, …). Without it, only the
+    /// sandbox goes; the files and the session stay for a later attach.
     #[serde(default)]
+    #[param(value_type = Option<bool>)]
     purge: Option<String>,
 }
 
@@ -839,7 +1103,11 @@ fn query_bool(v: Option<&str>, name: &str) -> WireResult<bool> {
     }
 }
 
-async fn delete_session(
+#[utoipa::path(
+    delete, path = "/sessions/{session_id}", tag = "sessions", params(crate::wire_openapi::SessionIdParam, PurgeQuery),
+    responses((status = 204, description = "Closed (its sandbox gone), or with `purge` gone with its files"))
+)]
+pub(crate) async fn delete_session(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -876,14 +1144,39 @@ async fn delete_session(
 // ---------------------------------------------------------------------------------------------
 // Runs.
 
-#[derive(Debug, Deserialize)]
-struct WireRun {
+/// `RunRequest`: the body of `POST /sessions/{session_id}/run`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct WireRun {
+    /// The program and its arguments, run as they are (no shell).
+    #[schema(min_items = 1)]
     argv: Vec<String>,
+    /// Environment variables added for this run.
     #[serde(default)]
     env: Option<std::collections::HashMap<String, String>>,
+    /// Seconds the run may take (rounded up), at most the host's `execute_timeout`.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0.0)]
     timeout_seconds: Option<f64>,
+    /// The caller's id of the run, which `POST /sessions/{session_id}/runs/{run_id}/stop` names.
+    #[schema(pattern = "^[0-9a-f]{32}$")]
     run_id: String,
+}
+
+/// `RunResult`: how a run ended and what it wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RunResult {
+    /// What it wrote to stdout (cut at the output limit).
+    pub stdout: String,
+    /// What it wrote to stderr (cut at the output limit).
+    pub stderr: String,
+    /// Its exit status; `null` when it timed out or its output was cut.
+    pub exit_code: Option<i64>,
+    /// Whether it ran out of time and was killed.
+    pub timed_out: bool,
+    /// Whether its output went over the limit and was cut.
+    pub output_limited: bool,
+    /// The limit, bytes per stream, when its output was cut.
+    pub output_limit: Option<u64>,
 }
 
 /// Whether `s` is a run id of the protocol: 32 lowercase hex digits (a uuid4's hex).
@@ -912,7 +1205,12 @@ pub fn sh_join(argv: &[String]) -> String {
         .join(" ")
 }
 
-async fn run(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/run", tag = "runs", params(crate::wire_openapi::SessionIdParam),
+    request_body = WireRun,
+    responses((status = 200, description = "The run ended (exited, timed out or was stopped)", body = RunResult))
+)]
+pub(crate) async fn run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -974,18 +1272,27 @@ async fn run(
     let o = result.map_err(|e| WireError::from_core(&id, e))?;
     let limited = o.truncated && !o.timed_out;
     let limit = state.core.policy().max_output_bytes;
-    Ok(Json(json!({
-        "stdout": o.stdout,
-        "stderr": o.stderr,
-        "exit_code": if o.timed_out || limited { None } else { Some(o.exit_code) },
-        "timed_out": o.timed_out,
-        "output_limited": limited,
-        "output_limit": limited.then_some(limit),
-    }))
+    Ok(Json(RunResult {
+        stdout: o.stdout,
+        stderr: o.stderr,
+        exit_code: if o.timed_out || limited {
+            None
+        } else {
+            Some(o.exit_code)
+        },
+        timed_out: o.timed_out,
+        output_limited: limited,
+        output_limit: limited.then_some(limit),
+    })
     .into_response())
 }
 
-async fn stop_run(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/runs/{run_id}/stop", tag = "runs",
+    params(crate::wire_openapi::SessionIdParam, crate::wire_openapi::RunIdParam),
+    responses((status = 204, description = "Stopped, or nothing to stop (it ended, or never ran)"))
+)]
+pub(crate) async fn stop_run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
@@ -1006,9 +1313,36 @@ async fn stop_run(
 // ---------------------------------------------------------------------------------------------
 // Native file operations of a live session, off its host directory.
 
-#[derive(Debug, Deserialize)]
-struct PathBody {
+/// `PathRequest`: a body naming one path.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PathBody {
+    /// The path: in the sandbox (`/workspace/…`, or relative to it) for a native route, in the
+    /// stored workspace for a `/workspaces` route.
     path: String,
+}
+
+/// `FileEntry` (`FileInfo` of a stored workspace): one file or directory.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FileEntry {
+    /// Its last component.
+    pub name: String,
+    /// Its path: as the caller spelled it on a native route, relative to the workspace on a
+    /// `/workspaces` route.
+    pub path: String,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    /// Its size in bytes; `null` for a directory (and an entry that is neither).
+    pub size: Option<u64>,
+    /// When a file was last modified, ISO 8601 UTC (on `/workspaces` routes; `null` on native
+    /// ones and for directories).
+    pub modified_at: Option<String>,
+}
+
+/// The answer of a native realpath.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RealPath {
+    /// The path with every symlink resolved, absolute in the sandbox (`/workspace/…`).
+    pub path: String,
 }
 
 /// A file error as the native routes answer it. `refuse_outside`: a path that leads out of
@@ -1084,7 +1418,7 @@ fn file_outcome<T>(r: &Result<T, FileError>, bytes: impl Fn(&T) -> Option<i64>) 
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code().to_owned()),
+            error: Some(e.code().to_string()),
             ..Outcome::default()
         },
     }
@@ -1101,7 +1435,12 @@ fn refuse_outside(path: &str) -> WireResult<()> {
     Ok(())
 }
 
-async fn file_read(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/read", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "The whole file", body = crate::openapi::Binary, content_type = "application/octet-stream"))
+)]
+pub(crate) async fn file_read(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1130,12 +1469,21 @@ async fn file_read(
         .into_response())
 }
 
-#[derive(Deserialize)]
-struct WriteQuery {
+/// The query of a native write.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WriteQuery {
+    /// The file to write (made, or replaced whole), as the sandbox names it.
+    #[param(required = true)]
     path: Option<String>,
 }
 
-async fn file_write(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/write", tag = "files", params(crate::wire_openapi::SessionIdParam, WriteQuery),
+    request_body(content = crate::openapi::Binary, content_type = "application/octet-stream", description = "The file's new content, at most the host's `max_read_bytes`"),
+    responses((status = 204, description = "Written"))
+)]
+pub(crate) async fn file_write(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1204,18 +1552,23 @@ fn base_name(path: &str) -> String {
 }
 
 /// A `FileEntry` of a native route: `path` as the caller spelled it.
-fn native_entry(name: String, path: String, e: &Entry) -> Value {
+fn native_entry(name: String, path: String, e: &Entry) -> FileEntry {
     let is_dir = e.kind == EntryKind::Dir;
-    json!({
-        "name": name,
-        "path": path,
-        "is_dir": is_dir,
-        "size": if is_dir { None } else { Some(e.size) },
-        "modified_at": null,
-    })
+    FileEntry {
+        name,
+        path,
+        is_dir,
+        size: if is_dir { None } else { Some(e.size) },
+        modified_at: None,
+    }
 }
 
-async fn file_stat(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/stat", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "The file or directory (a symlink followed)", body = FileEntry))
+)]
+pub(crate) async fn file_stat(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1237,7 +1590,12 @@ async fn file_stat(
     Ok(Json(native_entry(base_name(&req.path), req.path.clone(), &entry)).into_response())
 }
 
-async fn file_realpath(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/realpath", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "Where the path leads", body = RealPath))
+)]
+pub(crate) async fn file_realpath(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1261,10 +1619,19 @@ async fn file_realpath(
     } else {
         format!("{WORK_DIR}/{rel}")
     };
-    Ok(Json(json!({"path": path})).into_response())
+    Ok(Json(RealPath { path }).into_response())
 }
 
-async fn file_list(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/list", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "The directory's entries (symlinks followed), at most `x-sandbox-listing-max-entries`", body = Vec<FileEntry>,
+        headers(
+            ("x-sandbox-listing-truncated" = String, description = "`true` when the listing was cut at its limit"),
+            ("x-sandbox-listing-max-entries" = String, description = "The entry limit of a listing"),
+        )))
+)]
+pub(crate) async fn file_list(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1321,7 +1688,7 @@ async fn file_list(
         },
         Err((e, _)) => Outcome {
             ok: false,
-            error: Some(e.code().to_owned()),
+            error: Some(e.code().to_string()),
             ..Outcome::default()
         },
     };
@@ -1334,7 +1701,7 @@ async fn file_list(
     } else {
         req.path.as_str()
     };
-    let rows: Vec<Value> = listed
+    let rows: Vec<FileEntry> = listed
         .into_iter()
         .map(|(name, e)| {
             let path = if base.ends_with('/') {
@@ -1343,7 +1710,13 @@ async fn file_list(
                 format!("{base}/{name}")
             };
             if e.kind == EntryKind::Other {
-                json!({"name": name, "path": path, "is_dir": false, "size": null, "modified_at": null})
+                FileEntry {
+                    name,
+                    path,
+                    is_dir: false,
+                    size: None,
+                    modified_at: None,
+                }
             } else {
                 native_entry(name, path, &e)
             }
@@ -1352,7 +1725,12 @@ async fn file_list(
     Ok(listing_response(rows, truncated))
 }
 
-async fn file_mkdir(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/mkdir", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 204, description = "Made (with its parents), or there already"))
+)]
+pub(crate) async fn file_mkdir(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1398,7 +1776,12 @@ async fn file_mkdir(
     }
 }
 
-async fn file_remove(
+#[utoipa::path(
+    post, path = "/sessions/{session_id}/files/remove", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 204, description = "Removed (a directory with what it holds)"))
+)]
+pub(crate) async fn file_remove(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1487,17 +1870,20 @@ fn archive_error(e: FileError, path: &str, what: &str) -> WireError {
 }
 
 /// `FileInfo` of an archive listing: relative path, mtime of files in ISO 8601 UTC.
-fn archive_entry(e: &Entry) -> Value {
+fn archive_entry(e: &Entry) -> FileEntry {
     let is_dir = e.kind == EntryKind::Dir;
-    json!({
-        "name": e.name,
-        "path": e.path,
-        "is_dir": is_dir,
-        "size": if is_dir { None } else { Some(e.size) },
-        "modified_at": if is_dir { None } else {
-            e.modified.map(|m| m.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false))
+    FileEntry {
+        name: e.name.clone(),
+        path: e.path.clone(),
+        is_dir,
+        size: if is_dir { None } else { Some(e.size) },
+        modified_at: if is_dir {
+            None
+        } else {
+            e.modified
+                .map(|m| m.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false))
         },
-    })
+    }
 }
 
 /// One directory of a stored workspace, at most `max` of its entries read: links left out,
@@ -1556,14 +1942,65 @@ fn walk(
     Ok((found, truncated))
 }
 
-#[derive(Debug, Deserialize)]
-struct TreeBody {
+/// `TreeRequest`: the body of `POST /workspaces/{session_id}/tree`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TreeBody {
+    /// The directory to walk, in the stored workspace.
     #[serde(default = "dot")]
+    #[schema(default = ".")]
     path: String,
+    /// Levels walked at most.
     #[serde(default = "six")]
+    #[schema(default = 6, minimum = 1, maximum = 64)]
     max_depth: i64,
+    /// Entries listed at most.
     #[serde(default = "two_thousand")]
+    #[schema(default = 2000, minimum = 1, maximum = 100000)]
     max_entries: i64,
+}
+
+/// `WorkspaceTree`: the entries of a walk, breadth first.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Tree {
+    /// The entries (links left out), each directory's listed directories first, then by name.
+    pub entries: Vec<FileEntry>,
+    /// Whether anything was left out (a bound reached, a directory unreadable).
+    pub truncated: bool,
+}
+
+/// One workspace's walk of `POST /workspaces/trees`: its tree, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TreeResult {
+    /// The session whose workspace this is.
+    pub session_id: String,
+    /// Its tree; `null` on an error.
+    pub tree: Option<Tree>,
+    /// Why there is no tree.
+    pub error: Option<String>,
+    /// The status the single-workspace route would have answered.
+    pub status_code: Option<u16>,
+}
+
+/// The answer of `POST /workspaces/trees`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Trees {
+    /// One result per session asked for, in order.
+    pub results: Vec<TreeResult>,
+}
+
+/// `{"content": …}`: text of a stored file.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Content {
+    /// The lines asked for, and a note of what is left (`[... N more lines. …]`, or
+    /// `[End of file]`).
+    pub content: String,
+}
+
+/// `{"content_b64": …}`: bytes of a stored file.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ContentB64 {
+    /// The whole file, base64 (standard alphabet, padded).
+    pub content_b64: String,
 }
 
 fn dot() -> String {
@@ -1594,7 +2031,16 @@ fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<(u32, usize)> {
     Ok((max_depth as u32, max_entries as usize))
 }
 
-async fn archive_ls(
+#[utoipa::path(
+    post, path = "/workspaces/{session_id}/ls", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "The directory's files and directories (links left out), at most `x-sandbox-listing-max-entries`", body = Vec<FileEntry>,
+        headers(
+            ("x-sandbox-listing-truncated" = String, description = "`true` when the listing was cut at its limit"),
+            ("x-sandbox-listing-max-entries" = String, description = "The entry limit of a listing"),
+        )))
+)]
+pub(crate) async fn archive_ls(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1629,7 +2075,7 @@ async fn tree_of(
     id: &str,
     path: &str,
     bounds: (u32, usize),
-) -> WireResult<Value> {
+) -> WireResult<Tree> {
     let (ws, known) = stored(state, headers, id).await?;
     let rel = archive_path(path)?;
     let started = Instant::now();
@@ -1645,13 +2091,18 @@ async fn tree_of(
         );
     }
     let (entries, truncated) = walked.map_err(|e| archive_error(e, path, "directory"))?;
-    Ok(json!({
-        "entries": entries.iter().map(archive_entry).collect::<Vec<_>>(),
-        "truncated": truncated,
-    }))
+    Ok(Tree {
+        entries: entries.iter().map(archive_entry).collect(),
+        truncated,
+    })
 }
 
-async fn archive_tree(
+#[utoipa::path(
+    post, path = "/workspaces/{session_id}/tree", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    request_body = TreeBody,
+    responses((status = 200, description = "The walk", body = Tree))
+)]
+pub(crate) async fn archive_tree(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1663,18 +2114,32 @@ async fn archive_tree(
     Ok(Json(tree_of(&state, &headers, &id, &req.path, bounds).await?).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct TreesBody {
+/// `TreesRequest`: the body of `POST /workspaces/trees`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TreesBody {
+    /// The sessions whose stored workspaces to walk.
+    #[schema(min_items = 1, max_items = 100)]
     sessions: Vec<String>,
+    /// The directory to walk in each.
     #[serde(default = "dot")]
+    #[schema(default = ".")]
     path: String,
+    /// Levels walked at most.
     #[serde(default = "six")]
+    #[schema(default = 6, minimum = 1, maximum = 64)]
     max_depth: i64,
+    /// Entries listed at most, per workspace.
     #[serde(default = "two_thousand")]
+    #[schema(default = 2000, minimum = 1, maximum = 100000)]
     max_entries: i64,
 }
 
-async fn archive_trees(
+#[utoipa::path(
+    post, path = "/workspaces/trees", tag = "workspaces",
+    request_body = TreesBody,
+    responses((status = 200, description = "One walk per session asked for", body = Trees))
+)]
+pub(crate) async fn archive_trees(
     State(state): State<AppState>,
     headers: HeaderMap,
     raw: Bytes,
@@ -1697,27 +2162,36 @@ async fn archive_trees(
     for id in &req.sessions {
         results.push(
             match tree_of(&state, &headers, id, &req.path, bounds).await {
-                Ok(tree) => {
-                    json!({"session_id": id, "tree": tree, "error": null, "status_code": null})
-                }
-                Err(e) => json!({
-                    "session_id": id,
-                    "tree": null,
-                    "error": e.detail.as_str().map_or_else(|| e.detail.to_string(), str::to_owned),
-                    "status_code": e.status,
-                }),
+                Ok(tree) => TreeResult {
+                    session_id: id.clone(),
+                    tree: Some(tree),
+                    error: None,
+                    status_code: None,
+                },
+                Err(e) => TreeResult {
+                    session_id: id.clone(),
+                    tree: None,
+                    error: Some(e.detail.to_string()),
+                    status_code: Some(e.status),
+                },
             },
         );
     }
-    Ok(Json(json!({"results": results})).into_response())
+    Ok(Json(Trees { results }).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct ReadBody {
+/// `ReadRequest`: the body of `POST /workspaces/{session_id}/read`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReadBody {
+    /// The file, in the stored workspace.
     path: String,
+    /// The first line to read (0-based).
     #[serde(default)]
+    #[schema(default = 0, minimum = 0)]
     offset: i64,
+    /// Lines to read at most.
     #[serde(default = "two_thousand")]
+    #[schema(default = 2000, minimum = 1)]
     limit: i64,
 }
 
@@ -1765,7 +2239,12 @@ async fn read_stored(
     read.map_err(|e| archive_error(e, path, "file"))
 }
 
-async fn archive_read(
+#[utoipa::path(
+    post, path = "/workspaces/{session_id}/read", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    request_body = ReadBody,
+    responses((status = 200, description = "Lines of the file", body = Content))
+)]
+pub(crate) async fn archive_read(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1798,10 +2277,15 @@ async fn archive_read(
         )
     })?;
     let content = text_slice(&text, req.offset as usize, req.limit as usize);
-    Ok(Json(json!({"content": content})).into_response())
+    Ok(Json(Content { content }).into_response())
 }
 
-async fn archive_read_bytes(
+#[utoipa::path(
+    post, path = "/workspaces/{session_id}/read_bytes", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    request_body = PathBody,
+    responses((status = 200, description = "The whole file", body = ContentB64))
+)]
+pub(crate) async fn archive_read_bytes(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -1811,7 +2295,10 @@ async fn archive_read_bytes(
     let req: PathBody = body(&raw)?;
     let data = read_stored(&state, &headers, &id, &req.path).await?;
     let encoded = base64::engine::general_purpose::STANDARD.encode(data);
-    Ok(Json(json!({"content_b64": encoded})).into_response())
+    Ok(Json(ContentB64 {
+        content_b64: encoded,
+    })
+    .into_response())
 }
 
 #[cfg(test)]
@@ -1880,20 +2367,80 @@ mod tests {
         assert_eq!(text_slice("a\n", 5, 2), "[End of file]");
     }
 
+    /// The typed error bodies serialize as the protocol's: a sentence, a Python exception, or
+    /// FastAPI's list of problems, each under `detail`.
+    #[test]
+    fn error_bodies_keep_the_protocol_shape() {
+        let body = |e: WireError| {
+            serde_json::to_value(WireErrorBody { detail: e.detail }).expect("serializes")
+        };
+        assert_eq!(
+            body(WireError::no_such_session("x")),
+            json!({"detail": "No such session: x"})
+        );
+        assert_eq!(
+            body(WireError::path(404, "FileNotFoundError", "no a.txt")),
+            json!({"detail": {"error": "FileNotFoundError", "message": "no a.txt"}})
+        );
+        assert_eq!(
+            body(WireError::invalid(
+                &["body", "argv"],
+                "missing",
+                "Field required"
+            )),
+            json!({"detail": [{"type": "missing", "loc": ["body", "argv"], "msg": "Field required"}]})
+        );
+    }
+
+    /// The typed answers carry every field the protocol's models have, `null` where this host
+    /// has no value (never left out).
+    #[test]
+    fn answers_keep_their_null_fields() {
+        let run = serde_json::to_value(RunResult {
+            stdout: "out".into(),
+            stderr: String::new(),
+            exit_code: None,
+            timed_out: true,
+            output_limited: false,
+            output_limit: None,
+        })
+        .expect("serializes");
+        assert_eq!(
+            run,
+            json!({"stdout": "out", "stderr": "", "exit_code": null, "timed_out": true,
+                   "output_limited": false, "output_limit": null})
+        );
+        let entry = serde_json::to_value(FileEntry {
+            name: "d".into(),
+            path: "/workspace/d".into(),
+            is_dir: true,
+            size: None,
+            modified_at: None,
+        })
+        .expect("serializes");
+        assert_eq!(
+            entry,
+            json!({"name": "d", "path": "/workspace/d", "is_dir": true, "size": null, "modified_at": null})
+        );
+    }
+
     #[test]
     fn host_cap_message_names_the_ceiling() {
         let e = WireError::from_core(
             "x",
             ApiError::new(
                 429,
-                "host_cap",
+                ErrorCode::HostCap,
                 "This host already holds 20 of 20 sessions. Release an idle session before opening another.",
             ),
         );
         assert_eq!(e.status, 429);
         assert_eq!(
             e.detail,
-            json!("Session limit of 20 reached. Release an idle session before opening another.")
+            Detail::Message(
+                "Session limit of 20 reached. Release an idle session before opening another."
+                    .into()
+            )
         );
     }
 }

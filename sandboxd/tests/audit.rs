@@ -6,6 +6,7 @@
 
 mod common;
 
+use sandboxd_api::ErrorCode;
 use std::time::Duration;
 
 use common::{Daemon, postgres_database, raw};
@@ -103,7 +104,7 @@ async fn suite(postgres: Option<String>) {
         .expect("ls fails");
     assert_eq!(failed.exit_code, 2);
     match s.read("aud-1", "missing.txt", 0, None).await {
-        Err(ClientError::Api { code, .. }) => assert_eq!(code, "not_found"),
+        Err(ClientError::Api { code, .. }) => assert_eq!(code, ErrorCode::NotFound),
         other => panic!("expected a refusal, got {other:?}"),
     }
     s.remove("aud-1", "notes/secret.txt", false)
@@ -311,7 +312,7 @@ async fn suite(postgres: Option<String>) {
     {
         Err(ClientError::Api {
             status: 403, code, ..
-        }) => assert_eq!(code, "forbidden"),
+        }) => assert_eq!(code, ErrorCode::Forbidden),
         other => panic!("expected 403, got {other:?}"),
     }
     let (code, _) = raw(
@@ -470,7 +471,7 @@ async fn policy_caps_and_lifetimes_change_live_isolation_is_refused() {
             code,
             message,
         }) => {
-            assert_eq!(code, "tenant_cap");
+            assert_eq!(code, ErrorCode::TenantCap);
             assert_eq!(
                 message,
                 "Tenant 'org-pol' already holds 1 of 1 sessions. Release an idle session before opening another."
@@ -516,7 +517,7 @@ async fn policy_caps_and_lifetimes_change_live_isolation_is_refused() {
     match session.put_policy(&json!({"max_sessions": 1})).await {
         Err(ClientError::Api {
             status: 403, code, ..
-        }) => assert_eq!(code, "forbidden"),
+        }) => assert_eq!(code, ErrorCode::Forbidden),
         other => panic!("expected 403, got {other:?}"),
     }
 }

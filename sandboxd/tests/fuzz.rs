@@ -1,11 +1,16 @@
 //! Schemathesis against a real sandboxd (real dockerd, the local base image), from the OpenAPI
-//! document the daemon serves at `GET /openapi.json`: requests generated from every route's
-//! parameters and bodies, with the admin token and with a session token, seeded and bounded.
-//! Each response must be no 5xx the document does not list, have a status the route documents,
-//! and match the documented schema. The session's workspace holds a symlink out of it and the
-//! folder next to the workspaces a canary: the fuzzer must not change or reach either.
+//! documents the daemon serves: `GET /openapi.json` (the `/v1` API) and `GET /wire/openapi.json`
+//! (the pydantic-ai-backend wire protocol): requests generated from every route's parameters
+//! and bodies, with the admin token and with a session token, seeded and bounded. Each response
+//! must be no 5xx the document does not list, have a status the route documents, and match the
+//! documented schema. The session's workspace holds a symlink out of it and the folder next to
+//! the workspaces a canary: the fuzzer must not change or reach either.
 //! Schemathesis is installed at the pin of `hack/versions.env` by `hack/schemathesis-venv.sh`;
 //! this test fails (never skips) when it cannot run.
+//!
+//! The run's length is a knob: `SANDBOXD_FUZZ_MAX_EXAMPLES` (examples per operation and phase,
+//! 12 by default) and `SANDBOXD_FUZZ_MAX_TIME` (seconds per run, 30 by default); the long run
+//! of `docs/reliability.md` sets both.
 
 mod common;
 
@@ -14,47 +19,87 @@ use std::process::Command;
 
 use common::{Daemon, hack_path, repo};
 
-/// The run every `{run_id}` names: one that finished in the session.
+/// The run every `{run_id}` of `/v1` names: one that finished in the session.
 const RUN: &str = "fuzz-run";
-/// Examples per operation and phase.
-const MAX_EXAMPLES: &str = "12";
+/// The run every `{run_id}` of the wire protocol names (its ids are 32 hex digits).
+const WIRE_RUN: &str = "0123456789abcdef0123456789abcdef";
 
-/// Runs Schemathesis with `token` against `d`, the `{id}` of every route being `session`.
+/// Examples per operation and phase: `SANDBOXD_FUZZ_MAX_EXAMPLES`, 12 by default.
+fn max_examples() -> String {
+    knob("SANDBOXD_FUZZ_MAX_EXAMPLES", 12)
+}
+
+/// Seconds each Schemathesis run may take: `SANDBOXD_FUZZ_MAX_TIME`, 30 by default.
+fn max_time() -> String {
+    knob("SANDBOXD_FUZZ_MAX_TIME", 30)
+}
+
+fn knob(name: &str, default: u64) -> String {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n.to_string(),
+            _ => panic!("{name}={v:?} is not a positive whole number"),
+        },
+        Err(_) => default.to_string(),
+    }
+}
+
+/// One Schemathesis run against `d`: the document at `document`, the token in `header`, the
+/// path parameters of `params` (TOML lines) and the CLI's filters in `filters`.
+struct Run<'a> {
+    label: &'a str,
+    document: &'a str,
+    header: String,
+    params: String,
+    filters: &'a [&'a str],
+}
+
+/// Runs `/v1`'s Schemathesis with `token` against `d`, the `{id}` of every route being `session`.
 fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
+    fuzz_run(
+        st,
+        d,
+        &Run {
+            label,
+            document: "/openapi.json",
+            header: format!("Authorization: Bearer {token}"),
+            params: format!("\"path.id\" = \"{session}\"\n\"path.run_id\" = \"{RUN}\"\n"),
+            // Replacing the allowlist builds images from whatever the fuzzer names (minutes of
+            // builds and pulls); destroying the session leaves nothing for the other routes.
+            filters: &[
+                "--exclude-operation-id",
+                "put_runtimes",
+                "--exclude-operation-id",
+                "destroy",
+            ],
+        },
+    );
+}
+
+fn fuzz_run(st: &str, d: &Daemon, run: &Run) {
+    let label = run.label;
     let config = d.dir.path().join(format!("schemathesis-{label}.toml"));
-    std::fs::write(
-        &config,
-        format!("[parameters]\n\"path.id\" = \"{session}\"\n\"path.run_id\" = \"{RUN}\"\n"),
-    )
-    .expect("the config file");
+    std::fs::write(&config, format!("[parameters]\n{}", run.params)).expect("the config file");
+    let started = std::time::Instant::now();
     let out = Command::new(st)
         .arg("--config-file")
         .arg(&config)
         .arg("run")
-        .arg(format!("{}/openapi.json", d.base))
+        .arg(format!("{}{}", d.base, run.document))
         .args(["--url", &d.base])
-        .args(["--header", &format!("Authorization: Bearer {token}")])
+        .args(["--header", &run.header])
         .args([
             "--checks",
             "not_a_server_error,status_code_conformance,response_schema_conformance",
         ])
         .args(["--phases", "examples,fuzzing"])
-        .args(["--max-examples", MAX_EXAMPLES])
-        .args([
-            "--workers",
-            "1",
-            "--request-timeout",
-            "30",
-            "--max-time",
-            "30",
-        ])
+        .args(["--max-examples", &max_examples()])
+        .args(["--workers", "1", "--request-timeout", "30"])
+        .args(["--max-time", &max_time()])
         // The same requests every time, so a failure reproduces.
         .arg("--generation-deterministic")
         .arg("--no-color")
-        // Replacing the allowlist builds images from whatever the fuzzer names (minutes of
-        // builds and pulls); destroying the session leaves nothing for the other routes.
-        .args(["--exclude-operation-id", "put_runtimes"])
-        .args(["--exclude-operation-id", "destroy"])
+        .args(run.filters)
         .current_dir(d.dir.path())
         .output()
         .expect("schemathesis runs");
@@ -71,7 +116,12 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
         !stdout.contains("401 Unauthorized ("),
         "schemathesis with the {label} token got only 401 from some routes:\n{stdout}"
     );
-    eprintln!("schemathesis with the {label} token:\n{stdout}");
+    eprintln!(
+        "schemathesis with the {label} token ({} s, {} {}):\n{stdout}",
+        started.elapsed().as_secs(),
+        run.document,
+        d.base
+    );
 }
 
 /// Every file below `dir`, with its content (a symlink: its target).
@@ -143,12 +193,22 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
         .json()
         .await
         .expect("the document is JSON");
-    for (method, path, query, status, code) in [
+    for (method, path, query, body, status, code) in [
         // An empty owner is not an owner: 400, which the document did not list.
         (
             "post",
             "/v1/sessions/{id}/token",
             "?owner=",
+            None,
+            400,
+            "bad_request",
+        ),
+        // A NUL in the command: the agent could not start the run (502); now refused, 400.
+        (
+            "post",
+            "/v1/sessions/{id}/runs",
+            "",
+            Some(r#"{"command": "echo a\u0000b"}"#),
             400,
             "bad_request",
         ),
@@ -158,7 +218,7 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
             method.to_uppercase().parse().expect("a method"),
             &url,
             Some(&d.admin),
-            None,
+            body,
         )
         .await;
         assert_eq!(
@@ -245,4 +305,214 @@ async fn the_served_document_describes_the_served_routes() {
         }
     }
     assert_eq!(checked, sandboxd::api::ROUTES.len());
+}
+
+/// A wire request with `token` in `X-Sandbox-Token`: the status and the body (JSON, or the
+/// text as a string).
+async fn wire(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(t) = token {
+        req = req.header("X-Sandbox-Token", t);
+    }
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_owned());
+    }
+    let resp = req.send().await.expect("sandboxd answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// The same on the wire surface, from `GET /wire/openapi.json`, with the service token and a
+/// session's token in `X-Sandbox-Token`. The session run covers the routes a session token
+/// reaches (its own session's); the service-only ones answer it 401, as documented.
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_on_the_wire_finds_no_undocumented_answer_and_no_escape() {
+    let st = hack_path("schemathesis-venv.sh");
+    let d = Daemon::start(&[("SANDBOXD_EXECUTE_TIMEOUT", "5")]);
+    let admin = d.admin();
+    let opened = admin
+        .open("fuzz", "org-fuzz", None, None)
+        .await
+        .expect("open");
+    let token = opened.token.expect("a new session has a token");
+    d.client(&token)
+        .write("fuzz", "inside/notes.txt", "kept")
+        .await
+        .expect("write");
+
+    let outside = d
+        .workspace_root()
+        .parent()
+        .expect("a parent")
+        .join("outside");
+    std::fs::create_dir_all(&outside).expect("the canary folder");
+    std::fs::write(outside.join("secret.txt"), "untouched").expect("the canary");
+    std::os::unix::fs::symlink(&outside, d.workspace("fuzz").join("link")).expect("a symlink");
+    let before = snapshot(&outside);
+
+    // What the fuzzer found before, answered as the document says.
+    let doc: serde_json::Value = reqwest::get(format!("{}/wire/openapi.json", d.base))
+        .await
+        .expect("GET /wire/openapi.json")
+        .json()
+        .await
+        .expect("the document is JSON");
+    let nul_argv = format!(r#"{{"argv": ["echo", "a\u0000b"], "run_id": "{WIRE_RUN}"}}"#);
+    for (method, path, body, status, detail) in [
+        // A NUL in an argument: the agent could not start the run (502); now refused, 400.
+        (
+            "post",
+            "/sessions/{session_id}/run",
+            nul_argv.as_str(),
+            400,
+            serde_json::json!("command must not hold a NUL byte"),
+        ),
+    ] {
+        let url = format!("{}{}", d.base, path.replace("{session_id}", "fuzz"));
+        let (got, answer) = wire(
+            method.to_uppercase().parse().expect("a method"),
+            &url,
+            Some(&d.admin),
+            Some(body),
+        )
+        .await;
+        assert_eq!(
+            (got, &answer["detail"]),
+            (status, &detail),
+            "{method} {url}"
+        );
+        assert!(
+            doc["paths"][path][method]["responses"][status.to_string()].is_object(),
+            "{method} {path} documents {status}"
+        );
+    }
+
+    // The session routes (the native files, runs) take the service token too; `DELETE`
+    // would close the session the other routes need.
+    let params = format!("\"path.session_id\" = \"fuzz\"\n\"path.run_id\" = \"{WIRE_RUN}\"\n");
+    fuzz_run(
+        &st,
+        &d,
+        &Run {
+            label: "wire-admin",
+            document: "/wire/openapi.json",
+            header: format!("X-Sandbox-Token: {}", d.admin),
+            params: params.clone(),
+            filters: &["--exclude-operation-id", "delete_session"],
+        },
+    );
+    let token = admin.rotate_token("fuzz").await.expect("a new token");
+    fuzz_run(
+        &st,
+        &d,
+        &Run {
+            label: "wire-session",
+            document: "/wire/openapi.json",
+            header: format!("X-Sandbox-Token: {token}"),
+            params,
+            filters: &[
+                "--include-path-regex",
+                "^/sessions/\\{session_id\\}",
+                "--exclude-operation-id",
+                "delete_session",
+            ],
+        },
+    );
+
+    assert_eq!(
+        snapshot(&outside),
+        before,
+        "the folder outside the workspace changed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret.txt")).expect("the canary"),
+        "untouched"
+    );
+    // sandboxd still serves the wire surface, and the session is still there.
+    let (status, body) = wire(
+        reqwest::Method::GET,
+        &format!("{}/sessions/fuzz", d.base),
+        Some(&d.admin),
+        None,
+    )
+    .await;
+    assert_eq!((status, body["session_id"].as_str()), (200, Some("fuzz")));
+}
+
+/// The wire document is served without a token and is the committed one; every route it
+/// describes is one the daemon serves: without a token, the document answers 200 and every
+/// other route 401 in the protocol's shape (never 404 or 405).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_wire_document_describes_the_served_routes() {
+    let d = Daemon::start(&[]);
+    let (status, _) = wire(
+        reqwest::Method::GET,
+        &format!("{}/wire/openapi.json", d.base),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let text = reqwest::get(format!("{}/wire/openapi.json", d.base))
+        .await
+        .expect("GET /wire/openapi.json")
+        .text()
+        .await
+        .expect("a body");
+    let committed = std::fs::read_to_string(repo().join("docs/openapi-wire.json"))
+        .expect("docs/openapi-wire.json");
+    assert_eq!(
+        text, committed,
+        "GET /wire/openapi.json serves docs/openapi-wire.json"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut checked = 0;
+    for (path, item) in paths {
+        let url = format!(
+            "{}{}",
+            d.base,
+            path.replace("{session_id}", "nobody")
+                .replace("{run_id}", WIRE_RUN)
+        );
+        for method in ["get", "put", "post", "delete"] {
+            let Some(op) = item.get(method) else { continue };
+            let public = op["security"] == serde_json::json!([{}]);
+            let (status, body) = wire(
+                method.to_uppercase().parse().expect("a method"),
+                &url,
+                None,
+                None,
+            )
+            .await;
+            if public {
+                assert_eq!(status, 200, "{method} {path} without a token");
+            } else {
+                assert_eq!(
+                    (status, &body),
+                    (
+                        401,
+                        &serde_json::json!({"detail": "Invalid or missing sandbox token"})
+                    ),
+                    "{method} {path} without a token"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, sandboxd::wire::ROUTES.len());
+    // The index points at it.
+    let (_, index) = wire(reqwest::Method::GET, &format!("{}/", d.base), None, None).await;
+    assert_eq!(index["openapi_url"], "/wire/openapi.json");
 }

@@ -5,13 +5,14 @@
 
 mod common;
 
+use sandboxd_api::ErrorCode;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Daemon, exists, until};
 use sandboxd::client::{Client, ClientError};
-use sandboxd::core::Limits;
-use sandboxd::store::State;
+use sandboxd_api::Limits;
+use sandboxd_api::SessionState as State;
 
 /// How deep the sandbox digs: more folders than a process may hold descriptors for (20,000
 /// here), and far more than a recursion per level fits in a thread's stack.
@@ -192,7 +193,7 @@ async fn a_destroy_that_cannot_finish_never_keeps_sandboxd_from_starting() {
             code,
             message,
         }) => {
-            assert_eq!(code, "internal");
+            assert_eq!(code, ErrorCode::Internal);
             assert!(
                 message.starts_with(&format!(
                     "could not move {} into the trash {}:",
@@ -325,7 +326,7 @@ async fn a_fifo_raced_into_a_new_folder_is_refused_at_once() {
                 code,
                 message,
             }) => {
-                assert_eq!(code, "not_a_directory");
+                assert_eq!(code, ErrorCode::NotADirectory);
                 assert_eq!(
                     message,
                     "'race/x' is not a directory (or a component on the way is not one)"
@@ -338,7 +339,7 @@ async fn a_fifo_raced_into_a_new_folder_is_refused_at_once() {
                 code,
                 message,
             }) => {
-                assert_eq!(code, "not_found");
+                assert_eq!(code, ErrorCode::NotFound);
                 assert_eq!(message, "'race/x' does not exist");
                 refused += 1;
             }

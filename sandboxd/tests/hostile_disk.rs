@@ -13,7 +13,7 @@ use std::process::Command;
 
 use common::{Daemon, base_image, raw, until};
 use sandboxd::audit::{Op, OperationQuery};
-use sandboxd::core::Limits;
+use sandboxd_api::Limits;
 
 /// Bytes the files under `path` take on its own filesystem (not crossing into mounts): what
 /// a session folder takes from the node's disk.
@@ -259,7 +259,7 @@ async fn dd_fills_only_its_own_workspace() {
     assert!(body.contains("session_lost"), "{body}");
     assert_eq!(
         d.admin().get("disk-third").await.expect("get").state,
-        sandboxd::store::State::Lost
+        sandboxd_api::SessionState::Lost
     );
 
     // Destroy frees the disk: no mount, no image.

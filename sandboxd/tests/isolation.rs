@@ -113,7 +113,7 @@ async fn fork_bomb_and_memory_hog_are_contained(backend: Backend) {
             "iso-hog",
             "org-iso",
             None,
-            Some(&sandboxd::core::Limits {
+            Some(&sandboxd_api::Limits {
                 mem_limit: Some("64m".into()),
                 ..Default::default()
             }),

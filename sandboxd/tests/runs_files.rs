@@ -3,6 +3,7 @@
 
 mod common;
 
+use sandboxd_api::ErrorCode;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -276,7 +277,7 @@ async fn files_are_read_written_and_listed_in_place(backend: Backend) {
             code,
             message,
         }) => {
-            assert_eq!(code, "too_large");
+            assert_eq!(code, ErrorCode::TooLarge);
             assert!(message.contains("1048576"), "{message}");
         }
         other => panic!("expected too_large, got {other:?}"),

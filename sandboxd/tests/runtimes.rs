@@ -6,13 +6,15 @@
 
 mod common;
 
+use sandboxd_api::ErrorCode;
 use std::time::Duration;
 
 use common::{Daemon, base_image, raw, until};
 use rand::Rng;
 use reqwest::Method;
 use sandboxd::client::ClientError;
-use sandboxd::runtimes::{BuildState, RuntimeKind, RuntimeStatus};
+use sandboxd::runtimes::{RuntimeKind, RuntimeStatus};
+use sandboxd_api::BuildState;
 use sandboxd_catalog::CatalogEntry;
 use serde_json::json;
 
@@ -291,7 +293,7 @@ async fn a_broken_runtime_answers_preparing_then_fails_with_its_log_tail() {
             code,
             message,
         }) => {
-            assert_eq!(code, "runtime_preparing");
+            assert_eq!(code, ErrorCode::RuntimePreparing);
             assert!(
                 message.starts_with(
                     "Runtime 'broken' is being prepared (its image sandboxd-runtime/broken:"
@@ -390,7 +392,7 @@ async fn put_runtimes_validates_the_whole_catalog_and_needs_the_admin_token() {
     match session.put_runtimes(&[]).await {
         Err(ClientError::Api {
             status: 403, code, ..
-        }) => assert_eq!(code, "forbidden"),
+        }) => assert_eq!(code, ErrorCode::Forbidden),
         other => panic!("expected 403, got {other:?}"),
     }
     assert_eq!(
@@ -415,7 +417,7 @@ async fn put_runtimes_validates_the_whole_catalog_and_needs_the_admin_token() {
             code,
             message,
         }) => {
-            assert_eq!(code, "unknown_runtime");
+            assert_eq!(code, ErrorCode::UnknownRuntime);
             assert_eq!(
                 message,
                 "Runtime 'base' is not allowed on this host; allowed: only"

@@ -3,12 +3,13 @@
 
 mod common;
 
+use sandboxd_api::ErrorCode;
 use std::collections::HashSet;
 
 use common::{Backend, Daemon, exists, raw};
 use reqwest::Method;
 use sandboxd::client::ClientError;
-use sandboxd::store::State;
+use sandboxd_api::SessionState as State;
 
 async fn thirty_parallel_opens_of_one_name_make_one_container(backend: Backend) {
     let d = Daemon::start_on(backend, &[]);
@@ -66,7 +67,7 @@ async fn thirty_parallel_opens_of_a_tenant_at_cap_ten_give_ten(backend: Backend)
                 code,
                 message,
             } => {
-                assert_eq!(code, "tenant_cap");
+                assert_eq!(*code, ErrorCode::TenantCap);
                 assert_eq!(
                     message,
                     "Tenant 'org-capped' already holds 10 of 10 sessions. Release an idle session before opening another."
@@ -94,7 +95,7 @@ async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
             code,
             message,
         }) => {
-            assert_eq!(code, "host_cap");
+            assert_eq!(code, ErrorCode::HostCap);
             assert_eq!(
                 message,
                 "This host already holds 2 of 2 sessions. Release an idle session before opening another."
@@ -115,7 +116,7 @@ async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
             code,
             message,
         }) => {
-            assert_eq!(code, "unknown_runtime");
+            assert_eq!(code, ErrorCode::UnknownRuntime);
             assert_eq!(
                 message,
                 "Runtime 'nope' is not allowed on this host; allowed: base, alt"
@@ -126,13 +127,13 @@ async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
     match admin.open("../etc", "t1", None, None).await {
         Err(ClientError::Api {
             status: 400, code, ..
-        }) => assert_eq!(code, "bad_request"),
+        }) => assert_eq!(code, ErrorCode::BadRequest),
         other => panic!("expected a bad name refusal, got {other:?}"),
     }
     match admin.open("h-1", "someone-else", None, None).await {
         Err(ClientError::Api {
             status: 409, code, ..
-        }) => assert_eq!(code, "name_taken"),
+        }) => assert_eq!(code, ErrorCode::NameTaken),
         other => panic!("expected name_taken, got {other:?}"),
     }
 
@@ -168,7 +169,7 @@ async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
     match own.get("h-3").await {
         Err(ClientError::Api {
             status: 403, code, ..
-        }) => assert_eq!(code, "forbidden"),
+        }) => assert_eq!(code, ErrorCode::Forbidden),
         other => panic!("expected forbidden, got {other:?}"),
     }
     assert!(matches!(
@@ -280,7 +281,7 @@ async fn sleep_wake_reclaim_destroy_and_lost(backend: Backend) {
         match result {
             Err(ClientError::Api {
                 status: 410, code, ..
-            }) => assert_eq!(code, "session_lost"),
+            }) => assert_eq!(code, ErrorCode::SessionLost),
             other => panic!("expected session_lost, got {other:?}"),
         }
     }
@@ -460,7 +461,7 @@ async fn oci_runtime_metrics_health_and_persisted_containers(backend: Backend) {
     match s.reclaim("crun-1").await {
         Err(ClientError::Api {
             status: 409, code, ..
-        }) => assert_eq!(code, "containers_persist"),
+        }) => assert_eq!(code, ErrorCode::ContainersPersist),
         other => panic!("expected containers_persist, got {other:?}"),
     }
     let (status, health) = raw(Method::GET, &format!("{}/healthz", d.base), None, None).await;
@@ -562,7 +563,7 @@ fn assert_owner_mismatch<T: std::fmt::Debug>(r: Result<T, ClientError>, id: &str
             code,
             message,
         }) => {
-            assert_eq!(code, "owner_mismatch");
+            assert_eq!(code, ErrorCode::OwnerMismatch);
             assert_eq!(
                 message,
                 format!(
@@ -753,7 +754,7 @@ async fn concurrent_opens_of_one_name_by_two_owners_give_one_sandbox_to_one_of_t
                 Err(ClientError::Api {
                     status: 409, code, ..
                 }) => {
-                    assert_eq!(code, "owner_mismatch")
+                    assert_eq!(*code, ErrorCode::OwnerMismatch)
                 }
                 other => panic!("the other owner must be refused, got {other:?}"),
             }

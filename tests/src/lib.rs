@@ -16,7 +16,11 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use rand::Rng;
 
+pub mod host;
 pub mod pki;
+pub mod poll;
+
+pub use poll::until;
 
 /// The field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "sandboxd-tests";
@@ -150,27 +154,6 @@ pub fn api_message<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String
     match result {
         Err(kube::Error::Api(status)) => status.message,
         other => panic!("expected the API server to refuse the request, got {other:?}"),
-    }
-}
-
-/// Retries `attempt` every `every` until it returns `Some` or `limit` passes, then fails the
-/// test with the last thing it saw. For state that cannot be watched (discovery, a CLI's view).
-pub async fn eventually<T, F, Fut>(limit: Duration, every: Duration, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut ticks = tokio::time::interval(every);
-    loop {
-        ticks.tick().await;
-        match attempt().await {
-            Ok(value) => return value,
-            Err(last) if tokio::time::Instant::now() >= deadline => {
-                panic!("gave up after {limit:?}; last seen: {last}")
-            }
-            Err(_) => {}
-        }
     }
 }
 

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -19,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
-use sandboxd_tests::{DEADLINE, TestNamespace, client, eventually, install_crds, repo_root};
+use sandboxd_tests::{DEADLINE, TestNamespace, client, install_crds, repo_root, until};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -530,7 +529,15 @@ fn without_workspace_disks_sandboxd_is_not_privileged() {
         .collect();
     assert_eq!(
         add,
-        ["CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN", "NET_RAW"]
+        [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "SETUID",
+            "SETGID",
+            "NET_ADMIN",
+            "NET_RAW"
+        ]
     );
     assert_eq!(
         sc["capabilities"]["drop"][0].as_str(),
@@ -706,34 +713,42 @@ fn apply(ns: &str, manifest: &str, extra: &[&str]) -> Output {
 /// Waits until the API server refuses `manifest` in `ns` with `message` (a policy binding takes
 /// effect a moment after it is created), trying with server-side dry runs that create nothing.
 async fn until_refused(ns: &str, manifest: &str, message: &str) {
-    eventually(DEADLINE, Duration::from_millis(250), || async move {
-        let out = apply(ns, manifest, &["--dry-run=server"]);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() {
-            Err(format!(
-                "accepted: {}",
-                String::from_utf8_lossy(&out.stdout).trim()
-            ))
-        } else if err.contains(message) {
-            Ok(())
-        } else {
-            Err(err)
-        }
-    })
+    until(
+        "the API server to refuse the manifest",
+        DEADLINE,
+        || async move {
+            let out = apply(ns, manifest, &["--dry-run=server"]);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if out.status.success() {
+                Err(format!(
+                    "accepted: {}",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                ))
+            } else if err.contains(message) {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        },
+    )
     .await;
 }
 
 /// Waits until the API server would accept `manifest` in `ns` (the namespace labels admission
 /// sees lag a moment behind a change), trying with server-side dry runs that create nothing.
 async fn until_accepted(ns: &str, manifest: &str) {
-    eventually(DEADLINE, Duration::from_millis(250), || async move {
-        let out = apply(ns, manifest, &["--dry-run=server"]);
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    })
+    until(
+        "the API server to accept the manifest",
+        DEADLINE,
+        || async move {
+            let out = apply(ns, manifest, &["--dry-run=server"]);
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        },
+    )
     .await;
 }
 
@@ -1600,4 +1615,98 @@ fn tls_without_a_secret_is_refused_naming_the_value() {
         err.contains("at '/tls/existingSecret': minLength: got 0, want 1"),
         "{err}"
     );
+}
+
+/// The platform's opt-in Role (`platform.serviceAccounts`): what the Python SDK needs in the
+/// namespaces it opens sandboxes in (docs/sdk.md), nothing elsewhere, and no Secret listed.
+#[tokio::test]
+async fn the_platform_service_accounts_may_do_only_what_the_sdk_needs() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "chart-platform").await;
+    let agents = TestNamespace::create(&client, "chart-platform-agents").await;
+    let platform = TestNamespace::create(&client, "chart-platform-api").await;
+    let release = format!("sbx{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let full = format!("{release}-sandboxd");
+    // Off by default: no Role for anyone.
+    let docs = documents(&template(&[]));
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["name"].as_str() != Some("rel-sandboxd-platform")),
+        "a platform Role without platform.serviceAccounts"
+    );
+    let out = ok(Command::new(helm())
+        .args(["install", &release])
+        .arg(chart())
+        .args(["-n", &ns.name, "--set", "runtimes.install=false"])
+        .args(["--set", "platform.serviceAccounts[0].name=api"])
+        .arg(format!(
+            "--set=platform.serviceAccounts[0].namespace={}",
+            platform.name
+        ))
+        .arg(format!(
+            "--set=platform.sessionNamespaces={{{}}}",
+            agents.name
+        )));
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let api = format!("system:serviceaccount:{}:api", platform.name);
+    let other = format!("system:serviceaccount:{}:other", platform.name);
+    let yes = |args: &[&str]| assert!(can_i(&api, args), "{api} may not {args:?}");
+    let no = |args: &[&str]| assert!(!can_i(&api, args), "{api} may {args:?}");
+
+    // In the sessions' namespace: the SandboxSessions, and a token Secret by name.
+    for verb in ["create", "get", "list", "watch", "delete"] {
+        yes(&[verb, "sandboxsessions.sandboxd.dev", "-n", &agents.name]);
+    }
+    yes(&[
+        "get",
+        "secrets/xc-a81e9bd7-853e3610-c-1-token",
+        "-n",
+        &agents.name,
+    ]);
+    // Nothing more there: no Secret listed, watched or written, no status, no session changed.
+    for verb in ["list", "watch", "create", "update", "patch", "delete"] {
+        no(&[verb, "secrets", "-n", &agents.name]);
+    }
+    for verb in ["update", "patch"] {
+        no(&[verb, "sandboxsessions.sandboxd.dev", "-n", &agents.name]);
+        no(&[
+            verb,
+            "sandboxsessions.sandboxd.dev/status",
+            "-n",
+            &agents.name,
+        ]);
+    }
+    no(&["get", "pods", "-n", &agents.name]);
+    // Nowhere else: not the release's namespace (its admin token), not cluster-wide kinds.
+    no(&[
+        "get",
+        &format!("secrets/{full}-admin-token"),
+        "-n",
+        &ns.name,
+    ]);
+    no(&["create", "sandboxsessions.sandboxd.dev", "-n", &ns.name]);
+    no(&["get", "secrets/anything", "-n", &platform.name]);
+    no(&["list", "sandboxsessions.sandboxd.dev", "--all-namespaces"]);
+    for resource in [
+        "sandboxhosts.sandboxd.dev",
+        "runtimes.sandboxd.dev",
+        "tombstones.sandboxd.dev",
+    ] {
+        no(&["get", resource]);
+        no(&["create", resource]);
+    }
+    // Only the ServiceAccounts named.
+    assert!(
+        !can_i(
+            &other,
+            &["create", "sandboxsessions.sandboxd.dev", "-n", &agents.name]
+        ),
+        "an account not named got the Role"
+    );
+
+    ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
+    platform.delete().await;
+    agents.delete().await;
+    ns.delete().await;
 }

@@ -8,7 +8,7 @@ use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession};
 use std::time::Duration;
 
 use sandboxd_tests::{
-    FIELD_MANAGER, TestNamespace, api_message, client, eventually, install_crds, repo_root,
+    FIELD_MANAGER, TestNamespace, api_message, client, install_crds, repo_root, until,
 };
 use serde_json::{Value, json};
 
@@ -294,9 +294,9 @@ async fn kubectl_explain_shows_the_field_docs() {
     let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     // The OpenAPI document kubectl explain reads is published shortly after a CRD is
     // established; there is nothing to watch for it, so ask until it answers.
-    let last = eventually(
+    let last = until(
+        "kubectl explain to answer",
         Duration::from_secs(30),
-        Duration::from_millis(500),
         || async {
             let out = tokio::process::Command::new(sandboxd_tests::kubectl())
                 .args([

@@ -1,6 +1,7 @@
-//! `make demo` from a clean state: it builds what is missing, starts everything, opens a session
-//! with `kubectl sandbox`, runs a command, writes and reads back a file, shows `kubectl get sbx`
-//! and says what to try next. Its own test binary (one test), so it runs alone; the demo's
+//! `make demo` from a clean state: it builds what is missing, starts everything, installs the
+//! chart on the local node (the sandboxd pod and two operator replicas Ready, the pod discovered
+//! as the node's SandboxHost), opens a session with `kubectl sandbox`, runs a command, writes
+//! and reads back a file, shows `kubectl get sbx` and the pods, and says what to try next. Its own test binary (one test), so it runs alone; the demo's
 //! objects carry their own label and its operator handles only those, so other tests' objects
 //! are never touched. It ends with `hack/demo.sh clean` (a demo left running is removed too).
 
@@ -62,12 +63,13 @@ async fn make_demo_shows_a_session_working_from_a_clean_state() {
     assert!(ok, "make demo failed:\n{out}");
     for expected in [
         "created SandboxSession demo-session in namespace sandboxd-demo (tenant demo-org, scope conversation)",
-        "sandbox demo-session is running on host demo-host (runtime demo)",
+        "sandbox demo-session is running on host node-127.0.0.1 (runtime demo)",
         "hello from ",
         " as uid 10001\njq-1.",
         "copied 21 B to demo-session:notes/hello.txt",
         "$ kubectl sandbox cp demo-session:notes/hello.txt - -n sandboxd-demo\nwritten by make demo\n",
         "kubectl sandbox exec demo-session -n sandboxd-demo -- ls -la",
+        "kubectl logs -n sandboxd-demo daemonset/sandboxd-sandboxd",
         "make down           # stops the demo and everything make up started",
     ] {
         assert!(out.contains(expected), "`{expected}` missing in:\n{out}");
@@ -96,15 +98,30 @@ async fn make_demo_shows_a_session_working_from_a_clean_state() {
             "demo-org",
             "conversation",
             "demo",
-            "demo-host"
+            "node-127.0.0.1"
         ],
         "{table}"
     );
 
+    let pods = out
+        .split("$ kubectl get pods -n sandboxd-demo\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no kubectl get pods in:\n{out}"));
+    let running = |prefix: &str| {
+        pods.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(" 1/1 ") && l.contains(" Running "))
+            .count()
+    };
+    assert_eq!(running("sandboxd-operator-"), 2, "{pods}");
+    assert_eq!(running("sandboxd-sandboxd-"), 1, "{pods}");
+
     // A second run finds what the first one started.
     let (ok, again) = run("make", &["demo"], Duration::from_secs(300)).await;
     assert!(ok, "make demo (again) failed:\n{again}");
-    assert!(again.contains("demo: sandboxd already runs"), "{again}");
+    assert!(
+        again.contains("demo: the chart is installed already (release sandboxd in sandboxd-demo)"),
+        "{again}"
+    );
     assert!(
         again.contains("found SandboxSession demo-session in namespace sandboxd-demo (Running)"),
         "{again}"

@@ -144,3 +144,36 @@ app.kubernetes.io/component: sandboxd
 - name: node-token-hashes
   configMap: {name: {{ include "sandboxd.nodeTokenHashes" . }}}
 {{- end -}}
+
+{{/* The runtimes sandboxd starts with and the prepare hook builds, in the catalog format: the
+  shipped catalog (when runtimes.install) and runtimes.extra. The catalog file as it is when
+  there are no extra ones. */}}
+{{- define "sandboxd.runtimesJson" -}}
+{{- if not .Values.runtimes.extra -}}
+{{- if .Values.runtimes.install -}}{{ .Files.Get "files/runtimes.json" }}{{- else -}}[]{{- end -}}
+{{- else -}}
+{{- $all := list -}}
+{{- if .Values.runtimes.install -}}{{- $all = .Files.Get "files/runtimes.json" | fromJsonArray -}}{{- end -}}
+{{- $keys := dict "description" "description" "image" "image" "baseImage" "base_image" "setupCommands" "setup_commands" "packages" "packages" "envVars" "env_vars" "briefing" "briefing" "memLimit" "mem_limit" "workspaceSize" "workspace_size" "needsNetwork" "needs_network" -}}
+{{- range .Values.runtimes.extra -}}
+{{- $entry := dict "alias" .name -}}
+{{- range $camel, $value := .spec -}}
+{{- with get $keys $camel -}}{{- $_ := set $entry . $value -}}{{- end -}}
+{{- end -}}
+{{- $all = append $all $entry -}}
+{{- end -}}
+{{- toPrettyJson $all -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels of operator.selector (`k=v,k2=v2`), as YAML lines. */}}
+{{- define "sandboxd.selectorLabels" -}}
+{{- $lines := list -}}
+{{- range $pair := splitList "," .Values.operator.selector -}}
+{{- $kv := splitList "=" (trim $pair) -}}
+{{- if eq (len $kv) 2 -}}
+{{- $lines = append $lines (printf "%s: %s" (index $kv 0) (index $kv 1 | quote)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}

@@ -16,3 +16,54 @@ pub const RUNTIME_READY: &str = "RuntimeReady";
 pub const ADMITTED: &str = "Admitted";
 /// `DefaultConflict`: more than one Runtime claims to be the default.
 pub const DEFAULT_CONFLICT: &str = "DefaultConflict";
+/// `HostUnreachable`: the session's host does not answer (the session is not lost).
+pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+/// `Lost`: the session's workspace is gone.
+pub const LOST: &str = "Lost";
+
+/// The reasons of a SandboxSession's conditions, by condition.
+pub mod session_reason {
+    /// `Placed=True`: the session has its host.
+    pub const PLACED: &str = "Placed";
+    /// `Placed=False`: no host can take the session.
+    pub const NO_HOST: &str = "NoHost";
+    /// `RuntimeReady=False`: the session names a Runtime that does not exist.
+    pub const RUNTIME_NOT_FOUND: &str = "RuntimeNotFound";
+    /// `RuntimeReady=False`: the host is building the runtime's image.
+    pub const PREPARING: &str = "Preparing";
+    /// `RuntimeReady=False`: the image was still not built after the prepare timeout.
+    pub const PREPARE_TIMED_OUT: &str = "PrepareTimedOut";
+    /// `RuntimeReady=False`: the host could not build the runtime's image.
+    pub const BUILD_FAILED: &str = "BuildFailed";
+    /// `RuntimeReady=True`: the image is on the host.
+    pub const RUNTIME_READY: &str = "Ready";
+    /// `Admitted=True`: the host opened the session.
+    pub const OPENED: &str = "Opened";
+    /// `Admitted=False`: the tenant's cap of sessions is reached on the host.
+    pub const TENANT_CAP: &str = "TenantCap";
+    /// `Admitted=False`: the host's cap of sessions is reached.
+    pub const HOST_CAP: &str = "HostCap";
+    /// `Admitted=False`: the host holds the session's id for another object.
+    pub const OWNER_CONFLICT: &str = "OwnerConflict";
+    /// `Admitted=False`: a deleted object of the same name still owes its destroy.
+    pub const WAITING_FOR_TOMBSTONE: &str = "WaitingForTombstone";
+    /// `HostUnreachable=True`: the SandboxHost the session is placed on does not exist.
+    pub const HOST_MISSING: &str = "HostMissing";
+    /// `HostUnreachable=True`: the host does not answer, or serves another version.
+    pub const UNREACHABLE: &str = "Unreachable";
+    /// `Ready=True`: the sandbox runs.
+    pub const RUNNING: &str = "Running";
+    /// `Ready=False`: idle, the container is stopped.
+    pub const SLEEPING: &str = "Sleeping";
+    /// `Ready=False`: the container was removed, the workspace stays.
+    pub const RECLAIMED: &str = "Reclaimed";
+    /// `Ready=False`: the workspace is gone.
+    pub const LOST: &str = "Lost";
+    /// `Lost=True`: the workspace vanished on the host.
+    pub const WORKSPACE_VANISHED: &str = "WorkspaceVanished";
+    /// `Lost=True`: the host no longer has the session (destroyed there, not through this
+    /// object).
+    pub const SESSION_GONE: &str = "SessionGone";
+    /// `Lost=True`: the workspace was removed after its TTL without activity.
+    pub const WORKSPACE_EXPIRED: &str = "WorkspaceExpired";
+}

@@ -669,7 +669,7 @@ impl Trial {
         &self,
         ns: &str,
         name: &str,
-    ) -> Option<(sandboxd::client::Client, String)> {
+    ) -> Option<(sandboxd_api::client::Client, String)> {
         let s = Api::<SandboxSession>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await
@@ -684,7 +684,7 @@ impl Trial {
             data.get(k)
                 .and_then(|v| String::from_utf8(v.0.clone()).ok())
         };
-        let client = sandboxd::client::Client::new(&field("endpoint")?, &field("token")?)
+        let client = sandboxd_api::client::Client::new(&field("endpoint")?, &field("token")?)
             .with_deadline(Duration::from_secs(15));
         Some((client, field("session")?))
     }
@@ -1072,7 +1072,7 @@ impl Trial {
             .await?
             .items;
         for h in &self.hosts {
-            let admin = sandboxd::client::Client::new(&h.endpoint(), &h.token)
+            let admin = sandboxd_api::Client::new(&h.endpoint(), &h.token)
                 .with_deadline(Duration::from_secs(15));
             let reported = admin.runtimes().await?.runtimes;
             for rt in &runtimes {
@@ -1131,13 +1131,13 @@ impl Trial {
                 continue;
             }
             if !t.writes.is_empty() {
-                let query = sandboxd::audit::OperationQuery {
+                let query = sandboxd_api::audit::OperationQuery {
                     session: Some(id.clone()),
-                    op: Some(sandboxd::audit::Op::Write),
-                    limit: Some(sandboxd::audit::MAX_PAGE),
+                    op: Some(sandboxd_api::audit::Op::Write),
+                    limit: Some(sandboxd_api::audit::MAX_PAGE),
                     ..Default::default()
                 };
-                let admin = sandboxd::client::Client::new(&host.endpoint(), &host.token)
+                let admin = sandboxd_api::client::Client::new(&host.endpoint(), &host.token)
                     .with_deadline(Duration::from_secs(15));
                 let rows = admin.operations(&query).await?.operations;
                 for path in t.writes.keys() {
@@ -1408,7 +1408,7 @@ async fn drive(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    sandboxd::tls::install_provider();
+    sandboxd_api::tls::install_provider();
     if args.targets.is_empty() {
         bail!("--targets names nothing to kill");
     }

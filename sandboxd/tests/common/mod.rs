@@ -15,6 +15,12 @@ use sandboxd::client::Client;
 #[path = "../../../tests/src/pki.rs"]
 pub mod pki;
 
+// One polling helper for every test crate, shared the same way.
+#[path = "../../../tests/src/poll.rs"]
+pub mod poll;
+#[allow(unused_imports)] // not every test binary polls
+pub use poll::until;
+
 fn need(what: &str) -> String {
     std::env::var(what).unwrap_or_else(|_| {
         panic!("{what} is not set: start the local dockerd with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
@@ -375,26 +381,6 @@ pub async fn postgres_database() -> String {
         .expect("create a test database");
     let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
     format!("{prefix}/{name}")
-}
-
-/// Waits, with a deadline, until `probe` returns `Some`.
-pub async fn until<T, F, Fut>(what: &str, deadline: std::time::Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = std::time::Instant::now() + deadline;
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < end,
-            "{what}: not within {deadline:?}"
-        );
-    }
 }
 
 /// Runs the docker CLI against the project's dockerd and returns its trimmed stdout; a failure

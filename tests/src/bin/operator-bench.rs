@@ -25,7 +25,8 @@
 //!
 //! Needs `make up`, `eval "$(make -s env)"`, the CRDs
 //! (`kubectl apply --server-side -f charts/sandboxd/crds/`) and the release binaries:
-//! `cargo build --release -p sandboxd-operator --bins`
+//! `cargo build --release -p sandboxd-operator -p sandboxd-tests --bins` (this bench lives in
+//! the test crate, which may depend on the daemon; the operator does not)
 //! then `target/release/operator-bench --sessions 1000 [--driver noop]`.
 
 use std::collections::HashMap;

@@ -1,0 +1,36 @@
+//! The contract of sandboxd's `/v1` API: what crosses the wire and nothing of the daemon.
+//!
+//! - [`session`], [`run`], [`files`], [`runtimes`], [`policy`], [`audit`]: the request and
+//!   response types, which sandboxd serves and its OpenAPI document describes;
+//! - [`error`]: the body of every error and its typed [`ErrorCode`];
+//! - [`routes`]: the routes sandboxd serves (its router is checked against them) and the index;
+//! - [`headers`]: the headers that name the agent and run behind a request;
+//! - [`auth`]: the admin token derived for one node;
+//! - [`client`]: the typed client the operator, the CLI and the tests use, and [`tls`], what it
+//!   needs of TLS.
+//!
+//! The operator and `kubectl sandbox` depend on this crate and not on the daemon: no HTTP
+//! server, Docker client or database comes with it.
+
+pub mod audit;
+pub mod auth;
+pub mod client;
+pub mod enrol;
+pub mod error;
+pub mod files;
+pub mod headers;
+pub mod policy;
+pub mod routes;
+pub mod run;
+pub mod runtimes;
+pub mod session;
+pub mod tls;
+
+pub use client::{Client, ClientError, Trust};
+pub use error::{ErrorBody, ErrorCode};
+pub use runtimes::BuildState;
+pub use session::{Limits, SessionState};
+
+/// The version of this API: the workspace's, which sandboxd reports in its index and a client
+/// expects.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,49 @@
+//! The routes of the `/v1` API and the index that lists them. sandboxd's router is checked
+//! against [`ROUTES`] (a test in sandboxd reads the router), so a client may trust the list.
+
+use serde::{Deserialize, Serialize};
+
+/// Every route this server serves, as the index lists them.
+pub const ROUTES: &[&str] = &[
+    "GET /",
+    "GET /healthz",
+    "GET /metrics",
+    "GET /openapi.json",
+    "GET /v1/sessions",
+    "POST /v1/sessions",
+    "GET /v1/sessions/{id}",
+    "DELETE /v1/sessions/{id}",
+    "POST /v1/sessions/{id}/stop",
+    "POST /v1/sessions/{id}/start",
+    "POST /v1/sessions/{id}/reclaim",
+    "POST /v1/sessions/{id}/token",
+    "POST /v1/sessions/{id}/runs",
+    "GET /v1/sessions/{id}/runs/{run_id}",
+    "POST /v1/sessions/{id}/runs/{run_id}/stop",
+    "GET /v1/sessions/{id}/files/{path}",
+    "PUT /v1/sessions/{id}/files/{path}",
+    "DELETE /v1/sessions/{id}/files/{path}",
+    "POST /v1/sessions/{id}/mkdir",
+    "GET /v1/sessions/{id}/ls",
+    "GET /v1/sessions/{id}/tree",
+    "GET /v1/runtimes",
+    "PUT /v1/runtimes",
+    "GET /v1/policy",
+    "PUT /v1/policy",
+    "GET /v1/operations",
+];
+
+/// The routes anyone may call: the index, health, metrics and the OpenAPI document (no body,
+/// nothing of a session).
+pub const PUBLIC_ROUTES: [&str; 4] = ["/", "/healthz", "/metrics", "/openapi.json"];
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, utoipa::ToSchema)]
+/// The index: what a client reads to know which server and version it talks to.
+pub struct Index {
+    /// Always "sandboxd".
+    pub service: String,
+    /// The server's version.
+    pub version: String,
+    /// The routes it serves.
+    pub routes: Vec<String>,
+}

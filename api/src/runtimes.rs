@@ -1,0 +1,71 @@
+//! The runtimes of a host as `GET /v1/runtimes` shows them, with the state of their images.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a runtime's image is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildState {
+    /// Not there yet; a build (or pull) is queued or waits for its next attempt.
+    Pending,
+    /// Being built (or pulled) now.
+    Building,
+    /// The image is on this host; sessions open on it.
+    Ready,
+    /// Every attempt failed; opens answer with the build's error.
+    Failed,
+}
+
+/// How an entry gets its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    /// A ready image, used as is.
+    Image,
+    /// Built from `base_image`.
+    Build,
+}
+
+/// One runtime as `GET /v1/runtimes` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RuntimeStatus {
+    /// The alias a session names.
+    pub alias: String,
+    /// What it is for.
+    pub description: String,
+    /// Whether it is the default (the allowlist's first entry).
+    pub default: bool,
+    /// `image` (used as is) or `build` (built from a base image).
+    pub kind: RuntimeKind,
+    /// The entry's `image` or `base_image`.
+    pub source_image: String,
+    /// The image sessions run: the entry's image, or the tag derived from the definition.
+    pub tag: String,
+    /// pending, building, ready or failed.
+    pub state: BuildState,
+    /// Build (or pull) attempts since the definition was last set.
+    pub attempts: u32,
+    /// The last attempt's error, if it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The last lines of the failed attempt's build log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
+    /// Whether its sessions get a network.
+    pub needs_network: bool,
+    /// Its memory limit, if it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// The model briefing; only for an allowlist given in the catalog format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub briefing: Option<String>,
+}
+
+/// The body of `GET /v1/runtimes` and the answer of `PUT /v1/runtimes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RuntimeList {
+    /// Whether the allowlist came in the catalog format (then it has briefings).
+    pub catalog: bool,
+    /// The runtimes, in allowlist order; the first is the default.
+    pub runtimes: Vec<RuntimeStatus>,
+}

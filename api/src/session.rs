@@ -1,0 +1,118 @@
+//! Sessions: the open request and its answer, a session as the API shows it, its state and
+//! limits, and what a destroy did.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a session is in its life on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = State)]
+pub enum SessionState {
+    /// The container is being created and started.
+    Opening,
+    /// The container runs.
+    Running,
+    /// Asleep: the container is stopped, the files stay.
+    Stopped,
+    /// The container was removed; the workspace stays.
+    Reclaimed,
+    /// The workspace vanished; reported, never recreated empty.
+    Lost,
+    /// Being destroyed.
+    Destroying,
+}
+
+/// Per-session resource limits, within the host's ceilings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Memory in Docker's syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// Processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<i64>,
+    /// Workspace size in Docker's syntax: writing past it fails with "No space left on device".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<String>,
+}
+
+/// A request to open a session by name.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRequest {
+    /// The session name (its id on this host).
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    pub name: String,
+    /// The tenant, counted against the per-tenant cap.
+    pub tenant: String,
+    /// The runtime alias; the first allowlisted one when absent.
+    #[serde(default)]
+    pub runtime: Option<String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+    /// The object the session belongs to (the operator sends its SandboxSession's uid). An
+    /// open naming another owner than the session's is refused (409 `owner_mismatch`); a
+    /// session without one is adopted. Absent: no owner is checked or recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[!-~]{1,128}$")]
+    pub owner: Option<String>,
+}
+
+/// What an open did.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Opened {
+    /// Whether this request created the session.
+    #[serde(skip)]
+    pub created: bool,
+    /// The session.
+    #[serde(flatten)]
+    pub session: SessionView,
+    /// The session token: only in the response that created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// A session as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionView {
+    /// The id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The runtime alias.
+    pub runtime: String,
+    /// The image.
+    pub image: String,
+    /// opening, running, stopped, reclaimed, lost or destroying.
+    pub state: SessionState,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339 of the last run or file operation.
+    pub last_activity_at: String,
+    /// Runs in flight now.
+    pub runs_in_flight: usize,
+    /// CPU time the container used, in nanoseconds (when it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<u64>,
+    /// Whether the workspace folder still exists on the host.
+    pub workspace_exists: bool,
+    /// The object the session belongs to, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// What a destroy did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct Destroyed {
+    /// The id.
+    pub id: String,
+    /// False when there was nothing left to destroy.
+    pub destroyed: bool,
+    /// In words.
+    pub message: String,
+}

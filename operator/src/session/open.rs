@@ -1,0 +1,406 @@
+//! Step 2, open: the session is opened on its host by name (idempotent), after any destroy a
+//! deleted object of the same name still owes there, and its token is kept in a Secret the
+//! session owns. No Secret is watched: a token Secret deleted by someone is noticed at the
+//! session's next reconcile once `--token-check-seconds` have passed since it was last found
+//! ([`token_secret_exists`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Resource, ResourceExt};
+use sandboxd_api::ErrorCode;
+use sandboxd_api::client::ClientError;
+use sandboxd_api::session::SessionView;
+use sandboxd_crds::v1alpha1::condition::{
+    ADMITTED, HOST_UNREACHABLE, RUNTIME_READY, session_reason,
+};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
+use tracing::warn;
+
+use super::place::Placed;
+use super::{
+    Flow, MANAGER, WAITING_FOR_TOMBSTONE, add, backoff, host_err, secret_name, set_phase, until,
+};
+use crate::conditions;
+use crate::context::{Context, Error, key};
+
+/// The label on every token Secret this operator makes.
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+const OPERATOR: &str = "sandbox-operator";
+
+/// Opens the session on its host unless it is open with its token Secret there: goes on with
+/// the session as the open answered it (None when it was open already).
+pub(super) async fn open(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+    placed: &Placed,
+    id: &str,
+    uid: Option<&str>,
+) -> Result<Flow<Option<SessionView>>, Error> {
+    let generation = s.metadata.generation;
+    let cfg = &ctx.config;
+    let name = s.name_any();
+    let host_name = &placed.name;
+    let host = &placed.host;
+    let client = &placed.client;
+    let alias = &placed.alias;
+    let follow = Duration::from_secs(cfg.follow_seconds);
+    // A deleted object of this name whose destroy on this host is still owed: an open now would
+    // race it, so a session never opened waits until its Tombstone is done.
+    if status.session_id.is_none() {
+        let tombstones = Api::<Tombstone>::all(ctx.client.clone())
+            .list(&ctx.list_params())
+            .await?
+            .items;
+        if let Some(t) = owed_destroy(&tombstones, host_name, id, uid) {
+            let m = waiting_for(t);
+            conditions::set(
+                &mut status.conditions,
+                ADMITTED,
+                false,
+                WAITING_FOR_TOMBSTONE,
+                &m,
+                generation,
+            );
+            set_phase(status, SessionPhase::Pending, m);
+            return Ok(Flow::Done(tombstone_wait(t, follow)));
+        }
+    }
+
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
+    let secret = secret_name(&name);
+    // Recorded, and still there (a token is rotated only when it is gone).
+    let have_secret =
+        status.credentials_secret.is_some() && token_secret_there(s, ctx, &secrets, &secret).await;
+    let mut opened_view = None;
+    if status.session_id.is_none() || !have_secret {
+        let limits = s.spec.resources.as_ref().map(|r| sandboxd_api::Limits {
+            cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
+            mem_limit: r.mem_limit.clone(),
+            pids_limit: r.pids_limit,
+            workspace_size: r.workspace_size.clone(),
+        });
+        match client
+            .with_deadline(Duration::from_secs(ctx.config.host_open_seconds.max(1)))
+            .open_as(id, &s.spec.tenant, uid, alias.as_deref(), limits.as_ref())
+            .await
+        {
+            Ok(opened) => {
+                let token = match opened.token {
+                    Some(t) => t,
+                    // Found, not created (a crash after the open, or the Secret was deleted):
+                    // the host gives it a new token; the old one stops working.
+                    None => client
+                        .rotate_token_as(id, uid)
+                        .await
+                        .map_err(|e| host_err(host_name, e))?,
+                };
+                store_token(
+                    s,
+                    &secrets,
+                    &secret,
+                    &token,
+                    &host.spec.endpoint,
+                    &opened.session.id,
+                    ctx.host_ca(&host.name_any()).as_deref(),
+                )
+                .await?;
+                ctx.token_seen(&key(s));
+                status.session_id = Some(opened.session.id.clone());
+                status.runtime = Some(opened.session.runtime.clone());
+                opened_view = Some(opened.session);
+                status.credentials_secret = Some(secret.clone());
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    true,
+                    session_reason::OPENED,
+                    &format!("opened on host {host_name}"),
+                    generation,
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    true,
+                    session_reason::RUNTIME_READY,
+                    "the runtime is built on the host",
+                    generation,
+                );
+                conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+            }
+            Err(ClientError::Api {
+                code: ErrorCode::RuntimePreparing,
+                message,
+                ..
+            }) => {
+                let since = conditions::get(&status.conditions, RUNTIME_READY)
+                    .filter(|c| c.status == "False" && c.reason == session_reason::PREPARING)
+                    .map(|c| c.last_transition_time.0)
+                    .unwrap_or_else(Timestamp::now);
+                if until(
+                    add(since, Duration::from_secs(cfg.prepare_seconds)),
+                    Timestamp::now(),
+                )
+                .is_zero()
+                {
+                    let m = format!(
+                        "the runtime was still not built after {} s: {message}",
+                        cfg.prepare_seconds
+                    );
+                    conditions::set(
+                        &mut status.conditions,
+                        RUNTIME_READY,
+                        false,
+                        session_reason::PREPARE_TIMED_OUT,
+                        &m,
+                        generation,
+                    );
+                    set_phase(status, SessionPhase::Failed, m);
+                    return Ok(Flow::Done(Duration::from_secs(60)));
+                }
+                let m = format!("preparing sandbox: {message}");
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    false,
+                    session_reason::PREPARING,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Preparing, m);
+                return Ok(Flow::Done(Duration::from_secs(5)));
+            }
+            Err(ClientError::Api {
+                status: 429,
+                code,
+                message,
+            }) => {
+                let reason = match code {
+                    ErrorCode::TenantCap => session_reason::TENANT_CAP,
+                    _ => session_reason::HOST_CAP,
+                };
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    reason,
+                    &message,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Pending, message);
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
+            Err(ClientError::Api {
+                code: ErrorCode::OwnerMismatch,
+                message,
+                ..
+            }) => {
+                // The id is held for another object: a deleted session of this name whose
+                // destroy is still owed (its Tombstone removes it, then this open succeeds).
+                let m = format!(
+                    "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    session_reason::OWNER_CONFLICT,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Pending, m);
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
+            Err(ClientError::Api {
+                code: ErrorCode::RuntimeFailed,
+                message,
+                ..
+            }) => {
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    false,
+                    session_reason::BUILD_FAILED,
+                    &message,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Failed, message);
+                return Ok(Flow::Done(Duration::from_secs(60)));
+            }
+            Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
+                conditions::set(
+                    &mut status.conditions,
+                    HOST_UNREACHABLE,
+                    true,
+                    session_reason::UNREACHABLE,
+                    &e.to_string(),
+                    generation,
+                );
+                if status.phase.is_none() {
+                    set_phase(status, SessionPhase::Pending, e.to_string());
+                }
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
+            Err(e) => return Err(host_err(host_name, e)),
+        }
+    }
+
+    Ok(Flow::Next(opened_view))
+}
+
+/// The Tombstone that still owes the destroy of another object's sandbox under `id` on `host`
+/// (a deleted SandboxSession of the same name), if any.
+pub(super) fn owed_destroy<'a>(
+    tombstones: &'a [Tombstone],
+    host: &str,
+    id: &str,
+    uid: Option<&str>,
+) -> Option<&'a Tombstone> {
+    tombstones.iter().find(|t| {
+        t.spec.host == host && t.spec.session_id == id && Some(t.spec.source.uid.as_str()) != uid
+    })
+}
+
+/// Why a session waits for Tombstone `t`, in words: which one, for what, and how it fares.
+pub(super) fn waiting_for(t: &Tombstone) -> String {
+    let st = t.status.clone().unwrap_or_default();
+    let progress = match (st.attempts, st.last_error, st.next_attempt_at) {
+        (0, _, _) => "its first attempt is under way".to_owned(),
+        (n, why, next) => format!(
+            "attempt {n} failed: {}; next attempt at {}",
+            why.as_deref().unwrap_or("no reason given"),
+            next.map_or_else(|| "once the host answers".to_owned(), |t| t.0.to_string())
+        ),
+    };
+    format!(
+        "waiting for Tombstone {}: the sandbox '{}' of the deleted SandboxSession {}/{} is still to be destroyed on host {} ({progress}); this session opens once it is, so it never gets the old workspace",
+        t.name_any(),
+        t.spec.session_id,
+        t.spec.source.namespace,
+        t.spec.source.name,
+        t.spec.host,
+    )
+}
+
+/// When to look again at a session waiting for Tombstone `t`: just after its next attempt, and
+/// within the probe period.
+pub(super) fn tombstone_wait(t: &Tombstone, probe: Duration) -> Duration {
+    t.status
+        .as_ref()
+        .and_then(|s| s.next_attempt_at.as_ref())
+        .map_or(Duration::from_secs(1), |next| {
+            until(next.0, Timestamp::now()).saturating_add(Duration::from_secs(1))
+        })
+        .min(probe)
+}
+
+async fn store_token(
+    s: &SandboxSession,
+    secrets: &Api<Secret>,
+    name: &str,
+    token: &str,
+    endpoint: &str,
+    session_id: &str,
+    ca: Option<&[u8]>,
+) -> Result<(), Error> {
+    let mut data = BTreeMap::from([
+        ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
+        (
+            "endpoint".to_owned(),
+            ByteString(endpoint.as_bytes().to_vec()),
+        ),
+        (
+            "session".to_owned(),
+            ByteString(session_id.as_bytes().to_vec()),
+        ),
+    ]);
+    // The CA that signed the host's certificate, for a platform that talks to it over https.
+    if let Some(ca) = ca {
+        data.insert("ca.crt".to_owned(), ByteString(ca.to_vec()));
+    }
+    let secret = Secret {
+        data: Some(data),
+        ..token_secret(s, name)
+    };
+    // Created once, the common case: a plain create costs the API server far less than an
+    // apply. One that exists already (a token rotated after a crash) is replaced whole: a
+    // replace answers with what it wrote, where a patch would answer with the Secret it changed,
+    // and the operator may not read Secrets outside its namespace.
+    let create = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match secrets.create(&create, &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            secrets.replace(name, &create, &secret).await?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The token Secret `name` of session `s`, without its data: owned by the session, labelled like
+/// it and as this operator's.
+fn token_secret(s: &SandboxSession, name: &str) -> Secret {
+    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
+    let mut labels = s.labels().clone();
+    labels.insert(MANAGED_BY.into(), OPERATOR.into());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            owner_references: Some(owner),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        type_: Some("sandboxd.dev/session-token".into()),
+        ..Default::default()
+    }
+}
+
+/// Whether the token Secret `name` of `s` is there: taken as there for
+/// `--token-check-seconds` after it was last found, then asked again.
+async fn token_secret_there(
+    s: &SandboxSession,
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    name: &str,
+) -> bool {
+    if ctx.token_seen_recently(&key(s)) {
+        return true;
+    }
+    let there = token_secret_exists(s, secrets, name).await;
+    if there {
+        ctx.token_seen(&key(s));
+    }
+    there
+}
+
+/// Whether the token Secret `name` exists, asked without reading any Secret: a server-side
+/// dry-run create (of the Secret as it would be made, without its data, so admission judges
+/// the same object) answers 409 AlreadyExists when it is there and succeeds, storing nothing,
+/// when it is gone. Any other answer (a full Secret quota, an admission webhook, the API server
+/// away) counts as there: a token is rotated only when its Secret is known to be gone.
+async fn token_secret_exists(s: &SandboxSession, secrets: &Api<Secret>, name: &str) -> bool {
+    let probe = token_secret(s, name);
+    let dry_run = PostParams {
+        dry_run: true,
+        field_manager: Some(MANAGER.into()),
+    };
+    match secrets.create(&dry_run, &probe).await {
+        Ok(_) => false,
+        Err(kube::Error::Api(e)) if e.code == 409 => true,
+        Err(e) => {
+            warn!(secret = name, error = %e, "could not tell whether the token Secret exists; taking it as there");
+            true
+        }
+    }
+}

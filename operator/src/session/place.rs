@@ -1,0 +1,208 @@
+//! Step 1, place: the session's Runtime (its own or the default), and a host, chosen once and
+//! recorded with the finalizer before anything happens on it; a session never moves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::{Api, ResourceExt};
+use sandboxd_api::client::Client as HostClient;
+use sandboxd_crds::v1alpha1::condition::{
+    HOST_UNREACHABLE, PLACED, READY, RUNTIME_READY, session_reason,
+};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
+
+use super::{
+    Flow, RUNTIME_NOT_FOUND, backoff, claim, has_finalizer, missing_runtime_message, placed_host,
+    set_phase,
+};
+use crate::conditions;
+use crate::context::{Context, Error};
+use crate::placement::{Candidate, place as choose};
+
+/// Where the session is: its host and a client of it, and the runtime it opens with.
+pub(super) struct Placed {
+    /// The host's name.
+    pub name: String,
+    /// The host.
+    pub host: SandboxHost,
+    /// A client of the host's sandboxd (admin token).
+    pub client: HostClient,
+    /// The runtime alias the session opens with, if any.
+    pub alias: Option<String>,
+}
+
+/// Places the session (or finds where it is placed) and records the placement in `status`.
+pub(super) async fn place(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+) -> Result<Flow<Placed>, Error> {
+    let generation = s.metadata.generation;
+    let runtime = resolve_runtime(s, ctx).await?;
+    // A session naming a Runtime that does not exist says so at once, before it takes a host;
+    // it opens by itself when that Runtime is created (the controller watches Runtimes).
+    if runtime.is_none() && status.session_id.is_none() && !s.spec.runtime.is_empty() {
+        let m = missing_runtime_message(&s.spec.runtime);
+        conditions::set(
+            &mut status.conditions,
+            RUNTIME_READY,
+            false,
+            RUNTIME_NOT_FOUND,
+            &m,
+            generation,
+        );
+        set_phase(status, SessionPhase::Pending, m);
+        return Ok(Flow::Done(Duration::from_secs(ctx.config.follow_seconds)));
+    }
+    if conditions::get(&status.conditions, RUNTIME_READY)
+        .is_some_and(|c| c.reason == RUNTIME_NOT_FOUND)
+    {
+        conditions::clear(&mut status.conditions, RUNTIME_READY);
+    }
+    let alias = runtime
+        .as_ref()
+        .map(|r| r.name_any())
+        .or_else(|| (!s.spec.runtime.is_empty()).then(|| s.spec.runtime.clone()));
+    let all_hosts = hosts(ctx).await?;
+    let host_name = match placed_host(s) {
+        Some(h) => {
+            if !has_finalizer(s) {
+                claim(s, h, ctx).await?;
+            }
+            h.to_owned()
+        }
+        None => {
+            // The load of a host is what it reports or what was placed on it since, whichever
+            // is higher: placements in quick succession must not all see the same stale count.
+            let placed: Vec<Arc<SandboxSession>> = match ctx.sessions.get() {
+                Some(store) => store.state(),
+                None => Api::<SandboxSession>::all(ctx.client.clone())
+                    .list(&ctx.list_params())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect(),
+            };
+            // One pass, borrowing: placing is linear in the sessions, never quadratic.
+            let mut placed_on: std::collections::HashMap<&str, usize> = Default::default();
+            for h in placed.iter().filter_map(|p| placed_host(p)) {
+                *placed_on.entry(h).or_default() += 1;
+            }
+            let placed_on = |host: &str| placed_on.get(host).copied().unwrap_or(0);
+            let candidates: Vec<Candidate> = all_hosts
+                .iter()
+                .map(|h| {
+                    let st = h.status.clone().unwrap_or_default();
+                    let runtime_ready = match (
+                        &alias,
+                        runtime.as_ref().map(|r| r.spec.base_image.is_some()),
+                    ) {
+                        (Some(a), Some(true)) => Some(st.runtimes_ready.iter().any(|r| r == a)),
+                        _ => None,
+                    };
+                    Candidate {
+                        name: h.name_any(),
+                        ready: conditions::is_true(&st.conditions, READY),
+                        disabled: h.spec.disabled,
+                        sessions: st
+                            .sessions
+                            .map_or(0, |n| u32::try_from(n).unwrap_or(0))
+                            .max(u32::try_from(placed_on(&h.name_any())).unwrap_or(u32::MAX)),
+                        max_sessions: st
+                            .capacity
+                            .map_or(0, |c| u32::try_from(c.max_sessions).unwrap_or(0)),
+                        runtime_ready,
+                    }
+                })
+                .collect();
+            match choose(&candidates, s.spec.host.as_deref()) {
+                Ok(h) => {
+                    claim(s, &h, ctx).await?;
+                    h
+                }
+                Err(e) => {
+                    conditions::set(
+                        &mut status.conditions,
+                        PLACED,
+                        false,
+                        session_reason::NO_HOST,
+                        &e.to_string(),
+                        generation,
+                    );
+                    set_phase(status, SessionPhase::Pending, e.to_string());
+                    return Ok(Flow::Done(backoff(s, ctx)));
+                }
+            }
+        }
+    };
+    if status.host.is_none() {
+        conditions::set(
+            &mut status.conditions,
+            PLACED,
+            true,
+            session_reason::PLACED,
+            &format!("placed on host {host_name}"),
+            generation,
+        );
+        status.host = Some(host_name.clone());
+    }
+    let Some(host) = all_hosts.iter().find(|h| h.name_any() == host_name) else {
+        conditions::set(
+            &mut status.conditions,
+            HOST_UNREACHABLE,
+            true,
+            session_reason::HOST_MISSING,
+            &format!("SandboxHost {host_name} does not exist"),
+            generation,
+        );
+        return Ok(Flow::Done(backoff(s, ctx)));
+    };
+    let client = ctx.host_client(host).await?;
+    status.endpoint = Some(host.spec.endpoint.clone());
+    if let Some(rt) = &runtime {
+        status.briefing = Some(sandboxd_catalog::briefing(&runtime_entry(rt)));
+    }
+
+    Ok(Flow::Next(Placed {
+        name: host_name,
+        host: host.clone(),
+        client,
+        alias,
+    }))
+}
+
+async fn hosts(ctx: &Context) -> Result<Vec<SandboxHost>, Error> {
+    if let Some(c) = ctx.caches.get() {
+        return Ok(c.hosts.state().iter().map(|h| (**h).clone()).collect());
+    }
+    Ok(Api::<SandboxHost>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items)
+}
+
+/// The runtime alias a session opens with: its own, or the default Runtime's.
+async fn resolve_runtime(s: &SandboxSession, ctx: &Context) -> Result<Option<Runtime>, Error> {
+    let runtimes: Vec<Runtime> = match ctx.caches.get() {
+        Some(c) => c.runtimes.state().iter().map(|r| (**r).clone()).collect(),
+        None => {
+            Api::<Runtime>::all(ctx.client.clone())
+                .list(&ctx.list_params())
+                .await?
+                .items
+        }
+    };
+    Ok(if s.spec.runtime.is_empty() {
+        runtimes.into_iter().find(|r| r.spec.default)
+    } else {
+        runtimes
+            .into_iter()
+            .find(|r| r.name_any() == s.spec.runtime)
+    })
+}
+
+fn runtime_entry(rt: &Runtime) -> sandboxd_catalog::CatalogEntry {
+    crate::runtime::entry(rt)
+}

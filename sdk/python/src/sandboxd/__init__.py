@@ -1,0 +1,59 @@
+"""The platform's client of sandboxd: SandboxSessions on Kubernetes and their sandboxd API.
+
+```python
+from sandboxd import Sandboxes
+
+sbx = Sandboxes(namespace="agents").session(tenant="org-7", subject=conversation_id)
+print(sbx.run("make test", on_stdout=print).exit_code)
+```
+
+`AsyncSandboxes` is the same, async. `sandboxd.pydantic_ai.SandboxSessionBackend` is a Pydantic
+AI workspace backend on a SandboxSession. See docs/sdk.md.
+"""
+
+from .api import Entry, Listing, Operation, OperationPage, RunResult, RunStatus, Tree
+from .client import AsyncSandboxes, BackgroundRun, Files, Sandbox, Sandboxes
+from .errors import (
+    SandboxError,
+    SandboxHTTPError,
+    SandboxLostError,
+    SandboxNotFoundError,
+    SandboxPreparationError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+)
+from .key import Actor, Scope, SessionKeyError, TriggerActor, session_key
+from .kube import SessionInfo, SessionRef
+from .sandbox import AsyncBackgroundRun, AsyncFiles, AsyncSandbox
+
+__all__ = (
+    "Actor",
+    "AsyncBackgroundRun",
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "BackgroundRun",
+    "Entry",
+    "Files",
+    "Listing",
+    "Operation",
+    "OperationPage",
+    "RunResult",
+    "RunStatus",
+    "Sandbox",
+    "SandboxError",
+    "SandboxHTTPError",
+    "SandboxLostError",
+    "SandboxNotFoundError",
+    "SandboxPreparationError",
+    "SandboxTimeoutError",
+    "SandboxUnavailableError",
+    "Sandboxes",
+    "Scope",
+    "SessionInfo",
+    "SessionKeyError",
+    "SessionRef",
+    "Tree",
+    "TriggerActor",
+    "session_key",
+)

@@ -1,0 +1,427 @@
+"""One sandbox, opened lazily: its SandboxSession is created (or attached to) on the first
+operation, watched to a phase that can take work, and then spoken to through its sandboxd."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+import anyio
+import httpx
+
+from .api import (
+    Entry,
+    Listing,
+    OperationKind,
+    OperationPage,
+    OutputCallback,
+    RunResult,
+    SessionApi,
+    Tree,
+)
+from .errors import (
+    SandboxHTTPError,
+    SandboxLostError,
+    SandboxNotFoundError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+)
+from .key import Actor, Scope, session_key
+from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef, is_transient
+
+__all__ = ("AsyncBackgroundRun", "AsyncFiles", "AsyncSandbox")
+
+T = TypeVar("T")
+_log = logging.getLogger("sandboxd")
+
+DEFAULT_PREPARE_TIMEOUT = 900.0
+"""Seconds to wait for a session to be ready: the operator waits up to 600 s for a runtime build."""
+
+
+class AsyncSandbox:
+    """A sandbox by key or by ref. Building it does no I/O; the first operation creates the
+    SandboxSession (or attaches to the one `ref` names) and waits until it can take work.
+
+    Concurrent first operations create one SandboxSession: the handle holds the lock. A ref,
+    once known, never changes; a handle attached by ref never replaces a session that is gone
+    (`SandboxNotFoundError`) or Lost (`SandboxLostError`, with the operator's message).
+    """
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        tenant: str | None = None,
+        scope: Scope = "conversation",
+        subject: str | None = None,
+        runtime: str | None = None,
+        ref: SessionRef | str | None = None,
+        labels: Mapping[str, str] | None = None,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        host: str | None = None,
+        actor: Actor = "member",
+        on_status: Callable[[str], object] | None = None,
+        prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT,
+        agent: str | None = None,
+        cluster: Cluster | None = None,
+    ) -> None:
+        if isinstance(ref, str):
+            ref = SessionRef.parse(ref)
+        if ref is not None and ref.namespace != namespace:
+            raise ValueError(f"ref {ref} is in namespace {ref.namespace}, not {namespace}")
+        self.namespace = namespace
+        self.tenant = tenant
+        self.scope: Scope = scope
+        self.subject = subject
+        self.runtime = runtime
+        self.labels = dict(labels or {})
+        self.on_status = on_status
+        self.prepare_timeout = prepare_timeout
+        self.agent = agent
+        self._cluster = cluster or Cluster(kubeconfig)
+        self._ref = ref
+        if ref is not None:
+            self.name = ref.name
+        else:
+            if not tenant or subject is None:
+                raise ValueError("a sandbox without a ref needs tenant= and subject=")
+            # The key names the object; the `user` scope's refusal is raised here, before any I/O.
+            self.name = session_key(scope=scope, tenant=tenant, host=host or namespace, subject=subject, actor=actor)
+        self._api: SessionApi | None = None
+        self._lock = anyio.Lock()
+        self.files = AsyncFiles(self)
+
+    @property
+    def ref(self) -> SessionRef | None:
+        """The SandboxSession this handle works in: None until the first operation created it."""
+        return self._ref
+
+    async def open(self) -> SessionInfo:
+        """Creates the SandboxSession (or attaches to it) and waits until it can take work; what
+        every operation does first. Returns the session as the operator reports it. The API
+        server being away for a moment (restarting, overloaded) is waited out, up to the
+        `prepare_timeout`."""
+        async with self._lock:
+            deadline = anyio.current_time() + self.prepare_timeout
+            attempt = 0
+            while True:
+                try:
+                    return await self._open(deadline)
+                except Exception as error:
+                    if not is_transient(error) or anyio.current_time() >= deadline:
+                        raise
+                    attempt += 1
+                    _log.warning("%s/%s: the API server is away (%s); trying again", self.namespace, self.name, error)
+                    await anyio.sleep(min(5.0, 0.25 * 2**attempt))
+
+    async def _open(self, deadline: float) -> SessionInfo:
+        if self._ref is None:
+            spec: dict[str, object] = {"scope": self.scope, "tenant": self.tenant, "subject": self.subject}
+            if self.runtime:
+                spec["runtime"] = self.runtime
+            info = await self._cluster.create(self.namespace, self.name, spec, self.labels)
+            if info.deleting:
+                raise SandboxNotFoundError(
+                    f"SandboxSession {self.namespace}/{self.name} is being deleted: "
+                    "open it again once it is gone, for a new, empty workspace"
+                )
+            # Recorded before the wait, so a caller cancelled mid-create keeps the ref.
+            self._ref = SessionRef(self.namespace, self.name, info.uid)
+        ref = self._ref
+        remaining = max(1.0, deadline - anyio.current_time())
+        info = await self._cluster.wait_ready(ref, timeout=remaining, on_status=self.on_status)
+        if self._api is None:
+            secret = await self._cluster.credentials_secret(ref)
+            creds = await self._cluster.credentials(ref.namespace, secret)
+            self._api = SessionApi(
+                endpoint=creds.endpoint,
+                session_id=creds.session_id,
+                token=creds.token,
+                ca_pem=creds.ca_pem,
+                agent=self.agent,
+            )
+        return info
+
+    async def _session_api(self) -> SessionApi:
+        if self._api is None:
+            await self.open()
+        assert self._api is not None
+        return self._api
+
+    async def _call(self, operation: Callable[[SessionApi], Awaitable[T]]) -> T:
+        """Runs `operation` against the session's sandboxd. A refusal that may mean the session
+        changed (401: a rotated token or a destroyed session; 404/410: gone there) is checked
+        against the object: gone or Lost raises, otherwise the credentials are read again and
+        the operation tried once more."""
+        api = await self._session_api()
+        try:
+            return await operation(api)
+        except httpx.TransportError as error:
+            # A connection that broke mid-answer (a streamed run's when its session is
+            # destroyed): unavailable if the object says the session is gone, else as it came.
+            await self._raise_if_gone(error)
+            raise
+        except SandboxHTTPError as error:
+            if error.status == 410 or error.code in ("session_gone", "session_lost"):
+                raise SandboxUnavailableError(error.message) from error
+            if error.status != 401 and error.code != "session_not_found":
+                raise
+            stale = error
+        # The object decides: open() raises when it is gone or Lost, else reads the Secret again.
+        self._api = None
+        await api.aclose()
+        await self.open()
+        api = await self._session_api()
+        try:
+            return await operation(api)
+        except SandboxHTTPError as error:
+            if error.status in (401, 410) or error.code in ("session_not_found", "session_gone", "session_lost"):
+                raise SandboxUnavailableError(error.message) from stale
+            raise
+
+    async def _raise_if_gone(self, cause: BaseException) -> None:
+        ref = self._ref
+        if ref is None:
+            return
+        info = await self._cluster.get(ref.namespace, ref.name)
+        if info is None or info.uid != ref.uid or info.deleting:
+            raise SandboxNotFoundError(
+                f"SandboxSession {ref.namespace}/{ref.name} was deleted while the operation ran: the sandbox is gone"
+            ) from cause
+        if info.phase in FINAL_PHASES:
+            raise SandboxLostError(
+                info.message or f"SandboxSession {ref} is {info.phase}", phase=str(info.phase)
+            ) from cause
+
+    async def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        run_id: str | None = None,
+        raise_on_timeout: bool = False,
+        on_start: Callable[[], object] | None = None,
+    ) -> RunResult:
+        """Runs a shell command in `/workspace` and waits for it, streaming its output to
+        `on_stdout`/`on_stderr` in order as it comes. A non-zero exit is a result. With
+        `raise_on_timeout`, a run past `timeout` raises `SandboxTimeoutError` with its output."""
+        seconds = None if timeout is None else max(1, int(-(-timeout // 1)))
+
+        async def go(api: SessionApi) -> RunResult:
+            return await api.run(
+                command,
+                env=env,
+                timeout=seconds,
+                run_id=run_id,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                on_start=on_start,
+            )
+
+        result = await self._call(go)
+        if raise_on_timeout and result.timed_out:
+            raise SandboxTimeoutError(
+                f"the command did not finish within {timeout:g} s and was stopped",
+                stdout=result.stdout,
+                stderr=result.stderr,
+            )
+        return result
+
+    async def start(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> AsyncBackgroundRun:
+        """Starts a command in the background: returns once the sandbox is ready and the run is
+        under way, with a handle to wait for it, stop it and read its output as it comes."""
+        await self._session_api()
+        run = AsyncBackgroundRun(self, command, env=env, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+        await run._started()
+        return run
+
+    async def operations(
+        self,
+        *,
+        agent: str | None = None,
+        run: str | None = None,
+        op: OperationKind | None = None,
+        failed: bool | None = None,
+        q: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> OperationPage:
+        """This sandbox's audit rows, newest first (reads, writes, listings, runs…)."""
+        return await self._call(
+            lambda api: api.operations(agent=agent, run=run, op=op, failed=failed, q=q, limit=limit, cursor=cursor)
+        )
+
+    async def briefing(self) -> str | None:
+        """The paragraph for an agent's instructions: what this runtime holds and how to work in it."""
+        info = await self.open()
+        return info.briefing
+
+    async def status(self) -> SessionInfo | None:
+        """The SandboxSession as the operator reports it now (None before it exists); no wait."""
+        return await self._cluster.get(self.namespace, self.name)
+
+    async def sleep(self) -> None:
+        """Puts the sandbox to sleep now: the container stops, the files stay; any operation wakes it."""
+        await self._call(lambda api: api.sleep())
+
+    async def destroy(self) -> bool:
+        """Deletes the SandboxSession: the operator's Tombstone destroys the container and the
+        workspace. False when there was nothing to delete. The handle cannot be used after."""
+        ref = self._ref
+        if ref is None:
+            info = await self._cluster.get(self.namespace, self.name)
+            if info is None:
+                return False
+            ref = SessionRef(self.namespace, self.name, info.uid)
+        self._ref = ref
+        api, self._api = self._api, None
+        if api is not None:
+            await api.aclose()
+        return await self._cluster.delete(ref)
+
+    async def aclose(self) -> None:
+        """Closes the connections to sandboxd; the sandbox itself stays."""
+        api, self._api = self._api, None
+        if api is not None:
+            await api.aclose()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncFiles:
+    """The workspace's files through sandboxd, with the sandbox user's permissions. Paths are
+    relative to `/workspace` (or absolute under it); none of these starts the container."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    async def read(self, path: str, *, offset: int | None = None, limit: int | None = None) -> bytes:
+        """A file's bytes."""
+        return await self._sandbox._call(lambda api: api.read(path, offset=offset, limit=limit))
+
+    async def read_text(self, path: str, *, encoding: str = "utf-8") -> str:
+        """A file as text."""
+        return (await self.read(path)).decode(encoding)
+
+    async def write(self, path: str, data: bytes | str) -> int:
+        """Writes a file atomically (parents made); returns its size."""
+        body = data.encode() if isinstance(data, str) else data
+        return await self._sandbox._call(lambda api: api.write(path, body))
+
+    async def list(self, path: str = "") -> list[Entry]:
+        """One folder's entries, sorted by name."""
+        return (await self.listing(path)).entries
+
+    async def listing(self, path: str = "") -> Listing:
+        """One folder's entries with whether the listing was cut."""
+        return await self._sandbox._call(lambda api: api.ls(path))
+
+    async def tree(self, path: str = "") -> Tree:
+        """A breadth-first tree (at most 6 levels and 2,000 entries)."""
+        return await self._sandbox._call(lambda api: api.tree(path))
+
+    async def mkdir(self, path: str) -> None:
+        """`mkdir -p`."""
+        await self._sandbox._call(lambda api: api.mkdir(path))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, or a folder with `recursive=True`."""
+        await self._sandbox._call(lambda api: api.remove(path, recursive=recursive))
+
+
+class AsyncBackgroundRun:
+    """A run under way in the background: `stdout`/`stderr` grow as output comes."""
+
+    def __init__(
+        self,
+        sandbox: AsyncSandbox,
+        command: str,
+        *,
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> None:
+        import uuid
+
+        self.run_id = f"sdk-{uuid.uuid4().hex}"
+        self._sandbox = sandbox
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._under_way = asyncio.Event()
+
+        def out(data: str) -> None:
+            self._stdout.append(data)
+            if on_stdout is not None:
+                on_stdout(data)
+
+        def err(data: str) -> None:
+            self._stderr.append(data)
+            if on_stderr is not None:
+                on_stderr(data)
+
+        self._task: asyncio.Task[RunResult] = asyncio.get_running_loop().create_task(
+            sandbox.run(
+                command,
+                env=env,
+                timeout=timeout,
+                on_stdout=out,
+                on_stderr=err,
+                run_id=self.run_id,
+                on_start=self._under_way.set,
+            )
+        )
+
+    async def _started(self) -> None:
+        """Returns once sandboxd answered the run (or it failed: then raises its error)."""
+        waiter = asyncio.ensure_future(self._under_way.wait())
+        try:
+            await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if self._task.done() and not self._under_way.is_set():
+            self._task.result()
+
+    @property
+    def stdout(self) -> str:
+        """What the run wrote on stdout so far."""
+        return "".join(self._stdout)
+
+    @property
+    def stderr(self) -> str:
+        """What the run wrote on stderr so far."""
+        return "".join(self._stderr)
+
+    @property
+    def done(self) -> bool:
+        """Whether the run ended."""
+        return self._task.done()
+
+    async def wait(self, timeout: float | None = None) -> RunResult:
+        """Waits for the run to end (at most `timeout` seconds, else `TimeoutError`)."""
+        with anyio.fail_after(timeout):
+            return await asyncio.shield(self._task)
+
+    async def stop(self) -> RunResult:
+        """Stops the run (its process group is killed, exit 137) and returns how it ended."""
+        if not self._task.done():
+            await self._sandbox._call(lambda api: api.stop_run(self.run_id))
+        return await self.wait(timeout=60)

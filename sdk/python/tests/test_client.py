@@ -1,0 +1,127 @@
+"""The ergonomic client, `Sandboxes` (blocking) and `AsyncSandboxes`, on the real stack."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sandboxd import AsyncSandboxes, Sandbox, Sandboxes, SandboxHTTPError
+
+from .conftest import Stack
+
+
+@pytest.fixture
+def sandboxes(stack: Stack) -> Iterator[Sandboxes]:
+    with Sandboxes(namespace=stack.namespace, labels=stack.labels) as sandboxes:
+        yield sandboxes
+
+
+@pytest.fixture
+def sbx(sandboxes: Sandboxes) -> Iterator[Sandbox]:
+    sbx = sandboxes.session(tenant=f"org-{secrets.token_hex(3)}", subject=f"c-{secrets.token_hex(6)}")
+    yield sbx
+    sbx.destroy()
+    sbx.close()
+
+
+def test_streaming_callbacks_receive_output_in_order_before_the_run_ends(stack: Stack, sbx: Sandbox) -> None:
+    assert sbx.ref is None
+    assert stack.session(sbx.name) is None, "session() created the SandboxSession"
+    events: list[tuple[str, str, float]] = []
+    result = sbx.run(
+        "for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; sleep 0.4; done; exit 3",
+        on_stdout=lambda data: events.append(("out", data, time.monotonic())),
+        on_stderr=lambda data: events.append(("err", data, time.monotonic())),
+    )
+    ended = time.monotonic()
+    assert (result.exit_code, result.truncated, result.timed_out) == (3, False, False)
+    assert result.stdout == "".join(f"out{i}\n" for i in range(1, 6))
+    assert result.stderr == "".join(f"err{i}\n" for i in range(1, 6))
+    # Each stream's pieces, in the order they came, are its output; they came as it was written.
+    assert "".join(d for s, d, _ in events if s == "out") == result.stdout
+    assert "".join(d for s, d, _ in events if s == "err") == result.stderr
+    first = min(t for s, d, t in events if "out1" in d)
+    assert first < ended - 1.0, "the first line came only when the run ended"
+    text = "".join(d for _, d, _ in events)
+    for i in range(1, 5):
+        assert text.index(f"out{i}") < text.index(f"err{i + 1}"), text
+    assert sbx.ref is not None
+
+
+def test_a_background_run_is_stopped(sbx: Sandbox) -> None:
+    run = sbx.run("echo $$ > run.pid; echo started; exec sleep 600", background=True)
+    deadline = time.monotonic() + 60
+    while run.stdout != "started\n":
+        assert time.monotonic() < deadline, f"no output within 60 s: {run.stdout!r}"
+        time.sleep(0.1)
+    assert not run.done
+    result = run.stop()
+    assert run.done
+    assert (result.stopped, result.exit_code) == (True, 137)
+    assert result.stdout == "started\n"
+    pid = sbx.files.read_text("run.pid").strip()
+    assert sbx.run(f"kill -0 {pid}").exit_code != 0, "the stopped run's process still runs"
+
+
+def test_a_background_run_is_waited_for(sbx: Sandbox) -> None:
+    seen: list[str] = []
+    run = sbx.run("sleep 1; echo done", background=True, on_stdout=seen.append)
+    result = run.wait(timeout=60)
+    assert (result.exit_code, result.stdout, run.stdout) == (0, "done\n", "done\n")
+    assert seen == ["done\n"]
+
+
+def test_files_operations_briefing_list_sleep_and_destroy(stack: Stack, sandboxes: Sandboxes, sbx: Sandbox) -> None:
+    assert sbx.files.write("src/app.py", "print('hi')\n") == 12
+    assert sbx.files.read_text("src/app.py") == "print('hi')\n"
+    assert sbx.files.read("src/app.py", offset=6, limit=4) == b"'hi'"
+    sbx.files.mkdir("build/out")
+    assert [(e.name, e.kind) for e in sbx.files.list("")] == [("build", "dir"), ("src", "dir")]
+    assert {e.path for e in sbx.files.tree().entries} >= {"src", "src/app.py", "build", "build/out"}
+    assert sbx.run("python3 src/app.py || cat src/app.py").exit_code == 0
+    sbx.files.remove("build", recursive=True)
+    assert [e.name for e in sbx.files.list("")] == ["src"]
+    with pytest.raises(SandboxHTTPError) as missing:
+        sbx.files.read("nope.txt")
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
+    assert "nope.txt" in str(missing.value)
+    # The audit log, with its filters.
+    writes = sbx.operations(op="write").operations
+    assert [(o.op, o.target, o.ok) for o in writes] == [("write", "src/app.py", True)]
+    failed = sbx.operations(failed=True, op="read").operations
+    assert [o.target for o in failed] == ["nope.txt"]
+    obj = stack.session(sbx.name)
+    assert obj is not None
+    assert sbx.briefing == obj["status"].get("briefing")
+    tenant = sbx.aio.tenant
+    listed = sandboxes.list(tenant=tenant)
+    assert [(s.name, s.tenant, s.phase) for s in listed] == [(sbx.name, tenant, "Running")]
+    sbx.sleep()
+    stack.wait_for("Sleeping", 60, lambda: stack.phase(sbx.name) == "Sleeping")
+    assert stack.docker("inspect", "-f", "{{.State.Running}}", *stack.containers(stack.host_id(sbx.name))).split() == [
+        "false"
+    ]
+    assert sbx.files.read_text("src/app.py") == "print('hi')\n"
+    assert sbx.destroy()
+    stack.wait_for("the SandboxSession's removal", 60, lambda: stack.session(sbx.name) is None)
+    stack.wait_for("the container's removal", 60, lambda: stack.containers(stack.host_id(sbx.name)) == [])
+    assert sandboxes.list(tenant=tenant) == []
+
+
+@pytest.mark.anyio
+async def test_the_async_client_streams_and_reads_the_same(stack: Stack) -> None:
+    sandboxes = AsyncSandboxes(namespace=stack.namespace, labels=stack.labels)
+    async with sandboxes.session(tenant=f"org-{secrets.token_hex(3)}", subject=f"c-{secrets.token_hex(6)}") as sbx:
+        try:
+            lines: list[str] = []
+            result = await sbx.run("seq 3; echo ok > out.txt", on_stdout=lines.append)
+            assert "".join(lines) == result.stdout == "1\n2\n3\n"
+            assert await sbx.files.read_text("out.txt") == "ok\n"
+            run = await sbx.start("sleep 600")
+            stopped = await run.stop()
+            assert (stopped.stopped, stopped.exit_code) == (True, 137)
+        finally:
+            assert await sbx.destroy()
