@@ -186,6 +186,36 @@ pub struct Config {
     #[arg(long, env = "SANDBOX_OPERATOR_NODE_TOKEN_HASHES")]
     pub node_token_hashes: Option<String>,
 
+    /// A kubernetes.io/tls Secret in the operator's namespace holding a CA (tls.crt and a
+    /// PKCS#8 tls.key). When set, the operator signs the CertificateSigningRequests of
+    /// --csr-signer-name that sandboxd pods make (`sandboxd enrol`), each only for the node
+    /// the pod runs on, and discovered hosts are https:// with spec.caSecret naming this CA.
+    #[arg(long, env = "SANDBOX_OPERATOR_CSR_CA_SECRET")]
+    pub csr_ca_secret: Option<String>,
+
+    /// The signer name whose CertificateSigningRequests the operator signs; others are left
+    /// alone.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_CSR_SIGNER_NAME",
+        default_value = sandboxd_api::enrol::SIGNER_NAME
+    )]
+    pub csr_signer_name: String,
+
+    /// The only requester whose CertificateSigningRequests are signed: the sandboxd pods'
+    /// ServiceAccount, `system:serviceaccount:NAMESPACE:NAME` (the chart sets it). Unset: every
+    /// request is denied, saying so.
+    #[arg(long, env = "SANDBOX_OPERATOR_CSR_REQUESTER")]
+    pub csr_requester: Option<String>,
+
+    /// Days a signed serving certificate is valid.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_CSR_CERTIFICATE_DAYS",
+        default_value_t = 30
+    )]
+    pub csr_certificate_days: u32,
+
     /// Log as JSON.
     #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
     pub json_logs: bool,

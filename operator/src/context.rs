@@ -80,6 +80,14 @@ pub enum Error {
         /// Why.
         why: String,
     },
+    /// The signer's CA could not be read or used, so a certificate request waits.
+    #[error("certificate request {csr} cannot be signed yet: {why}")]
+    Signer {
+        /// The CertificateSigningRequest.
+        csr: String,
+        /// Why.
+        why: String,
+    },
 }
 
 impl Error {
@@ -93,6 +101,7 @@ impl Error {
             Error::TombstonesLeft { .. } => "TombstonesLeft",
             Error::Finalizer(_) => "FinalizerError",
             Error::Ca { .. } => "CaUnusable",
+            Error::Signer { .. } => "SignerCaUnusable",
         }
     }
 }

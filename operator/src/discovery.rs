@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use sandboxd_crds::v1alpha1::host::SecretKeyRef;
+use sandboxd_crds::v1alpha1::host::{CaSecretRef, SecretKeyRef};
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostSpec};
 use tracing::{info, warn};
 
@@ -30,11 +30,13 @@ pub fn host_name(node: &str) -> String {
 }
 
 /// The SandboxHost for a sandboxd pod, or None while it has no node or IP; its endpoint is
-/// https:// when `tls` (sandboxd serves TLS, with the pod IP in its certificate).
+/// https:// when `tls` (sandboxd serves TLS, with the pod IP in its certificate), verified
+/// against `ca` when given (the CA of the operator's signer).
 pub fn host_for(
     pod: &Pod,
     port: u16,
     tls: bool,
+    ca: Option<&CaSecretRef>,
     token: &SecretKeyRef,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Option<SandboxHost> {
@@ -64,7 +66,7 @@ pub fn host_for(
             admin_token_secret: token.clone(),
             node: Some(node),
             disabled: false,
-            ca_secret: None,
+            ca_secret: ca.cloned(),
         },
         status: None,
     })
@@ -113,22 +115,36 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             ctx.config.host_token_secret
         ),
     })?;
+    // With the signer on, each sandboxd serves the certificate it got from it: trusted through
+    // the signer's CA Secret (its tls.crt), read where the operator reads Secrets.
+    let ca = match (&ctx.config.csr_ca_secret, ctx.config.own_namespace()) {
+        (Some(name), Ok(namespace)) => Some(CaSecretRef {
+            namespace: namespace.to_owned(),
+            name: name.clone(),
+            key: "tls.crt".to_owned(),
+        }),
+        _ => None,
+    };
     if pod.metadata.deletion_timestamp.is_none()
         && let Some(host) = host_for(
             &pod,
             ctx.config.host_port,
-            ctx.config.host_ca_file.is_some(),
+            ctx.config.host_ca_file.is_some() || ca.is_some(),
+            ca.as_ref(),
             &token,
             &ctx.labels,
         )
     {
         // Spec only: status, `disabled` set by a person, and the finalizer stay untouched
         // (server-side apply owns just these fields).
-        let patch = serde_json::json!({
+        let mut patch = serde_json::json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
             "metadata": {"name": host.name_any(), "labels": host.labels()},
             "spec": {"endpoint": host.spec.endpoint, "adminTokenSecret": host.spec.admin_token_secret, "node": host.spec.node},
         });
+        if let Some(ca) = &host.spec.ca_secret {
+            patch["spec"]["caSecret"] = serde_json::json!(ca);
+        }
         Api::<SandboxHost>::all(ctx.client.clone())
             .patch(
                 &host.name_any(),
@@ -156,13 +172,13 @@ mod tests {
         }))
         .expect("pod");
         let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
-        let host = host_for(&pod, 8080, false, &token, &Default::default()).expect("a host");
+        let host = host_for(&pod, 8080, false, None, &token, &Default::default()).expect("a host");
         assert_eq!(host.name_any(), "node-worker-1");
         assert_eq!(host.spec.endpoint, "http://10.1.2.3:8080");
         assert_eq!(host.spec.admin_token_secret.key, "token");
         assert_eq!(host.spec.node.as_deref(), Some("worker-1"));
         let pending: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "w", "containers": []}})).expect("pod");
-        assert!(host_for(&pending, 8080, false, &token, &Default::default()).is_none());
+        assert!(host_for(&pending, 8080, false, None, &token, &Default::default()).is_none());
         assert!(parse_secret("nonamespace").is_none());
     }
 
@@ -175,7 +191,7 @@ mod tests {
         }))
         .expect("pod");
         let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
-        let host = host_for(&pod, 8443, true, &token, &Default::default()).expect("a host");
+        let host = host_for(&pod, 8443, true, None, &token, &Default::default()).expect("a host");
         assert_eq!(host.spec.endpoint, "https://[fd00::7]:8443");
     }
 }

@@ -19,6 +19,7 @@ pub mod preflight;
 pub mod run;
 pub mod runtime;
 pub mod session;
+pub mod signer;
 pub mod tombstone;
 pub mod trust;
 

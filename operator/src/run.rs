@@ -89,6 +89,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ = crate::session::run(ctx.clone()) => {}
         _ = crate::tombstone::run(ctx.clone()) => {}
         _ = crate::discovery::run(ctx.clone()) => {}
+        _ = crate::signer::run(ctx.clone()) => {}
     }
     renew.abort();
     info!("controllers stopped");

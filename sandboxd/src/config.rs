@@ -30,6 +30,28 @@ pub enum Command {
         #[arg(long, value_name = "NAME")]
         node: String,
     },
+    /// Make a key on this node, ask the operator's signer for its serving certificate through a
+    /// Kubernetes CertificateSigningRequest (DNS name: the node; IP: the node's), wait for it
+    /// and write tls.key, tls.crt and ca.crt into DIR, then exit. What the chart's init
+    /// container runs when `tls.issuer.caSecret` is set; non-zero with the signer's reason when
+    /// the request is denied.
+    Enrol {
+        /// The node's name, the certificate's DNS name (the chart: the pod's spec.nodeName).
+        #[arg(long, env = "SANDBOXD_NODE_NAME", value_name = "NAME")]
+        node: String,
+        /// The node's IP, the certificate's IP address (the chart: the pod's status.hostIP).
+        #[arg(long, env = "SANDBOXD_NODE_IP", value_name = "IP")]
+        node_ip: Option<IpAddr>,
+        /// The folder that gets tls.key, tls.crt and ca.crt.
+        #[arg(long, env = "SANDBOXD_ENROL_DIR", default_value = "/etc/sandboxd-tls")]
+        dir: PathBuf,
+        /// The signer asked (the operator's --csr-signer-name).
+        #[arg(long, env = "SANDBOXD_SIGNER_NAME", default_value = crate::enrol::SIGNER_NAME)]
+        signer_name: String,
+        /// The longest wait for the certificate, seconds.
+        #[arg(long, default_value_t = 300)]
+        wait_seconds: u64,
+    },
     /// Print the OpenAPI 3.1 document of the `/v1` API (what `GET /openapi.json` serves and
     /// `docs/openapi.json` holds) and exit; with `--wire`, that of the wire protocol's routes
     /// (`GET /wire/openapi.json`, `docs/openapi-wire.json`).

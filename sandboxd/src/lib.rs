@@ -25,6 +25,7 @@ pub mod connections;
 pub mod core;
 pub mod disk;
 pub mod docker;
+pub mod enrol;
 pub mod error;
 pub mod files;
 pub mod identity;

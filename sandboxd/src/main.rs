@@ -36,6 +36,36 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
+    if let Some(sandboxd::config::Command::Enrol {
+        node,
+        node_ip,
+        dir,
+        signer_name,
+        wait_seconds,
+    }) = &config.command
+    {
+        sandboxd::tls::install_provider();
+        let request = sandboxd::enrol::Request {
+            node: node.clone(),
+            node_ip: *node_ip,
+            signer_name: signer_name.clone(),
+            dir: dir.clone(),
+            wait: std::time::Duration::from_secs(*wait_seconds),
+        };
+        return match sandboxd::enrol::enrol(&request).await {
+            Ok(name) => {
+                eprintln!(
+                    "sandboxd enrol: certificate of CertificateSigningRequest {name} written to {}",
+                    dir.display()
+                );
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sandboxd enrol: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(sandboxd::config::Command::Openapi { wire }) = config.command {
         if wire {
             print!("{}", sandboxd::wire_openapi::json());

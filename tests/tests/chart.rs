@@ -216,6 +216,12 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "--set",
             "tls.existingSecret=sandboxd-tls",
         ],
+        vec![
+            "--set",
+            "tls.enabled=true",
+            "--set",
+            "tls.issuer.caSecret=node-ca",
+        ],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
@@ -970,6 +976,28 @@ fn the_tenant_binding_binds_labelled_namespaces_unless_turned_off() {
     );
 }
 
+/// Whether ServiceAccount `user` may `verb` (approve, sign) for `signer`: a SubjectAccessReview,
+/// as the API server asks when a request is approved or signed (`kubectl auth can-i` does not
+/// know the group of the `signers` resource, which has no API of its own).
+async fn on_signer(client: &kube::Client, user: &str, verb: &str, signer: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let namespace = user.split(':').nth(2).unwrap_or("");
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+            "resourceAttributes": {"group": "certificates.k8s.io", "resource": "signers", "name": signer, "verb": verb},
+        },
+    }))
+    .expect("review");
+    kube::Api::<SubjectAccessReview>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .expect("the API server reviews")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
 /// What `user` may do, as `kubectl auth can-i … --as user` answers.
 fn can_i(user: &str, args: &[&str]) -> bool {
     let out = run(Command::new(sandboxd_tests::kubectl())
@@ -1078,11 +1106,80 @@ async fn the_service_accounts_may_do_only_what_they_need() {
         ok(Command::new(sandboxd_tests::kubectl())
             .args(["auth", "can-i", "--list", "-n", &ns.name, "--as", user]))
     };
+    let nobody = rules(&format!("system:serviceaccount:{}:nobody", ns.name));
     assert_eq!(
         rules(&sandboxd),
-        rules(&format!("system:serviceaccount:{}:nobody", ns.name)),
+        nobody,
         "sandboxd's ServiceAccount may do more than one nobody bound"
     );
+
+    // A certificate per node (tls.issuer.caSecret): sandboxd may ask (create) and read its
+    // request back (get), nothing more; the operator may approve and sign for its own signer
+    // name only, and read that one CA Secret.
+    ok(Command::new(helm())
+        .args(["upgrade", "-n", &ns.name])
+        .arg(&release)
+        .arg(chart())
+        .args([
+            "--no-hooks",
+            "--reuse-values",
+            "--set",
+            "tls.enabled=true",
+            "--set",
+            "tls.issuer.caSecret=node-ca",
+        ]));
+    let csrs = "certificatesigningrequests.certificates.k8s.io";
+    yes(&sandboxd, &["create", csrs]);
+    yes(&sandboxd, &["get", csrs]);
+    for verb in ["list", "watch", "update", "patch", "delete"] {
+        no(&sandboxd, &[verb, csrs]);
+    }
+    no(&sandboxd, &["update", csrs, "--subresource", "approval"]);
+    no(&sandboxd, &["update", csrs, "--subresource", "status"]);
+    for verb in ["approve", "sign"] {
+        assert!(!on_signer(&client, &sandboxd, verb, "sandboxd.dev/host").await);
+    }
+    no(&sandboxd, &["get", "secrets/node-ca", "-n", &ns.name]);
+    no(&sandboxd, &["get", "nodes"]);
+    // The table's columns are as wide as its longest name: compared word by word.
+    let words = |table: &str| -> Vec<String> {
+        table
+            .lines()
+            .filter(|l| !l.starts_with(csrs))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(
+        words(&rules(&sandboxd)),
+        words(&nobody),
+        "sandboxd's ServiceAccount may do more than ask for certificates"
+    );
+    for verb in ["get", "list", "watch"] {
+        yes(&operator, &[verb, csrs]);
+    }
+    yes(&operator, &["update", csrs, "--subresource", "approval"]);
+    yes(&operator, &["update", csrs, "--subresource", "status"]);
+    no(&operator, &["create", csrs]);
+    no(&operator, &["delete", csrs]);
+    for verb in ["approve", "sign"] {
+        assert!(on_signer(&client, &operator, verb, "sandboxd.dev/host").await);
+        for signer in [
+            "kubernetes.io/kubelet-serving",
+            "kubernetes.io/kube-apiserver-client",
+            "example.com/other",
+            "sandboxd.dev/*",
+        ] {
+            assert!(
+                !on_signer(&client, &operator, verb, signer).await,
+                "the operator may {verb} for {signer}"
+            );
+        }
+    }
+    yes(&operator, &["get", "nodes"]);
+    no(&operator, &["list", "nodes"]);
+    yes(&operator, &["get", "secrets/node-ca", "-n", &ns.name]);
+    no(&operator, &["get", "secrets/node-ca", "-n", &other.name]);
+    no(&operator, &["list", "secrets", "-n", &ns.name]);
 
     ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
     other.delete().await;
@@ -1291,6 +1388,214 @@ fn tls_from_an_existing_secret_gives_sandboxd_its_certificate_and_the_operator_o
     assert_eq!(
         endpoint["tlsConfig"]["ca"]["secret"]["key"].as_str(),
         Some("ca.crt")
+    );
+}
+
+#[test]
+fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_ca_is_named() {
+    let issuer = [
+        "--set",
+        "tls.enabled=true",
+        "--set",
+        "tls.issuer.caSecret=node-ca",
+        "--set",
+        "serviceMonitor.enabled=true",
+    ];
+    for on in [false, true] {
+        let args: &[&str] = if on {
+            &issuer
+        } else {
+            &[
+                "--set",
+                "tls.enabled=true",
+                "--set",
+                "tls.existingSecret=sandboxd-tls",
+            ]
+        };
+        let rendered = template(args);
+        let docs = documents(&rendered);
+        let ds = of_kind(&docs, "DaemonSet");
+        let pod = &ds["spec"]["template"]["spec"];
+        let volume = |name: &str| {
+            pod["volumes"]
+                .as_sequence()
+                .expect("volumes")
+                .iter()
+                .find(|v| v["name"] == name)
+                .cloned()
+        };
+        let tls = volume("tls").expect("the TLS volume");
+        let roles: Vec<String> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .map(|d| d["metadata"]["name"].as_str().unwrap_or("").to_owned())
+            .collect();
+        let operator_role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ClusterRole" && d["metadata"]["name"] == "rel-sandboxd-operator"
+            })
+            .expect("the operator's ClusterRole");
+        let op_rules = serde_yaml::to_string(&operator_role["rules"]).expect("YAML");
+        let op = of_kind(&docs, "Deployment");
+        let operator = &op["spec"]["template"]["spec"]["containers"][0];
+        if !on {
+            assert!(
+                pod["initContainers"].is_null(),
+                "{:?}",
+                pod["initContainers"]
+            );
+            assert_eq!(tls["secret"]["secretName"].as_str(), Some("sandboxd-tls"));
+            assert!(volume("enrol-token").is_none());
+            assert_eq!(roles, ["rel-sandboxd-operator"]);
+            assert!(
+                !op_rules.contains("certificatesigningrequests"),
+                "{op_rules}"
+            );
+            assert!(env_of(operator, "SANDBOX_OPERATOR_CSR_CA_SECRET").is_none());
+            assert!(!rendered.contains("certificates.k8s.io"));
+            continue;
+        }
+        // sandboxd reads what the init container wrote, in memory; the CA's key is mounted
+        // nowhere in the DaemonSet.
+        assert_eq!(
+            tls["emptyDir"]["medium"].as_str(),
+            Some("Memory"),
+            "{tls:?}"
+        );
+        assert!(
+            !serde_yaml::to_string(ds).expect("YAML").contains("node-ca"),
+            "the DaemonSet names the CA Secret"
+        );
+        let init = &pod["initContainers"][0];
+        assert_eq!(init["name"].as_str(), Some("enrol"));
+        assert_eq!(init["args"][0].as_str(), Some("enrol"));
+        assert_eq!(seccomp(init), Some("RuntimeDefault"));
+        assert_eq!(
+            init["securityContext"]["runAsNonRoot"].as_bool(),
+            Some(true)
+        );
+        assert_eq!(
+            init["securityContext"]["allowPrivilegeEscalation"].as_bool(),
+            Some(false)
+        );
+        assert_eq!(
+            env_of(init, "SANDBOXD_ENROL_DIR"),
+            Some("/etc/sandboxd-tls")
+        );
+        assert_eq!(
+            env_of(init, "SANDBOXD_SIGNER_NAME"),
+            Some("sandboxd.dev/host")
+        );
+        let field = |name: &str| {
+            init["env"]
+                .as_sequence()
+                .expect("env")
+                .iter()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["valueFrom"]["fieldRef"]["fieldPath"].as_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            field("SANDBOXD_NODE_NAME").as_deref(),
+            Some("spec.nodeName")
+        );
+        assert_eq!(field("SANDBOXD_NODE_IP").as_deref(), Some("status.hostIP"));
+        let mounts = serde_yaml::to_string(&init["volumeMounts"]).expect("YAML");
+        assert!(mounts.contains("mountPath: /etc/sandboxd-tls"), "{mounts}");
+        assert!(
+            mounts.contains("/var/run/secrets/kubernetes.io/serviceaccount"),
+            "{mounts}"
+        );
+        // The token: the init container's alone, bound to the pod, short-lived.
+        assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+        let sandboxd_mounts =
+            serde_yaml::to_string(&pod["containers"][0]["volumeMounts"]).expect("YAML");
+        assert!(
+            !sandboxd_mounts.contains("enrol-token"),
+            "{sandboxd_mounts}"
+        );
+        let token = volume("enrol-token").expect("the token volume");
+        assert_eq!(
+            token["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"].as_u64(),
+            Some(600)
+        );
+        // RBAC: sandboxd may create and get requests; the operator approves and signs its
+        // signer's only, and reads the CA Secret by name.
+        let sandboxd_role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ClusterRole" && d["metadata"]["name"] == "rel-sandboxd-sandboxd"
+            })
+            .expect("sandboxd's ClusterRole");
+        assert_eq!(
+            serde_yaml::to_string(&sandboxd_role["rules"]).expect("YAML"),
+            "- apiGroups:\n  - certificates.k8s.io\n  resources:\n  - certificatesigningrequests\n  verbs:\n  - create\n  - get\n"
+        );
+        assert!(
+            docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+                && d["roleRef"]["name"] == "rel-sandboxd-sandboxd"
+                && d["subjects"][0]["name"] == "rel-sandboxd-sandboxd"),
+            "sandboxd's role is bound to its ServiceAccount"
+        );
+        let signers = operator_role["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .find(|r| r["resources"][0] == "signers")
+            .expect("the signers rule");
+        assert_eq!(
+            serde_yaml::to_string(signers).expect("YAML"),
+            "apiGroups:\n- certificates.k8s.io\nresources:\n- signers\nresourceNames:\n- sandboxd.dev/host\nverbs:\n- approve\n- sign\n"
+        );
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "rel-sandboxd-operator")
+            .expect("the operator's Role");
+        let secrets = role["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .find(|r| r["resources"][0] == "secrets")
+            .expect("the secrets rule");
+        assert!(
+            secrets["resourceNames"]
+                .as_sequence()
+                .expect("names")
+                .iter()
+                .any(|n| n == "node-ca"),
+            "{secrets:?}"
+        );
+        // The operator signs for the chart's sandboxd ServiceAccount, and holds no CA file.
+        assert_eq!(
+            env_of(operator, "SANDBOX_OPERATOR_CSR_CA_SECRET"),
+            Some("node-ca")
+        );
+        assert_eq!(
+            env_of(operator, "SANDBOX_OPERATOR_CSR_REQUESTER"),
+            Some("system:serviceaccount:default:rel-sandboxd-sandboxd")
+        );
+        assert!(env_of(operator, "SANDBOX_OPERATOR_HOST_CA_FILE").is_none());
+        assert!(op["spec"]["template"]["spec"]["volumes"].is_null());
+        let sm = of_kind(&docs, "ServiceMonitor");
+        assert_eq!(
+            sm["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"]["key"].as_str(),
+            Some("tls.crt")
+        );
+    }
+    // Without TLS the issuer means nothing: refused, saying so.
+    let out = run(Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args(["--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
+        .args(["--set", "tls.issuer.caSecret=node-ca"]));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tls.issuer.caSecret needs tls.enabled=true"),
+        "{err}"
     );
 }
 

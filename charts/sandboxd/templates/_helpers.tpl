@@ -46,7 +46,16 @@ app.kubernetes.io/component: sandboxd
 
 {{/* The Secret with tls.crt, tls.key and ca.crt, when TLS is on. */}}
 {{- define "sandboxd.tlsSecret" -}}
+{{- if .Values.tls.issuer.caSecret -}}
+{{- .Values.tls.issuer.caSecret -}}
+{{- else -}}
 {{- required "tls.enabled=true needs tls.existingSecret: a Secret in the release namespace with tls.crt, tls.key (a certificate naming every node's IP) and ca.crt" .Values.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The key of the CA certificate in the Secret named by sandboxd.tlsSecret. */}}
+{{- define "sandboxd.tlsCaKey" -}}
+{{- if .Values.tls.issuer.caSecret }}tls.crt{{ else }}ca.crt{{ end -}}
 {{- end -}}
 
 {{/* The sandboxd container's environment, shared by the DaemonSet and the prepare hook. */}}
