@@ -29,10 +29,17 @@ struct ClusterObjects {
     role: String,
     nodes: Vec<String>,
     signers: Vec<String>,
+    /// The namespace of the test's pods: no kubelet runs their nodes, so nothing would ever
+    /// finish their graceful deletion (nor the namespace's); they are removed at once.
+    pods_in: String,
 }
 
 impl Drop for ClusterObjects {
     fn drop(&mut self) {
+        let _ = Command::new(sandboxd_tests::kubectl())
+            .args(["delete", "pods", "--all", "-n", &self.pods_in])
+            .args(["--grace-period=0", "--force", "--wait=false"])
+            .output();
         let _ = Command::new(sandboxd_tests::kubectl())
             .args([
                 "delete",
@@ -231,6 +238,7 @@ async fn a_node_gets_a_certificate_for_itself_only_sandboxd_serves_it_and_the_op
         role: format!("csr-test-{suffix}"),
         nodes: vec![node_a.clone(), node_b.clone()],
         signers: vec![signer.clone(), elsewhere.clone()],
+        pods_in: ns.clone(),
     };
     // What the chart grants sandboxd's ServiceAccount (here to both accounts of the test, so
     // the signer is what refuses the other one).
@@ -504,5 +512,6 @@ subjects:
     );
 
     drop(host);
+    drop(_cleanup);
     scope.delete().await;
 }
