@@ -9,6 +9,7 @@
 //! [`crate::wire_openapi`] (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
 
 use serde::Serialize;
+use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
@@ -451,37 +452,78 @@ impl Modify for WithErrors {
                     .build(),
             ),
         );
-        for (path, item) in doc.paths.paths.iter_mut() {
-            let operations = [
-                ("GET", &mut item.get),
-                ("PUT", &mut item.put),
-                ("POST", &mut item.post),
-                ("DELETE", &mut item.delete),
-            ];
-            for (method, operation) in operations {
-                let Some(operation) = operation else { continue };
-                for (status, codes) in errors_of(&format!("{method} {path}")) {
-                    let listed = codes
-                        .iter()
-                        .map(|c| format!("`{c}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    operation.responses.responses.insert(
-                        status.to_string(),
-                        ResponseBuilder::new()
-                            .description(format!("An error; `code` is one of {listed}"))
-                            .content(
-                                "application/json",
-                                ContentBuilder::new()
-                                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                                    .build(),
-                            )
-                            .into(),
-                    );
-                }
+        each_operation(doc, |route, operation| {
+            for (status, codes) in errors_of(route) {
+                let listed = codes
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                operation.responses.responses.insert(
+                    status.to_string(),
+                    ResponseBuilder::new()
+                        .description(format!("An error; `code` is one of {listed}"))
+                        .content(
+                            "application/json",
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                                .build(),
+                        )
+                        .into(),
+                );
+            }
+        });
+    }
+}
+
+/// Calls `f` with "METHOD /path" and the operation, for every operation of `doc`.
+pub(crate) fn each_operation(doc: &mut Document, mut f: impl FnMut(&str, &mut Operation)) {
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let operations = [
+            ("GET", &mut item.get),
+            ("PUT", &mut item.put),
+            ("POST", &mut item.post),
+            ("DELETE", &mut item.delete),
+            ("PATCH", &mut item.patch),
+            ("HEAD", &mut item.head),
+            ("OPTIONS", &mut item.options),
+        ];
+        for (method, operation) in operations {
+            if let Some(operation) = operation {
+                f(&format!("{method} {path}"), operation);
             }
         }
     }
+}
+
+/// A document as pretty JSON with a final newline, as it is served and committed.
+pub(crate) fn pretty(doc: &Document) -> String {
+    match doc.to_pretty_json() {
+        Ok(text) => text + "\n",
+        // Serializing a document of strings and maps cannot fail.
+        Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
+    }
+}
+
+/// A document's text as a JSON response.
+pub(crate) fn serve(text: String) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
+}
+
+/// "METHOD /path" of every operation of a document.
+#[cfg(test)]
+pub(crate) fn routes(doc: &Document) -> std::collections::BTreeSet<String> {
+    let mut doc = doc.clone();
+    let mut routes = std::collections::BTreeSet::new();
+    each_operation(&mut doc, |route, _| {
+        routes.insert(route.to_owned());
+    });
+    routes
 }
 
 /// The document, as `GET /openapi.json` serves it and `docs/openapi.json` holds it.
@@ -493,11 +535,7 @@ pub fn document() -> Document {
 
 /// The document as pretty JSON with a final newline: the text of `docs/openapi.json`.
 pub fn json() -> String {
-    match document().to_pretty_json() {
-        Ok(text) => text + "\n",
-        // Serializing a document of strings and maps cannot fail.
-        Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
-    }
+    pretty(&document())
 }
 
 /// The OpenAPI document, without a token: it describes this version of sandboxd and holds
@@ -507,12 +545,7 @@ pub fn json() -> String {
     responses((status = 200, description = "This document", body = Object))
 )]
 pub(crate) async fn openapi_json() -> axum::response::Response {
-    use axum::response::IntoResponse;
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        json(),
-    )
-        .into_response()
+    serve(json())
 }
 
 #[cfg(test)]
@@ -523,24 +556,7 @@ mod tests {
 
     /// "METHOD /path" of every operation of the document.
     fn documented() -> BTreeSet<String> {
-        let doc = document();
-        let mut routes = BTreeSet::new();
-        for (path, item) in &doc.paths.paths {
-            for (method, op) in [
-                ("GET", &item.get),
-                ("PUT", &item.put),
-                ("POST", &item.post),
-                ("DELETE", &item.delete),
-                ("PATCH", &item.patch),
-                ("HEAD", &item.head),
-                ("OPTIONS", &item.options),
-            ] {
-                if op.is_some() {
-                    routes.insert(format!("{method} {path}"));
-                }
-            }
-        }
-        routes
+        routes(&document())
     }
 
     #[test]

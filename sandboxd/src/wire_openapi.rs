@@ -318,31 +318,22 @@ impl Modify for WithErrors {
                 "The service (admin) token, or a session's token (only its own session)",
             ))),
         );
-        for (path, item) in doc.paths.paths.iter_mut() {
-            let operations = [
-                ("GET", &mut item.get),
-                ("PUT", &mut item.put),
-                ("POST", &mut item.post),
-                ("DELETE", &mut item.delete),
-            ];
-            for (method, operation) in operations {
-                let Some(operation) = operation else { continue };
-                for (status, when) in errors_of(&format!("{method} {path}")) {
-                    operation.responses.responses.insert(
-                        status.to_string(),
-                        ResponseBuilder::new()
-                            .description(*when)
-                            .content(
-                                "application/json",
-                                ContentBuilder::new()
-                                    .schema(Some(Ref::from_schema_name("WireErrorBody")))
-                                    .build(),
-                            )
-                            .into(),
-                    );
-                }
+        crate::openapi::each_operation(doc, |route, operation| {
+            for (status, when) in errors_of(route) {
+                operation.responses.responses.insert(
+                    status.to_string(),
+                    ResponseBuilder::new()
+                        .description(*when)
+                        .content(
+                            "application/json",
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("WireErrorBody")))
+                                .build(),
+                        )
+                        .into(),
+                );
             }
-        }
+        });
     }
 }
 
@@ -355,11 +346,7 @@ pub fn document() -> Document {
 
 /// The document as pretty JSON with a final newline: the text of `docs/openapi-wire.json`.
 pub fn json() -> String {
-    match document().to_pretty_json() {
-        Ok(text) => text + "\n",
-        // Serializing a document of strings and maps cannot fail.
-        Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
-    }
+    crate::openapi::pretty(&document())
 }
 
 /// The wire surface's OpenAPI document, without a token: it describes this version of
@@ -369,12 +356,7 @@ pub fn json() -> String {
     responses((status = 200, description = "This document", body = Object))
 )]
 pub(crate) async fn openapi_json() -> axum::response::Response {
-    use axum::response::IntoResponse;
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        json(),
-    )
-        .into_response()
+    crate::openapi::serve(json())
 }
 
 #[cfg(test)]
@@ -385,24 +367,7 @@ mod tests {
 
     /// "METHOD /path" of every operation of the document.
     fn documented() -> BTreeSet<String> {
-        let doc = document();
-        let mut routes = BTreeSet::new();
-        for (path, item) in &doc.paths.paths {
-            for (method, op) in [
-                ("GET", &item.get),
-                ("PUT", &item.put),
-                ("POST", &item.post),
-                ("DELETE", &item.delete),
-                ("PATCH", &item.patch),
-                ("HEAD", &item.head),
-                ("OPTIONS", &item.options),
-            ] {
-                if op.is_some() {
-                    routes.insert(format!("{method} {path}"));
-                }
-            }
-        }
-        routes
+        crate::openapi::routes(&document())
     }
 
     #[test]
