@@ -125,6 +125,31 @@ fn fuzz_run(st: &str, d: &Daemon, run: &Run) {
 }
 
 /// Every file below `dir`, with its content (a symlink: its target).
+/// A canary folder next to the workspaces, with a file, and a symlink to it from inside the
+/// workspace of session `fuzz`: the folder and what it holds before the fuzzer runs.
+fn canary(d: &Daemon) -> (PathBuf, Vec<(PathBuf, Vec<u8>)>) {
+    let outside = d
+        .workspace_root()
+        .parent()
+        .expect("a parent")
+        .join("outside");
+    std::fs::create_dir_all(&outside).expect("the canary folder");
+    std::fs::write(outside.join("secret.txt"), "untouched").expect("the canary");
+    std::os::unix::fs::symlink(&outside, d.workspace("fuzz").join("link")).expect("a symlink");
+    let before = snapshot(&outside);
+    (outside, before)
+}
+
+/// The OpenAPI document sandboxd serves at `route`.
+async fn served_document(d: &Daemon, route: &str) -> serde_json::Value {
+    reqwest::get(format!("{}{route}", d.base))
+        .await
+        .unwrap_or_else(|e| panic!("GET {route}: {e}"))
+        .json()
+        .await
+        .expect("the document is JSON")
+}
+
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
@@ -176,23 +201,10 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
 
     // Outside the workspace: a canary folder next to the workspaces, and a symlink to it from
     // inside the session's workspace.
-    let outside = d
-        .workspace_root()
-        .parent()
-        .expect("a parent")
-        .join("outside");
-    std::fs::create_dir_all(&outside).expect("the canary folder");
-    std::fs::write(outside.join("secret.txt"), "untouched").expect("the canary");
-    std::os::unix::fs::symlink(&outside, d.workspace("fuzz").join("link")).expect("a symlink");
-    let before = snapshot(&outside);
+    let (outside, before) = canary(&d);
 
     // What the fuzzer found before, answered as the document says.
-    let doc: serde_json::Value = reqwest::get(format!("{}/openapi.json", d.base))
-        .await
-        .expect("GET /openapi.json")
-        .json()
-        .await
-        .expect("the document is JSON");
+    let doc = served_document(&d, "/openapi.json").await;
     for (method, path, query, body, status, code) in [
         // An empty owner is not an owner: 400, which the document did not list.
         (
@@ -351,23 +363,10 @@ async fn schemathesis_on_the_wire_finds_no_undocumented_answer_and_no_escape() {
         .await
         .expect("write");
 
-    let outside = d
-        .workspace_root()
-        .parent()
-        .expect("a parent")
-        .join("outside");
-    std::fs::create_dir_all(&outside).expect("the canary folder");
-    std::fs::write(outside.join("secret.txt"), "untouched").expect("the canary");
-    std::os::unix::fs::symlink(&outside, d.workspace("fuzz").join("link")).expect("a symlink");
-    let before = snapshot(&outside);
+    let (outside, before) = canary(&d);
 
     // What the fuzzer found before, answered as the document says.
-    let doc: serde_json::Value = reqwest::get(format!("{}/wire/openapi.json", d.base))
-        .await
-        .expect("GET /wire/openapi.json")
-        .json()
-        .await
-        .expect("the document is JSON");
+    let doc = served_document(&d, "/wire/openapi.json").await;
     let nul_argv = format!(r#"{{"argv": ["echo", "a\u0000b"], "run_id": "{WIRE_RUN}"}}"#);
     for (method, path, body, status, detail) in [
         // A NUL in an argument: the agent could not start the run (502); now refused, 400.
