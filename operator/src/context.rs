@@ -136,6 +136,8 @@ pub struct Context {
     pub sessions: std::sync::OnceLock<
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
+    /// The session controller's cache of namespaces (metadata only).
+    pub namespaces: std::sync::OnceLock<crate::session::orphan::Namespaces>,
 }
 
 /// A sandboxd client kept between reconciles: its connections are reused, and the admin
@@ -207,6 +209,7 @@ impl Context {
             node_hashes: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
+            namespaces: std::sync::OnceLock::new(),
         }
     }
 

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Host, Scope, mount_config_map, node_token_hashes, phase, token_of, wait_gone};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
@@ -21,7 +21,7 @@ use kube::{Client, Config, ResourceExt};
 use rand::Rng;
 use sandboxd_api::auth::{hash, node_token};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
+use sandboxd_crds::v1alpha1::{SandboxHost, SandboxSession, Tombstone};
 
 fn helm() -> PathBuf {
     PathBuf::from(std::env::var("SANDBOXD_HELM").expect(
@@ -457,4 +457,204 @@ fn without_its_namespace_the_operator_does_not_start() {
         "sandbox-operator: POD_NAMESPACE is not set: the operator reads Secrets (the SandboxHosts' admin tokens) only in its own namespace, and POD_NAMESPACE (or --namespace) names it; the chart sets it from the pod's namespace, set it yourself when you run the operator by hand"
     );
     assert!(out.stdout.is_empty(), "it serves nothing");
+}
+
+/// Makes namespace `name` go while its objects stay stored, as it happens when Kubernetes'
+/// namespace controller cannot discover a kind at that moment (just after an API server
+/// restart): its finalizer is taken away first, so the namespace controller has nothing to do
+/// and the second delete removes it at once.
+async fn lose_namespace_keeping_its_objects(client: &Client, name: &str) {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let mut ns = namespaces.get(name).await.expect("the namespace");
+    if let Some(spec) = ns.spec.as_mut() {
+        spec.finalizers = Some(vec![]);
+    }
+    namespaces
+        .replace_subresource("finalize", name, &PostParams::default(), &ns)
+        .await
+        .expect("the namespace's finalizers taken away");
+    for _ in 0..2 {
+        match namespaces.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("cannot delete namespace {name}: {e}"),
+        }
+    }
+    wait_gone(namespaces, name, 30).await;
+}
+
+/// A session its namespace left behind (the namespace gone, or gone and made again under the
+/// same name) is deleted by the operator, under the chart's RBAC, and its sandbox destroyed
+/// through its Tombstone; the new owner of the remade namespace opens an empty workspace under
+/// the same session name, never the previous owner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespace_starts_empty() {
+    let mut scope = Scope::new("orphan").await;
+    let release = format!("r{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
+    let rbac = ChartRbac::apply(&release, &scope.ns);
+    let service_account = format!("system:serviceaccount:{}:{}", scope.ns, rbac.name);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = impersonating(&service_account, dir.path());
+    let host = Host::start(&format!("orphan-host-{}", scope.scope), &[]);
+    let admin_secret = format!("{release}-sandboxd-admin-token");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": admin_secret, "labels": scope.labels()},
+        "stringData": {"token": host.token},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the admin-token Secret");
+    scope
+        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
+        .await;
+    scope.default_runtime().await;
+    let first = scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
+
+    // One session in each of two namespaces, running, with a file in its workspace.
+    let namespaces = Api::<Namespace>::all(scope.client.clone());
+    let labels = scope.labels();
+    let session_doc = |ns: &str| -> SandboxSession {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": "left", "namespace": ns, "labels": labels},
+            "spec": {"scope": "conversation", "tenant": "org-1", "subject": "c-1"},
+        }))
+        .expect("a session")
+    };
+    let mut left = vec![];
+    for which in ["gone", "remade"] {
+        let name = format!("{}-{which}", scope.ns);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"sandboxd.dev/test": "true"}},
+        }))
+        .expect("a namespace");
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("the namespace");
+        let sessions = Api::<SandboxSession>::namespaced(scope.client.clone(), &name);
+        sessions
+            .create(&PostParams::default(), &session_doc(&name))
+            .await
+            .expect("the session");
+        let running = running_in(&sessions, "left", 90).await;
+        let id = running
+            .status
+            .as_ref()
+            .and_then(|s| s.session_id.clone())
+            .expect("a session id");
+        let token = Api::<Secret>::namespaced(scope.client.clone(), &name)
+            .get("left-token")
+            .await
+            .expect("the token Secret");
+        sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&token))
+            .run(&id, "echo mine > notes.txt", None, None, None)
+            .await
+            .expect("a file written");
+        assert!(host.workspace(&id).join("notes.txt").exists());
+        left.push((name, id, running.uid().expect("a uid")));
+    }
+
+    // With the operator down, both namespaces go without their sessions; one is made again.
+    scope.kill9_operator(first);
+    for (name, _, _) in &left {
+        lose_namespace_keeping_its_objects(&scope.client, name).await;
+        assert!(
+            Api::<SandboxSession>::namespaced(scope.client.clone(), name)
+                .get_opt("left")
+                .await
+                .expect("a read of the session")
+                .is_some(),
+            "the session outlived its namespace {name}"
+        );
+    }
+    let remade = left[1].0.clone();
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": remade, "labels": {"sandboxd.dev/test": "true"}},
+    }))
+    .expect("a namespace");
+    // Made at least a second after the session, as any namespace made again is.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("the namespace made again");
+
+    // The operator deletes both sessions; their Tombstones destroy container and workspace.
+    scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
+    for (name, id, uid) in &left {
+        wait_gone(
+            Api::<SandboxSession>::namespaced(scope.client.clone(), name),
+            "left",
+            60,
+        )
+        .await;
+        wait_gone(
+            Api::<Tombstone>::all(scope.client.clone()),
+            &format!("sbx-{uid}"),
+            60,
+        )
+        .await;
+        assert!(
+            !host.workspace(id).exists(),
+            "the workspace of {name}/left was destroyed"
+        );
+    }
+    assert!(host.containers().is_empty(), "{:?}", host.containers());
+
+    // The remade namespace's owner opens the same name: a new, empty workspace.
+    let sessions = Api::<SandboxSession>::namespaced(scope.client.clone(), &remade);
+    sessions
+        .create(&PostParams::default(), &session_doc(&remade))
+        .await
+        .expect("the session made again");
+    let running = running_in(&sessions, "left", 90).await;
+    assert_ne!(running.uid(), Some(left[1].2.clone()));
+    let token = Api::<Secret>::namespaced(scope.client.clone(), &remade)
+        .get("left-token")
+        .await
+        .expect("the token Secret");
+    let id = running
+        .status
+        .as_ref()
+        .and_then(|s| s.session_id.clone())
+        .expect("a session id");
+    let run = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&token))
+        .run(&id, "ls -A", None, None, None)
+        .await
+        .expect("a run");
+    assert_eq!(run.stdout, "", "the new workspace is empty");
+    sessions
+        .delete("left", &DeleteParams::default())
+        .await
+        .expect("delete the session");
+    wait_gone(sessions, "left", 30).await;
+    let _ = namespaces.delete(&remade, &DeleteParams::default()).await;
+    scope.delete().await;
+    drop(rbac);
+}
+
+/// Waits (watching) up to `secs` for session `name` to be Running.
+async fn running_in(sessions: &Api<SandboxSession>, name: &str, secs: u64) -> SandboxSession {
+    let found = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(sessions.clone(), name, |s: Option<&SandboxSession>| {
+            s.is_some_and(|s| phase(s) == Some(SessionPhase::Running))
+        }),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(s))) => s,
+        _ => panic!(
+            "session {name} was not Running within {secs} s: {:?}",
+            sessions
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.status)
+        ),
+    }
 }

@@ -1066,6 +1066,12 @@ async fn the_service_accounts_may_do_only_what_they_need() {
         &["patch", "sandboxsessions.sandboxd.dev/status", "-A"],
     );
     yes(&operator, &["create", "tombstones.sandboxd.dev"]);
+    // Sessions a namespace left behind: namespaces watched, such a session deleted; namespaces
+    // themselves never changed.
+    yes(&operator, &["watch", "namespaces"]);
+    yes(&operator, &["delete", "sandboxsessions.sandboxd.dev", "-A"]);
+    no(&operator, &["delete", "namespaces"]);
+    no(&operator, &["create", "namespaces"]);
     yes(
         &operator,
         &["update", "leases.coordination.k8s.io", "-n", &ns.name],

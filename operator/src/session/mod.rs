@@ -6,23 +6,26 @@
 //! A reconcile runs the steps in order, each in its module, and stops at the first that has
 //! nothing more to do now: [`place`] (the Runtime, a host, the claim), [`open`] (the open on the
 //! host and the token Secret), [`follow`] (the session's life, decided by a pure function);
-//! [`cleanup`] runs when the object is deleted.
+//! [`cleanup`] runs when the object is deleted. Before them, [`orphan`] deletes a session its
+//! namespace left behind.
 
 mod cleanup;
 pub mod follow;
 mod open;
+pub mod orphan;
 mod place;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams};
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
-use kube::runtime::watcher::watcher;
+use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use sandboxd_api::client::ClientError;
@@ -95,6 +98,21 @@ pub async fn run(ctx: Arc<Context>) {
     .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
     let waiting = sessions.clone();
+    // Namespaces, metadata only and without the label selector of the sessions: a namespace
+    // that goes (or comes again) brings its sessions to a reconcile ([`orphan`]).
+    let (namespaces, ns_writer) = reflector::store();
+    let ns_stream = reflector(
+        ns_writer,
+        watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|n| n.managed_fields_mut().clear()),
+    )
+    .touched_objects();
+    let _ = ctx.namespaces.set(namespaces);
+    let in_namespace = sessions.clone();
     Controller::for_stream(session_stream, sessions)
         .with_config(ctx.controller_config())
         .watches(
@@ -102,6 +120,15 @@ pub async fn run(ctx: Arc<Context>) {
             ctx.watcher_config(),
             move |rt| waiting_on_runtime(&rt, &waiting.state()),
         )
+        .watches_stream(ns_stream, move |ns| {
+            let name = ns.name_any();
+            in_namespace
+                .state()
+                .iter()
+                .filter(|s| s.namespace().as_deref() == Some(name.as_str()))
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
@@ -117,7 +144,12 @@ fn error_policy(s: Arc<SandboxSession>, error: &Error, ctx: Arc<Context>) -> Act
 async fn reconcile(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = if s.metadata.deletion_timestamp.is_none() {
-        apply(&s, &ctx).await
+        match orphan::reap(&s, &ctx).await {
+            // Deleted: its delete brings it back for the cleanup.
+            Ok(true) => Ok(Action::await_change()),
+            Ok(false) => apply(&s, &ctx).await,
+            Err(e) => Err(e),
+        }
     } else if has_finalizer(&s) {
         match cleanup::cleanup(&s, &ctx).await {
             Ok(action) => release(&s, &ctx).await.map(|()| action),
