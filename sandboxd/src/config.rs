@@ -192,7 +192,7 @@ pub struct Config {
 
     /// Audit rows waiting to be written at most; while the audit store is slow or down, rows
     /// past this are dropped (counted in `sandboxd_audit_rows_dropped_total`, and logged).
-    #[arg(long, env = "SANDBOXD_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
+    #[arg(long, env = "SANDBOXD_AUDIT_QUEUE", default_value_t = crate::storage::audit::DEFAULT_QUEUE)]
     pub audit_queue: usize,
 
     /// Days an audit row is kept; older rows are swept daily (files are never touched).
@@ -245,7 +245,7 @@ pub struct Config {
 
     /// IPv4 ranges a sandbox with network may not reach through the node (comma-separated
     /// CIDRs); the node itself is never reachable. Empty leaves only the node closed.
-    #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::network::DEFAULT_DENY)]
+    #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::container::network::DEFAULT_DENY)]
     pub network_deny: String,
 
     /// CPUs a sandbox may use.
@@ -489,8 +489,8 @@ impl Config {
     }
 
     /// The sandbox network's plan: its names and what its firewall drops.
-    pub fn network_plan(&self) -> Result<crate::network::Plan, ConfigError> {
-        crate::network::Plan::new(
+    pub fn network_plan(&self) -> Result<crate::container::network::Plan, ConfigError> {
+        crate::container::network::Plan::new(
             &self.instance,
             &self.runtime_network,
             &self.iptables,
@@ -500,8 +500,8 @@ impl Config {
     }
 
     /// The timeouts of every HTTP connection.
-    pub fn timeouts(&self) -> crate::connections::Timeouts {
-        crate::connections::Timeouts {
+    pub fn timeouts(&self) -> crate::http::connections::Timeouts {
+        crate::http::connections::Timeouts {
             header: std::time::Duration::from_secs(self.header_timeout),
             body: std::time::Duration::from_secs(self.body_timeout),
             idle: std::time::Duration::from_secs(self.idle_timeout),
@@ -520,8 +520,8 @@ impl Config {
     }
 
     /// The live policy this configuration starts with.
-    pub fn policy(&self) -> crate::policy::Policy {
-        crate::policy::Policy {
+    pub fn policy(&self) -> crate::service::policy::Policy {
+        crate::service::policy::Policy {
             max_sessions: self.max_sessions,
             max_sessions_per_tenant: self.max_sessions_per_tenant,
             execute_timeout: self.execute_timeout,
@@ -549,7 +549,7 @@ impl Config {
 
     /// The admin token this sandboxd accepts: its node's own (SANDBOXD_NODE_TOKEN, or derived
     /// from the master for SANDBOXD_NODE_NAME), or the master when it is not told its node.
-    pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
+    pub fn admin_token(&self) -> Result<crate::service::auth::AdminToken, ConfigError> {
         let node = self.node()?;
         if let Some(dir) = &self.node_token_hashes {
             let Some(node) = node else {
@@ -570,7 +570,7 @@ impl Config {
                     dir.display()
                 )));
             }
-            return Ok(crate::auth::AdminToken::hash_file(dir, node));
+            return Ok(crate::service::auth::AdminToken::hash_file(dir, node));
         }
         let own = self.node_token.as_deref().filter(|t| !t.is_empty());
         match (self.master_token(), own, node) {
@@ -580,14 +580,14 @@ impl Config {
             (Err(_), Some(_), None) => Err(ConfigError::Invalid(
                 "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is".into(),
             )),
-            (Err(_), Some(own), Some(_)) => Ok(crate::auth::AdminToken::new(own)),
-            (master, None, node) => Ok(crate::auth::AdminToken::accepted(&master?, node)),
+            (Err(_), Some(own), Some(_)) => Ok(crate::service::auth::AdminToken::new(own)),
+            (master, None, node) => Ok(crate::service::auth::AdminToken::accepted(&master?, node)),
         }
     }
 
     /// Checks everything that can be checked before start-up and returns the admin token this
     /// sandboxd accepts and the allowlist.
-    pub fn validate(&self) -> Result<(crate::auth::AdminToken, Allowlist), ConfigError> {
+    pub fn validate(&self) -> Result<(crate::service::auth::AdminToken, Allowlist), ConfigError> {
         let token = self.admin_token()?;
         let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
@@ -607,11 +607,13 @@ impl Config {
                 )));
             }
         }
-        if parse_bytes(&self.workspace_size).is_some_and(|b| b < crate::disk::MIN_SIZE as i64) {
+        if parse_bytes(&self.workspace_size)
+            .is_some_and(|b| b < crate::workspace::disk::MIN_SIZE as i64)
+        {
             return Err(ConfigError::Invalid(format!(
                 "SANDBOXD_WORKSPACE_SIZE '{}' is below the smallest workspace of {}",
                 self.workspace_size,
-                crate::disk::human(crate::disk::MIN_SIZE)
+                crate::workspace::disk::human(crate::workspace::disk::MIN_SIZE)
             )));
         }
         if self.max_runs_per_session == 0 {
@@ -650,7 +652,7 @@ impl Config {
                 "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),
             ));
         }
-        if let Err(e) = crate::policy::PolicyRules::check(&self.policy()) {
+        if let Err(e) = crate::service::policy::PolicyRules::check(&self.policy()) {
             return Err(ConfigError::Invalid(e));
         }
         if self.operation_retention_days == 0 {
@@ -791,9 +793,9 @@ mod tests {
         );
         let c = Config::parse_from(["sandboxd", "--token", "t", "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
-        assert!(admin.matches(&crate::auth::node_token("t", "w")) && !admin.matches("t"));
+        assert!(admin.matches(&crate::service::auth::node_token("t", "w")) && !admin.matches("t"));
         // A node given only its own token takes that one.
-        let own = crate::auth::node_token("t", "w");
+        let own = crate::service::auth::node_token("t", "w");
         let c = Config::parse_from(["sandboxd", "--node-token", &own, "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
         assert!(admin.matches(&own) && !admin.matches("t"));
@@ -817,7 +819,7 @@ mod tests {
         // Given the directory of hashes, it needs its node and nothing else.
         let dir = tempfile::tempdir().expect("tempdir");
         let dir_s = dir.path().to_str().expect("utf-8 path");
-        std::fs::write(dir.path().join("w"), crate::auth::hash(&own)).expect("write");
+        std::fs::write(dir.path().join("w"), crate::service::auth::hash(&own)).expect("write");
         let c = Config::parse_from(["sandboxd", "--node-token-hashes", dir_s, "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
         assert!(admin.matches(&own) && !admin.matches("t"));

@@ -20,6 +20,8 @@
 //! session closed without `purge` keeps its row and tokens (its container is reclaimed, its
 //! files stay), and the caps are the core's.
 
+pub mod openapi;
+
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -36,18 +38,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::AppState;
-use crate::audit::Op;
-use crate::core::{Actor, Core, OpenRequest, Outcome, RunRequest as CoreRun};
-use crate::error::{ApiError, ErrorCode};
-use crate::files::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
-use crate::store::{SessionRow, State as SessionState};
+use crate::http::v1::AppState;
+use crate::service::error::{ApiError, ErrorCode};
+use crate::service::{Actor, Core, OpenRequest, Outcome, RunRequest as CoreRun};
+use crate::storage::audit::Op;
+use crate::storage::store::{SessionRow, State as SessionState};
+use crate::workspace::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 
 /// The Python package whose sandboxd protocol this module serves.
 pub const PACKAGE: &str = "pydantic-ai-backend";
 
 /// The one file of pins; `PYDANTIC_AI_BACKEND_VERSION` in it is the release served.
-const VERSIONS_ENV: &str = include_str!("../../hack/versions.env");
+const VERSIONS_ENV: &str = include_str!("../../../../hack/versions.env");
 
 /// The header carrying the service (admin) token or a session's own token.
 pub const TOKEN_HEADER: &str = "x-sandbox-token";
@@ -117,7 +119,7 @@ pub const ROUTES: &[&str] = &[
 ];
 
 /// The routes of the protocol anyone may call: its OpenAPI document (no body, nothing of a
-/// session). The index and health are `/v1`'s ([`crate::api::PUBLIC_ROUTES`]).
+/// session). The index and health are `/v1`'s ([`crate::http::v1::PUBLIC_ROUTES`]).
 pub const PUBLIC_ROUTES: &[&str] = &["/wire/openapi.json"];
 
 /// The pydantic-ai-backend release this surface serves, read from `hack/versions.env`.
@@ -155,7 +157,10 @@ pub fn router() -> Router<AppState> {
             "/workspaces/{session_id}/read_bytes",
             post(archive_read_bytes),
         )
-        .route("/wire/openapi.json", get(crate::wire_openapi::openapi_json))
+        .route(
+            "/wire/openapi.json",
+            get(crate::http::wire::openapi::openapi_json),
+        )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,8 +432,8 @@ fn actor(headers: &HeaderMap) -> Actor {
             .map(str::to_owned)
     };
     Actor {
-        agent: get(crate::api::AGENT_HEADER),
-        run: get(crate::api::RUN_HEADER),
+        agent: get(crate::http::v1::AGENT_HEADER),
+        run: get(crate::http::v1::RUN_HEADER),
     }
 }
 
@@ -463,7 +468,7 @@ pub async fn health(core: &Core) -> Result<Value, ApiError> {
 pub async fn index_fields(core: &Core) -> Result<serde_json::Map<String, Value>, ApiError> {
     let mut endpoints: Vec<String> = ROUTES
         .iter()
-        .chain(crate::api::ROUTES.iter())
+        .chain(crate::http::v1::ROUTES.iter())
         .filter_map(|r| r.split_once(' ').map(|(_, path)| path.to_owned()))
         .filter(|p| p != "/")
         .collect();
@@ -690,10 +695,10 @@ const POLICY_LIVE: &[&str] = &[
 ];
 
 /// A live value of a `PolicyUpdate` as the protocol validates it (`int`, `gt=0`), within this
-/// host's bound ([`crate::policy::BOUNDS`]): 422 naming the field otherwise.
+/// host's bound ([`crate::service::policy::BOUNDS`]): 422 naming the field otherwise.
 fn check_live(key: &str, value: &Value) -> WireResult<()> {
     let loc = ["body", key];
-    let max = crate::policy::upper_bound(key).map_or(u64::MAX, |(max, _)| max);
+    let max = crate::service::policy::upper_bound(key).map_or(u64::MAX, |(max, _)| max);
     match value.as_u64() {
         Some(0) => Err(WireError::invalid(
             &loc,
@@ -726,7 +731,7 @@ fn check_live(key: &str, value: &Value) -> WireResult<()> {
 
 #[utoipa::path(
     put, path = "/policy", tag = "policy",
-    request_body = crate::wire_openapi::PolicyUpdate,
+    request_body = crate::http::wire::openapi::PolicyUpdate,
     responses((status = 200, description = "Changed; the host's policy now", body = ServicePolicy))
 )]
 pub(crate) async fn put_policy(
@@ -864,7 +869,7 @@ fn secs(ms: i64) -> f64 {
 
 /// `SessionInfo` of a row.
 fn info(core: &Core, row: &SessionRow) -> SessionInfo {
-    let now = crate::store::now_ms();
+    let now = crate::storage::store::now_ms();
     let alive = row.state == SessionState::Running && core.workspace(&row.id).exists();
     let tenant = (!row.tenant.starts_with(UNTENANTED)).then(|| row.tenant.clone());
     SessionInfo {
@@ -964,7 +969,8 @@ pub(crate) async fn create_session(
     let id = req.session_id.clone().unwrap_or_else(|| {
         format!(
             "s-{}",
-            &crate::auth::new_session_token()[crate::auth::SESSION_TOKEN_PREFIX.len()..][..16]
+            &crate::service::auth::new_session_token()
+                [crate::service::auth::SESSION_TOKEN_PREFIX.len()..][..16]
         )
     });
     if let Some(row) = row_of(core, &id).await? {
@@ -999,7 +1005,7 @@ pub(crate) async fn create_session(
     let deadline = Instant::now() + PREPARE_WAIT;
     let opened = loop {
         let (c, o) = (core.clone(), open.clone());
-        match crate::core::detached(async move { c.open(o).await }).await {
+        match crate::service::detached(async move { c.open(o).await }).await {
             Err(e) if e.code == ErrorCode::RuntimePreparing && Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
@@ -1062,7 +1068,7 @@ pub(crate) async fn list_sessions(State(state): State<AppState>, headers: Header
 }
 
 #[utoipa::path(
-    get, path = "/sessions/{session_id}", tag = "sessions", params(crate::wire_openapi::SessionIdParam),
+    get, path = "/sessions/{session_id}", tag = "sessions", params(crate::http::wire::openapi::SessionIdParam),
     responses((status = 200, description = "The session", body = SessionInfo))
 )]
 pub(crate) async fn get_session(
@@ -1104,7 +1110,7 @@ fn query_bool(v: Option<&str>, name: &str) -> WireResult<bool> {
 }
 
 #[utoipa::path(
-    delete, path = "/sessions/{session_id}", tag = "sessions", params(crate::wire_openapi::SessionIdParam, PurgeQuery),
+    delete, path = "/sessions/{session_id}", tag = "sessions", params(crate::http::wire::openapi::SessionIdParam, PurgeQuery),
     responses((status = 204, description = "Closed (its sandbox gone), or with `purge` gone with its files"))
 )]
 pub(crate) async fn delete_session(
@@ -1118,7 +1124,7 @@ pub(crate) async fn delete_session(
     let core = &state.core;
     if purge {
         let (c, i) = (core.clone(), id.clone());
-        crate::core::detached(async move { c.destroy(&i).await })
+        crate::service::detached(async move { c.destroy(&i).await })
             .await
             .map_err(|e| WireError::from_core(&id, e))?;
         return Ok(no_content());
@@ -1126,7 +1132,7 @@ pub(crate) async fn delete_session(
     // Closed without purge: the container goes, the files (and the session) stay for a later
     // attach. A host that keeps its containers stops it instead.
     let (c, i) = (core.clone(), id.clone());
-    let closed = crate::core::detached(async move {
+    let closed = crate::service::detached(async move {
         if c.settings().persist_containers {
             c.stop(&i).await
         } else {
@@ -1206,7 +1212,7 @@ pub fn sh_join(argv: &[String]) -> String {
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/run", tag = "runs", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/run", tag = "runs", params(crate::http::wire::openapi::SessionIdParam),
     request_body = WireRun,
     responses((status = 200, description = "The run ended (exited, timed out or was stopped)", body = RunResult))
 )]
@@ -1261,7 +1267,7 @@ pub(crate) async fn run(
             None,
         )
         .await;
-    crate::api::record_run(
+    crate::http::v1::record_run(
         &state.core,
         &id,
         &actor(&headers),
@@ -1289,7 +1295,7 @@ pub(crate) async fn run(
 
 #[utoipa::path(
     post, path = "/sessions/{session_id}/runs/{run_id}/stop", tag = "runs",
-    params(crate::wire_openapi::SessionIdParam, crate::wire_openapi::RunIdParam),
+    params(crate::http::wire::openapi::SessionIdParam, crate::http::wire::openapi::RunIdParam),
     responses((status = 204, description = "Stopped, or nothing to stop (it ended, or never ran)"))
 )]
 pub(crate) async fn stop_run(
@@ -1436,9 +1442,9 @@ fn refuse_outside(path: &str) -> WireResult<()> {
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/read", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/read", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
-    responses((status = 200, description = "The whole file", body = crate::openapi::Binary, content_type = "application/octet-stream"))
+    responses((status = 200, description = "The whole file", body = crate::http::openapi::Binary, content_type = "application/octet-stream"))
 )]
 pub(crate) async fn file_read(
     State(state): State<AppState>,
@@ -1479,8 +1485,8 @@ pub struct WriteQuery {
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/write", tag = "files", params(crate::wire_openapi::SessionIdParam, WriteQuery),
-    request_body(content = crate::openapi::Binary, content_type = "application/octet-stream", description = "The file's new content, at most the host's `max_read_bytes`"),
+    post, path = "/sessions/{session_id}/files/write", tag = "files", params(crate::http::wire::openapi::SessionIdParam, WriteQuery),
+    request_body(content = crate::http::openapi::Binary, content_type = "application/octet-stream", description = "The file's new content, at most the host's `max_read_bytes`"),
     responses((status = 204, description = "Written"))
 )]
 pub(crate) async fn file_write(
@@ -1564,7 +1570,7 @@ fn native_entry(name: String, path: String, e: &Entry) -> FileEntry {
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/stat", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/stat", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 200, description = "The file or directory (a symlink followed)", body = FileEntry))
 )]
@@ -1591,7 +1597,7 @@ pub(crate) async fn file_stat(
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/realpath", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/realpath", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 200, description = "Where the path leads", body = RealPath))
 )]
@@ -1623,7 +1629,7 @@ pub(crate) async fn file_realpath(
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/list", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/list", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 200, description = "The directory's entries (symlinks followed), at most `x-sandbox-listing-max-entries`", body = Vec<FileEntry>,
         headers(
@@ -1726,7 +1732,7 @@ pub(crate) async fn file_list(
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/mkdir", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/mkdir", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 204, description = "Made (with its parents), or there already"))
 )]
@@ -1777,7 +1783,7 @@ pub(crate) async fn file_mkdir(
 }
 
 #[utoipa::path(
-    post, path = "/sessions/{session_id}/files/remove", tag = "files", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/sessions/{session_id}/files/remove", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 204, description = "Removed (a directory with what it holds)"))
 )]
@@ -2032,7 +2038,7 @@ fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<(u32, usize)> {
 }
 
 #[utoipa::path(
-    post, path = "/workspaces/{session_id}/ls", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/workspaces/{session_id}/ls", tag = "workspaces", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 200, description = "The directory's files and directories (links left out), at most `x-sandbox-listing-max-entries`", body = Vec<FileEntry>,
         headers(
@@ -2098,7 +2104,7 @@ async fn tree_of(
 }
 
 #[utoipa::path(
-    post, path = "/workspaces/{session_id}/tree", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/workspaces/{session_id}/tree", tag = "workspaces", params(crate::http::wire::openapi::SessionIdParam),
     request_body = TreeBody,
     responses((status = 200, description = "The walk", body = Tree))
 )]
@@ -2240,7 +2246,7 @@ async fn read_stored(
 }
 
 #[utoipa::path(
-    post, path = "/workspaces/{session_id}/read", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/workspaces/{session_id}/read", tag = "workspaces", params(crate::http::wire::openapi::SessionIdParam),
     request_body = ReadBody,
     responses((status = 200, description = "Lines of the file", body = Content))
 )]
@@ -2281,7 +2287,7 @@ pub(crate) async fn archive_read(
 }
 
 #[utoipa::path(
-    post, path = "/workspaces/{session_id}/read_bytes", tag = "workspaces", params(crate::wire_openapi::SessionIdParam),
+    post, path = "/workspaces/{session_id}/read_bytes", tag = "workspaces", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
     responses((status = 200, description = "The whole file", body = ContentB64))
 )]

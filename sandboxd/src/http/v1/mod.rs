@@ -15,14 +15,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::audit::{Op, OperationQuery};
-use crate::auth::{AdminToken, bearer};
-use crate::core::{Actor, Core, Destroyed, OpenRequest, Opened, Outcome, RunRequest, SessionView};
-use crate::error::{ApiError, ErrorCode};
-use crate::files::{MAX_LIST_ENTRIES, TreeLimits};
+use crate::http::openapi::{Binary, FilePath, PolicyChange, RunId, SessionId};
 use crate::metrics::{Metrics, StateLabel};
-use crate::openapi::{Binary, FilePath, PolicyChange, RunId, SessionId};
-use crate::runner::{RunEvent, RunOutcome, RunStatus};
+use crate::run::{RunEvent, RunOutcome, RunStatus};
+use crate::service::auth::{AdminToken, bearer};
+use crate::service::error::{ApiError, ErrorCode};
+use crate::service::{
+    Actor, Core, Destroyed, OpenRequest, Opened, Outcome, RunRequest, SessionView,
+};
+use crate::storage::audit::{Op, OperationQuery};
+use crate::workspace::{MAX_LIST_ENTRIES, TreeLimits};
 pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 
@@ -119,7 +121,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(index))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(crate::openapi::openapi_json))
+        .route("/openapi.json", get(crate::http::openapi::openapi_json))
         .route("/v1/sessions", get(list).post(open))
         .route("/v1/sessions/{id}", get(show).delete(destroy))
         .route("/v1/sessions/{id}/stop", post(stop))
@@ -142,7 +144,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runtimes", get(runtimes).put(put_runtimes))
         .route("/v1/policy", get(policy).put(put_policy))
         .route("/v1/operations", get(operations))
-        .merge(crate::wire::router())
+        .merge(crate::http::wire::router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,
@@ -171,7 +173,7 @@ async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let path = req.uri().path();
-    if PUBLIC_ROUTES.contains(&path) || crate::wire::PUBLIC_ROUTES.contains(&path) {
+    if PUBLIC_ROUTES.contains(&path) || crate::http::wire::PUBLIC_ROUTES.contains(&path) {
         return next.run(req).await;
     }
     let v1 = path.starts_with("/v1/");
@@ -179,7 +181,7 @@ async fn authenticate(
         if let Err(e) = caller(&state, req.headers()).await {
             return e.into_response();
         }
-    } else if let Err(e) = crate::wire::authenticate(&state, req.headers()).await {
+    } else if let Err(e) = crate::http::wire::authenticate(&state, req.headers()).await {
         return e.into_response();
     }
     let route = (req.method().as_str(), matched.as_ref().map(|m| m.as_str()));
@@ -261,13 +263,13 @@ pub(crate) async fn index(
         version: crate::VERSION.into(),
         routes: ROUTES
             .iter()
-            .chain(crate::wire::ROUTES.iter())
+            .chain(crate::http::wire::ROUTES.iter())
             .map(|r| (*r).to_owned())
             .collect(),
     };
     let mut body = serde_json::to_value(index).map_err(|e| ApiError::internal(e.to_string()))?;
     if let Some(map) = body.as_object_mut() {
-        map.extend(crate::wire::index_fields(&state.core).await?);
+        map.extend(crate::http::wire::index_fields(&state.core).await?);
     }
     Ok(Json(body))
 }
@@ -280,7 +282,7 @@ pub(crate) async fn index(
 pub(crate) async fn healthz(
     State(state): State<AppState>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    Ok(Json(crate::wire::health(&state.core).await?))
+    Ok(Json(crate::http::wire::health(&state.core).await?))
 }
 
 #[utoipa::path(
@@ -342,7 +344,7 @@ pub(crate) async fn open(
     let req: OpenRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid open request: {e}")))?;
     let core = state.core.clone();
-    let opened = crate::core::detached(async move { core.open(req).await }).await?;
+    let opened = crate::service::detached(async move { core.open(req).await }).await?;
     let status = if opened.created {
         StatusCode::CREATED
     } else {
@@ -387,7 +389,7 @@ pub(crate) async fn destroy(
     for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let destroyed =
-        crate::core::detached(async move { core.destroy_as(&id, q.owner.as_deref()).await })
+        crate::service::detached(async move { core.destroy_as(&id, q.owner.as_deref()).await })
             .await?;
     Ok(Json(destroyed).into_response())
 }
@@ -403,7 +405,7 @@ pub(crate) async fn stop(
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
-    let stopped = crate::core::detached(async move { core.stop(&id).await }).await?;
+    let stopped = crate::service::detached(async move { core.stop(&id).await }).await?;
     Ok(Json(stopped).into_response())
 }
 
@@ -419,7 +421,7 @@ pub(crate) async fn start(
     for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let woken = id.clone();
-    crate::core::detached(async move { core.wake(&woken).await }).await?;
+    crate::service::detached(async move { core.wake(&woken).await }).await?;
     Ok(Json(state.core.get(&id).await?).into_response())
 }
 
@@ -434,7 +436,7 @@ pub(crate) async fn reclaim(
 ) -> Result<Response, ApiError> {
     for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
-    let reclaimed = crate::core::detached(async move { core.reclaim(&id).await }).await?;
+    let reclaimed = crate::service::detached(async move { core.reclaim(&id).await }).await?;
     Ok(Json(reclaimed).into_response())
 }
 
@@ -501,7 +503,7 @@ pub(crate) async fn run(
     // does not is cut off (the response ends with an error, the connection is closed), so a
     // stalled reader holds nothing of sandboxd's past that.
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let (events_tx, mut events_rx) = mpsc::channel::<crate::runner::RunEvent>(64);
+    let (events_tx, mut events_rx) = mpsc::channel::<crate::run::RunEvent>(64);
     let core = state.core.clone();
     let caller_gone = tokio_util::sync::CancellationToken::new();
     let gone = caller_gone.clone();
@@ -622,9 +624,8 @@ const STREAM_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 const STREAM_CHUNK: usize = 512 * 1024;
 
 /// One NDJSON line of a run event.
-fn ndjson_line(out: &mut Vec<u8>, event: &crate::runner::RunEvent) {
-    let (crate::runner::RunEvent::Stdout { data } | crate::runner::RunEvent::Stderr { data }) =
-        event;
+fn ndjson_line(out: &mut Vec<u8>, event: &crate::run::RunEvent) {
+    let (crate::run::RunEvent::Stdout { data } | crate::run::RunEvent::Stderr { data }) = event;
     // Room for the text and its framing (escapes may need more; the Vec grows then).
     out.reserve(data.len() + 32);
     // Serializing a plain enum of strings into a Vec cannot fail.
@@ -639,7 +640,7 @@ pub(crate) fn record_run(
     id: &str,
     who: &Actor,
     command: &str,
-    result: &Result<crate::runner::RunOutcome, ApiError>,
+    result: &Result<crate::run::RunOutcome, ApiError>,
     started: Instant,
 ) {
     let outcome = match result {
@@ -819,11 +820,11 @@ fn write_too_large() -> ApiError {
 /// the file in place. On any failure the pending write is dropped, and its temporary file
 /// with it.
 async fn stream_to(
-    pending: crate::files::PendingWrite,
+    pending: crate::workspace::PendingWrite,
     body: Body,
-) -> Result<crate::files::WriteResult, ApiError> {
-    type Writing = tokio::task::JoinHandle<Result<crate::files::PendingWrite, ApiError>>;
-    fn write(mut pending: crate::files::PendingWrite, batch: Vec<Bytes>) -> Writing {
+) -> Result<crate::workspace::WriteResult, ApiError> {
+    type Writing = tokio::task::JoinHandle<Result<crate::workspace::PendingWrite, ApiError>>;
+    fn write(mut pending: crate::workspace::PendingWrite, batch: Vec<Bytes>) -> Writing {
         tokio::task::spawn_blocking(move || {
             for b in &batch {
                 pending.write_all(b)?;
@@ -831,7 +832,7 @@ async fn stream_to(
             Ok(pending)
         })
     }
-    async fn finished(writing: Writing) -> Result<crate::files::PendingWrite, ApiError> {
+    async fn finished(writing: Writing) -> Result<crate::workspace::PendingWrite, ApiError> {
         writing
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?
@@ -979,7 +980,7 @@ pub(crate) async fn ls(
 
 #[utoipa::path(
     get, path = "/v1/sessions/{id}/tree", tag = "files", params(SessionId, PathQuery),
-    responses((status = 200, description = "The tree below a folder, breadth-first, bounded", body = crate::files::Tree))
+    responses((status = 200, description = "The tree below a folder, breadth-first, bounded", body = crate::workspace::Tree))
 )]
 pub(crate) async fn tree(
     State(state): State<AppState>,
@@ -1046,7 +1047,7 @@ pub(crate) async fn put_runtimes(
 
 #[utoipa::path(
     get, path = "/v1/policy", tag = "policy",
-    responses((status = 200, description = "The live policy and what needs a restart", body = crate::policy::PolicyView))
+    responses((status = 200, description = "The live policy and what needs a restart", body = crate::service::policy::PolicyView))
 )]
 pub(crate) async fn policy(
     State(state): State<AppState>,
@@ -1059,7 +1060,7 @@ pub(crate) async fn policy(
 #[utoipa::path(
     put, path = "/v1/policy", tag = "policy",
     request_body(content = PolicyChange, description = "The live fields to change; any other field is refused"),
-    responses((status = 200, description = "The policy, changed", body = crate::policy::PolicyView))
+    responses((status = 200, description = "The policy, changed", body = crate::service::policy::PolicyView))
 )]
 pub(crate) async fn put_policy(
     State(state): State<AppState>,
@@ -1067,14 +1068,14 @@ pub(crate) async fn put_policy(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     admin(&state, &headers).await?;
-    let fields = crate::policy::fields(&body)?;
+    let fields = crate::service::policy::fields(&body)?;
     Ok(Json(state.core.set_policy(&fields)?).into_response())
 }
 
 /// Pages through the audit log, newest first. A session token sees only its own session.
 #[utoipa::path(
     get, path = "/v1/operations", tag = "operations", params(OperationQuery),
-    responses((status = 200, description = "One page of the audit log, newest first", body = crate::audit::OperationPage))
+    responses((status = 200, description = "One page of the audit log, newest first", body = crate::storage::audit::OperationPage))
 )]
 pub(crate) async fn operations(
     State(state): State<AppState>,
@@ -1099,7 +1100,7 @@ pub(crate) async fn operations(
         },
     }
     let page = state.core.audit().query(&q).await.map_err(|e| match e {
-        crate::audit::AuditError::BadQuery(m) => ApiError::bad_request(m),
+        crate::storage::audit::AuditError::BadQuery(m) => ApiError::bad_request(m),
         other => ApiError::internal(other.to_string()),
     })?;
     Ok(Json(page).into_response())
@@ -1109,7 +1110,7 @@ pub(crate) async fn operations(
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct SessionList {
     /// Every session of this host.
-    sessions: Vec<crate::core::SessionView>,
+    sessions: Vec<crate::service::SessionView>,
 }
 
 /// The body of `POST /v1/sessions/{id}/token`.
@@ -1161,7 +1162,7 @@ pub(crate) struct LsResponse {
     /// The folder, as requested.
     path: String,
     /// Its entries, sorted by name.
-    entries: Vec<crate::files::Entry>,
+    entries: Vec<crate::workspace::Entry>,
     /// It holds more entries than `max_entries`.
     truncated: bool,
     /// The most entries listed.

@@ -271,7 +271,7 @@ impl Engine {
             Some(agent) => {
                 use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
                 labels.insert(
-                    crate::agent_runner::LABEL_AGENT.to_owned(),
+                    crate::run::agent::LABEL_AGENT.to_owned(),
                     agent.protocol.to_string(),
                 );
                 binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));

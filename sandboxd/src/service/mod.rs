@@ -1,5 +1,9 @@
 //! The core below both HTTP surfaces: sessions, runs, files, caps and tokens, implemented once.
 
+pub mod auth;
+pub mod error;
+pub mod policy;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -10,20 +14,19 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::audit::{Audit, NewOperation, Op};
-use crate::auth;
 use crate::config::{Config, RuntimeImage, parse_bytes};
-use crate::disk::{DiskError, Disks, human};
-use crate::docker::{Engine, Presence, SandboxSpec};
-use crate::error::{ApiError, ErrorCode};
-use crate::files::Workspace;
+use crate::container::docker::{Engine, Presence, SandboxSpec};
+use crate::container::network::SandboxNetwork;
 use crate::metrics::Metrics;
-use crate::network::SandboxNetwork;
-use crate::policy::{Fixed, Policy, PolicyRules, PolicyView};
-use crate::runner::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
+use crate::run::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 use crate::runtimes::Runtimes;
-use crate::store::{Caps, Claim, NewSession, SessionRow, State, Store};
-use crate::trash::Trash;
+use crate::service::error::{ApiError, ErrorCode};
+use crate::service::policy::{Fixed, Policy, PolicyRules, PolicyView};
+use crate::storage::audit::{Audit, NewOperation, Op};
+use crate::storage::store::{Caps, Claim, NewSession, SessionRow, State, Store};
+use crate::workspace::Workspace;
+use crate::workspace::disk::{DiskError, Disks, human};
+use crate::workspace::trash::Trash;
 pub use sandboxd_api::run::RunRequest;
 pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
 
@@ -405,7 +408,7 @@ impl Core {
                 runtime_network: s.runtime_network.clone(),
                 oci_runtime: s.oci_runtime.clone(),
                 sandbox_uid: s.uid,
-                work_dir: crate::docker::WORKSPACE_MOUNT.to_owned(),
+                work_dir: crate::container::docker::WORKSPACE_MOUNT.to_owned(),
                 workspace_root: s.workspace_root.display().to_string(),
                 persist_containers: s.persist_containers,
                 cpus: s.cpus,
@@ -450,7 +453,7 @@ impl Core {
         let tenant = self.tenants.lock().ok().and_then(|t| t.get(id).cloned());
         let Some(tenant) = tenant else { return };
         self.audit.record(NewOperation {
-            at_ms: crate::store::now_ms(),
+            at_ms: crate::storage::store::now_ms(),
             session: id.to_owned(),
             tenant,
             agent: actor.agent.clone(),
@@ -655,11 +658,11 @@ impl Core {
                 )));
             };
             match parse_bytes(w).and_then(|b| u64::try_from(b).ok()) {
-                Some(b) if (crate::disk::MIN_SIZE..=ceiling).contains(&b) => {}
+                Some(b) if (crate::workspace::disk::MIN_SIZE..=ceiling).contains(&b) => {}
                 Some(_) => {
                     return Err(ApiError::bad_request(format!(
                         "limits.workspace_size '{w}' must be between {} and {} (this host's ceiling)",
-                        human(crate::disk::MIN_SIZE),
+                        human(crate::workspace::disk::MIN_SIZE),
                         human(ceiling)
                     )));
                 }
@@ -684,7 +687,7 @@ impl Core {
             .and_then(parse_bytes)
             .and_then(|b| u64::try_from(b).ok())
             .unwrap_or(ceiling);
-        Some(asked.clamp(crate::disk::MIN_SIZE, ceiling))
+        Some(asked.clamp(crate::workspace::disk::MIN_SIZE, ceiling))
     }
 
     /// The disks of the sessions.
@@ -1519,9 +1522,9 @@ impl Core {
         // second (a burst of runs) needs no write: the time it holds is at most that stale, and
         // a run in flight keeps the session awake by itself.
         let mut touched_at = row.last_activity_at;
-        if crate::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+        if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
             let _ = self.store.touch(id).await;
-            touched_at = crate::store::now_ms();
+            touched_at = crate::storage::store::now_ms();
         }
         let policy = self.policy();
         let max_timeout = Duration::from_secs(policy.execute_timeout);
@@ -1576,7 +1579,7 @@ impl Core {
         {
             return Err(ApiError::session_gone(id));
         }
-        if crate::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+        if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
             let _ = self.store.touch(id).await;
         }
         let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
@@ -1756,7 +1759,7 @@ impl Core {
     async fn reconcile_row(
         &self,
         row: &SessionRow,
-        container: Option<&crate::docker::Owned>,
+        container: Option<&crate::container::docker::Owned>,
     ) -> Result<bool, ApiError> {
         match (row.state, container) {
             (State::Opening, _) => {

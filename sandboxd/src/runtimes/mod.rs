@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::config::RuntimeImage;
-use crate::docker::Engine;
-use crate::error::{ApiError, ErrorCode};
+use crate::container::docker::Engine;
+use crate::service::error::{ApiError, ErrorCode};
 pub use sandboxd_api::runtimes::{RuntimeKind, RuntimeList, RuntimeStatus};
 
 /// Build attempts of a runtime at start (the first and two retries).

@@ -4,7 +4,7 @@
 //! the session's container at `/workspace`. The agent in the container owns everything in it
 //! and may plant hostile entries: symlinks to `/etc`, to `../..`, symlink loops, FIFOs.
 //! sandboxd reads and writes those files directly on the host, so every operation here resolves
-//! its path as the container sees it ([`crate::view`]): one component at a time from a handle
+//! its path as the container sees it ([`crate::workspace::view`]): one component at a time from a handle
 //! on the workspace directory, with `openat2(2)` refusing to follow links or leave, and links
 //! interpreted with `/workspace` as the workspace root. A link that stays inside is followed
 //! (`latest -> /workspace/build/v3` as well as `latest -> build/v3`); an escape (`..` past the
@@ -12,7 +12,7 @@
 //! [`FileError::OutsideWorkspace`].
 //!
 //! Every operation runs with exactly the permissions the sandbox user has inside
-//! ([`crate::identity`]): on a thread of its own whose filesystem uid and gid are the
+//! ([`crate::workspace::identity`]): on a thread of its own whose filesystem uid and gid are the
 //! sandbox's, so root's `CAP_DAC_OVERRIDE` never applies and a file the agent made unreadable
 //! is [`FileError::PermissionDenied`] here too.
 //!
@@ -28,6 +28,11 @@
 //! All operations are blocking; callers on an async runtime should run them on a blocking
 //! thread.
 
+pub mod disk;
+pub mod identity;
+pub mod trash;
+pub mod view;
+
 use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -41,9 +46,8 @@ use chrono::DateTime;
 use rustix::fs::OFlags;
 use serde::{Deserialize, Serialize};
 
-use crate::identity;
-use crate::trash::Trash;
-use crate::view::{self, Refusal};
+use crate::workspace::trash::Trash;
+use crate::workspace::view::Refusal;
 use sandboxd_api::ErrorCode;
 pub use sandboxd_api::files::{Entry, EntryKind, Listing, MAX_LIST_ENTRIES, Tree};
 
@@ -136,7 +140,7 @@ pub enum FileError {
     /// The workspace's disk is full (the session's workspace size, or the disk under it).
     #[error(
         "No space left on device: the workspace is full{}; '{path}' was not written. Remove files to make room",
-        .limit.map(|l| format!(" (it holds at most {})", crate::disk::human(l))).unwrap_or_default()
+        .limit.map(|l| format!(" (it holds at most {})", crate::workspace::disk::human(l))).unwrap_or_default()
     )]
     NoSpace {
         /// The path as given.
@@ -474,7 +478,7 @@ impl Workspace {
     /// `path`; with `recursive`, a directory and everything in it (symlinks inside are removed,
     /// not followed), however deep: it is moved into the trash at once when the workspace has
     /// one ([`Workspace::with_trash`]), and deleted with a bounded number of descriptors,
-    /// without recursion ([`crate::trash`]). The workspace root itself cannot be removed.
+    /// without recursion ([`crate::workspace::trash`]). The workspace root itself cannot be removed.
     pub fn remove(&self, path: &str, recursive: bool) -> Result<RemoveResult, FileError> {
         if let Some(hop) = self.hop(|| self.remove(path, recursive)) {
             return hop;
@@ -510,7 +514,7 @@ impl Workspace {
                         Err(io::ErrorKind::NotFound.into())
                     }
                 }),
-                None => crate::trash::remove_tree_at(parent.as_fd(), OsStr::new(name)),
+                None => crate::workspace::trash::remove_tree_at(parent.as_fd(), OsStr::new(name)),
             },
             EntryKind::Dir => parent.remove_dir(name),
             _ => parent.remove_file(name),
@@ -812,7 +816,7 @@ impl Workspace {
 /// a file) is refused at once as not a directory: never opened, never followed, never waited
 /// on.
 fn open_created_dir(dir: &Dir, name: &str) -> io::Result<std::fs::File> {
-    match crate::trash::open_dir_nofollow(dir.as_fd(), OsStr::new(name)) {
+    match crate::workspace::trash::open_dir_nofollow(dir.as_fd(), OsStr::new(name)) {
         Ok(fd) => Ok(std::fs::File::from(fd)),
         Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => Err(io::Error::new(
             io::ErrorKind::NotADirectory,
@@ -1734,7 +1738,7 @@ mod tests {
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
             .expect("chown");
-            dir = crate::trash::open_dir_nofollow(dir.as_fd(), OsStr::new("d"))
+            dir = crate::workspace::trash::open_dir_nofollow(dir.as_fd(), OsStr::new("d"))
                 .expect("open")
                 .into();
         }

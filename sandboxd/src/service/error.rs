@@ -4,7 +4,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::files::FileError;
+use crate::workspace::FileError;
 pub use sandboxd_api::error::{ErrorBody, ErrorCode};
 
 /// An error with its HTTP status.

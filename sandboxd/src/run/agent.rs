@@ -44,11 +44,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::docker::{AgentMount, Engine};
+use crate::container::docker::{AgentMount, Engine};
 use crate::metrics::Metrics;
-use crate::runner::{
-    ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner,
-};
+use crate::run::{ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
 pub static BINARY: &[u8] = include_bytes!(env!("SANDBOXD_AGENT_BINARY_PATH"));
@@ -476,7 +474,7 @@ impl AgentRunner {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
-            cwd: Some(crate::docker::WORKSPACE_MOUNT.to_owned()),
+            cwd: Some(crate::container::docker::WORKSPACE_MOUNT.to_owned()),
             timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
             max_output_bytes: spec.max_output_bytes as u64,
         })
