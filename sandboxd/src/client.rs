@@ -53,8 +53,7 @@ mod tests {
     #[tokio::test]
     async fn the_servers_own_404_is_no_such_session() {
         let base = serve(
-            Router::new()
-                .fallback(|| async { crate::service::error::ApiError::no_such_session("s-1") }),
+            Router::new().fallback(|| async { crate::error::ApiError::no_such_session("s-1") }),
         )
         .await;
         let err = Client::new(&base, "t")

@@ -1,12 +1,13 @@
 //! sandboxd's configuration: flags and `SANDBOXD_*` variables, with the seed's defaults.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::runtimes::Allowlist;
+
+use crate::service::parse_bytes;
 
 /// The longest header, body or idle timeout of a connection, seconds (a day).
 pub const MAX_CONNECTION_TIMEOUT: u64 = 86_400;
@@ -363,69 +364,6 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// A runtime sessions may use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeImage {
-    /// The alias a session names.
-    pub alias: String,
-    /// The image it runs.
-    pub image: String,
-    /// Whether its sessions get a network.
-    pub needs_network: bool,
-    /// Its memory limit, if it names one.
-    pub mem_limit: Option<String>,
-    /// Its workspace size, if it names one (at most the host's).
-    pub workspace_size: Option<String>,
-    /// Environment of its containers.
-    pub env: BTreeMap<String, String>,
-}
-
-/// Parses the compact runtime form `alias=image,alias2=image2`.
-pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
-    let mut out: Vec<RuntimeImage> = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((alias, image)) = item.split_once('=') else {
-            return Err(ConfigError::Runtimes(format!(
-                "'{item}' is not alias=image"
-            )));
-        };
-        let (alias, image) = (alias.trim(), image.trim());
-        let valid = alias.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-            && alias
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !valid {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' must match [a-z][a-z0-9-]*"
-            )));
-        }
-        if image.is_empty() {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' names no image"
-            )));
-        }
-        if out.iter().any(|r| r.alias == alias) {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' is listed twice"
-            )));
-        }
-        out.push(RuntimeImage {
-            alias: alias.to_owned(),
-            image: image.to_owned(),
-            needs_network: false,
-            mem_limit: None,
-            workspace_size: None,
-            env: BTreeMap::new(),
-        });
-    }
-    if out.is_empty() {
-        return Err(ConfigError::Runtimes(
-            "lists no runtime; give at least one alias=image".into(),
-        ));
-    }
-    Ok(out)
-}
-
 /// `node` when it can name a node: not empty, no whitespace or control characters.
 pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigError> {
     if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -435,25 +373,6 @@ pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigE
         )));
     }
     Ok(node)
-}
-
-/// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
-pub fn parse_bytes(text: &str) -> Option<i64> {
-    let text = text.trim();
-    let (number, shift) = match text.chars().last()?.to_ascii_lowercase() {
-        'b' => (&text[..text.len() - 1], 0),
-        'k' => (&text[..text.len() - 1], 10),
-        'm' => (&text[..text.len() - 1], 20),
-        'g' => (&text[..text.len() - 1], 30),
-        't' => (&text[..text.len() - 1], 40),
-        c if c.is_ascii_digit() => (text, 0),
-        _ => return None,
-    };
-    let value: f64 = number
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
-    Some((value * (1u64 << shift) as f64) as i64)
 }
 
 impl Config {
@@ -664,6 +583,43 @@ impl Config {
     }
 }
 
+impl crate::service::Settings {
+    /// The settings of a validated config.
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            workspace_root: c.workspace_root.clone(),
+            caps: crate::storage::store::Caps {
+                max_sessions: c.max_sessions,
+                max_per_tenant: c.max_sessions_per_tenant,
+            },
+            execute_timeout: std::time::Duration::from_secs(c.execute_timeout),
+            max_read_bytes: c.max_read_bytes,
+            max_output_bytes: c.max_output_bytes,
+            max_runs_per_session: usize::try_from(c.max_runs_per_session).unwrap_or(usize::MAX),
+            uid: c.sandbox_uid,
+            network_mode: c.network_mode.clone(),
+            runtime_network: c
+                .network_plan()
+                .map_or_else(|_| c.runtime_network.clone(), |p| p.network),
+            cpus: c.cpus,
+            memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
+            pids_limit: c.pids_limit,
+            tmpfs_size: c.tmpfs_size.clone(),
+            home_size: c.home_size.clone(),
+            oci_runtime: c.oci_runtime.clone(),
+            persist_containers: c.persist_containers,
+            workspace_size: match c.workspace_quota {
+                crate::config::WorkspaceQuota::Loop => Some(
+                    parse_bytes(&c.workspace_size)
+                        .and_then(|b| u64::try_from(b).ok())
+                        .unwrap_or(10 << 30),
+                ),
+                crate::config::WorkspaceQuota::Off => None,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -702,27 +658,6 @@ mod tests {
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
             Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN, or the directory of node token hashes in SANDBOXD_NODE_TOKEN_HASHES)".to_owned())
         );
-    }
-
-    #[test]
-    fn runtimes_compact_form() {
-        let r = parse_runtimes("base=debian:12, py = python:3.12-slim").expect("valid");
-        assert_eq!(
-            r.iter()
-                .map(|r| (r.alias.as_str(), r.image.as_str()))
-                .collect::<Vec<_>>(),
-            [("base", "debian:12"), ("py", "python:3.12-slim")]
-        );
-        for (bad, want) in [
-            ("", "lists no runtime"),
-            ("base", "'base' is not alias=image"),
-            ("Base=x", "alias 'Base' must match"),
-            ("a=", "alias 'a' names no image"),
-            ("a=x,a=y", "alias 'a' is listed twice"),
-        ] {
-            let err = parse_runtimes(bad).expect_err(bad).to_string();
-            assert!(err.contains(want), "{bad:?}: {err}");
-        }
     }
 
     #[test]

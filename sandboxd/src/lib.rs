@@ -15,13 +15,14 @@
 //! - [`storage`]: sandboxd's state in SQLite, and the audit log in SQLite or PostgreSQL.
 //!
 //! Beside the rooms: [`config`] (flags and variables), [`server`] (start-up), [`tls`] (HTTPS
-//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`metrics`] and [`client`] (the typed
-//! client of the `sandboxd-api` crate, re-exported).
+//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`error`] (the API's errors),
+//! [`metrics`] and [`client`] (the typed client of the `sandboxd-api` crate, re-exported).
 
 pub mod client;
 pub mod config;
 pub mod container;
 pub mod enrol;
+pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod run;

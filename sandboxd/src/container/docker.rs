@@ -25,6 +25,9 @@ pub const LABEL_INSTANCE: &str = "sandboxd.dev/instance";
 pub const LABEL_SESSION: &str = "sandboxd.dev/session";
 /// Label: the tenant.
 pub const LABEL_TENANT: &str = "sandboxd.dev/tenant";
+/// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
+/// made it.
+pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
 
 /// Where the workspace appears inside a sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -180,7 +183,7 @@ impl Engine {
     /// so instead of waiting.
     ///
     /// It exists only for the operator bench (`operator-bench --driver noop`), which runs a
-    /// real sandboxd in its own process through [`crate::server::start_on`] to measure the
+    /// real sandboxd in its own process through `sandboxd::server::start_on` to measure the
     /// operator without the cost of containers. No flag, environment variable or other
     /// setting of sandboxd selects it: only Rust code calling this constructor does.
     pub fn noop(instance: &str) -> Self {
@@ -247,10 +250,7 @@ impl Engine {
         let (entrypoint, cmd) = match &spec.agent {
             Some(agent) => {
                 use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
-                labels.insert(
-                    crate::run::agent::LABEL_AGENT.to_owned(),
-                    agent.protocol.to_string(),
-                );
+                labels.insert(LABEL_AGENT.to_owned(), agent.protocol.to_string());
                 binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));
                 binds.push(format!("{}:{RUN_DIR}:rw", agent.run_dir));
                 (

@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use crate::service::error::ErrorBody;
+use crate::error::ErrorBody;
 
 /// `{id}`: a session.
 #[derive(IntoParams)]

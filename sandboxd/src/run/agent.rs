@@ -51,9 +51,7 @@ use crate::run::{ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, Ru
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
 pub static BINARY: &[u8] = include_bytes!(env!("SANDBOXD_AGENT_BINARY_PATH"));
 
-/// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
-/// made it.
-pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
+pub use crate::container::docker::LABEL_AGENT;
 
 /// The host folder holding the agent binary, under the workspace root (which is the same path
 /// on the host and in a sandboxd container, so Docker can bind it).

@@ -3,10 +3,9 @@
 //! [`Core`] and its settings are here; its work is split by what it acts on: opening a session
 //! (`open`), a session after it opened (`sessions`), runs (`runs`), session tokens (`tokens`,
 //! with the token arithmetic in [`auth`]), the reconcile at start (`reconcile`), the live
-//! [`policy`]. The errors it answers with are [`error::ApiError`]s.
+//! [`policy`]. The errors it answers with are [`crate::error::ApiError`]s.
 
 pub mod auth;
-pub mod error;
 mod open;
 pub mod policy;
 mod reconcile;
@@ -28,13 +27,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::config::{Config, parse_bytes};
 use crate::container::docker::Engine;
 use crate::container::network::SandboxNetwork;
+use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::run::Runner;
 use crate::runtimes::Runtimes;
-use crate::service::error::{ApiError, ErrorCode};
 use crate::service::policy::{Fixed, Policy, PolicyRules, PolicyView};
 use crate::storage::audit::{Audit, NewOperation, Op};
 use crate::storage::store::{Caps, Store};
@@ -87,41 +85,23 @@ pub struct Settings {
     pub workspace_size: Option<u64>,
 }
 
-impl Settings {
-    /// The settings of a validated config.
-    pub fn from_config(c: &Config) -> Self {
-        Self {
-            workspace_root: c.workspace_root.clone(),
-            caps: Caps {
-                max_sessions: c.max_sessions,
-                max_per_tenant: c.max_sessions_per_tenant,
-            },
-            execute_timeout: Duration::from_secs(c.execute_timeout),
-            max_read_bytes: c.max_read_bytes,
-            max_output_bytes: c.max_output_bytes,
-            max_runs_per_session: usize::try_from(c.max_runs_per_session).unwrap_or(usize::MAX),
-            uid: c.sandbox_uid,
-            network_mode: c.network_mode.clone(),
-            runtime_network: c
-                .network_plan()
-                .map_or_else(|_| c.runtime_network.clone(), |p| p.network),
-            cpus: c.cpus,
-            memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
-            pids_limit: c.pids_limit,
-            tmpfs_size: c.tmpfs_size.clone(),
-            home_size: c.home_size.clone(),
-            oci_runtime: c.oci_runtime.clone(),
-            persist_containers: c.persist_containers,
-            workspace_size: match c.workspace_quota {
-                crate::config::WorkspaceQuota::Loop => Some(
-                    parse_bytes(&c.workspace_size)
-                        .and_then(|b| u64::try_from(b).ok())
-                        .unwrap_or(10 << 30),
-                ),
-                crate::config::WorkspaceQuota::Off => None,
-            },
-        }
-    }
+/// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
+pub fn parse_bytes(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let (number, shift) = match text.chars().last()?.to_ascii_lowercase() {
+        'b' => (&text[..text.len() - 1], 0),
+        'k' => (&text[..text.len() - 1], 10),
+        'm' => (&text[..text.len() - 1], 20),
+        'g' => (&text[..text.len() - 1], 30),
+        't' => (&text[..text.len() - 1], 40),
+        c if c.is_ascii_digit() => (text, 0),
+        _ => return None,
+    };
+    let value: f64 = number
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
+    Some((value * (1u64 << shift) as f64) as i64)
 }
 
 /// Per-session resource limits, within the host's ceilings, as the core checks and stores them

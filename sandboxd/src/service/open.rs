@@ -6,9 +6,10 @@ use super::*;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{RuntimeImage, parse_bytes};
 use crate::container::docker::SandboxSpec;
-use crate::service::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
+use crate::runtimes::RuntimeImage;
+use crate::service::parse_bytes;
 use crate::storage::store::{Claim, NewSession, SessionRow, State};
 
 /// The one open (or wake) in flight of a session in this process. It is taken before the row

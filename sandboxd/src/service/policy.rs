@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::service::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 pub use sandboxd_api::policy::{Fixed, Policy, PolicyView};
 
 /// The fields that are refused, and the variable a restart would change them with.

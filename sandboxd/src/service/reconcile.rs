@@ -6,7 +6,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::container::docker::Presence;
-use crate::service::error::ApiError;
+use crate::error::ApiError;
 use crate::storage::store::{SessionRow, State};
 
 impl Core {

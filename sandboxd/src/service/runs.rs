@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::error::{ApiError, ErrorCode};
 use crate::run::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus};
-use crate::service::error::{ApiError, ErrorCode};
 use crate::storage::store::State;
 
 pub(super) struct RunEntry {

@@ -4,9 +4,10 @@ use super::*;
 
 use tracing::info;
 
-use crate::config::{RuntimeImage, parse_bytes};
 use crate::container::docker::Presence;
-use crate::service::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
+use crate::runtimes::RuntimeImage;
+use crate::service::parse_bytes;
 use crate::storage::store::{Claim, SessionRow, State};
 use crate::workspace::Workspace;
 use crate::workspace::disk::{Disks, human};

@@ -3,7 +3,7 @@
 
 use super::*;
 
-use crate::service::error::ApiError;
+use crate::error::ApiError;
 
 impl Core {
     /// The session a token belongs to, if any.

@@ -9,9 +9,9 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::error::{ApiError, ErrorCode};
 use crate::http::openapi::PolicyChange;
 use crate::metrics::StateLabel;
-use crate::service::error::{ApiError, ErrorCode};
 use crate::storage::audit::OperationQuery;
 
 /// The index: [`Index`] (every route of both surfaces), and the fields of the wire protocol's

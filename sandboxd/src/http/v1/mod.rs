@@ -10,9 +10,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::service::auth::{AdminToken, bearer};
-use crate::service::error::{ApiError, ErrorCode};
 use crate::service::{Actor, Core, Outcome};
 
 mod admin;

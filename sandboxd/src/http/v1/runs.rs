@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::error::{ApiError, ErrorCode};
 use crate::http::openapi::{RunId, SessionId};
 use crate::run::{RunEvent, RunOutcome, RunStatus};
-use crate::service::error::{ApiError, ErrorCode};
 use crate::service::{Actor, Core, Outcome, RunRequest};
 use crate::storage::audit::Op;
 

@@ -10,8 +10,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use crate::error::ApiError;
 use crate::http::openapi::SessionId;
-use crate::service::error::ApiError;
 use crate::service::{Destroyed, OpenRequest, Opened, SessionView};
 
 #[utoipa::path(

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::service::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 
 /// An error as the protocol answers it: a status and `{"detail": ...}`.
 #[derive(Debug, Clone, PartialEq)]

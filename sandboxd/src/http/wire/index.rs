@@ -5,8 +5,8 @@ use super::*;
 
 use serde_json::{Value, json};
 
+use crate::error::ApiError;
 use crate::service::Core;
-use crate::service::error::ApiError;
 use crate::storage::store::State as SessionState;
 
 /// `ServiceHealth`: liveness and capacity.

@@ -213,7 +213,7 @@ fn check_id(id: &str, loc: &[&str]) -> WireResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::error::{ApiError, ErrorCode};
+    use crate::error::{ApiError, ErrorCode};
     use serde_json::json;
 
     #[test]

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use crate::error::ErrorCode;
 use crate::http::v1::AppState;
-use crate::service::error::ErrorCode;
 use crate::service::{Core, OpenRequest};
 use crate::storage::store::{SessionRow, State as SessionState};
 

@@ -1,4 +1,7 @@
 //! The errors of the API: every one is `{"code": "...", "message": "..."}` with a fitting status.
+//!
+//! The service answers with these too (it has no error type of its own yet), and so does the
+//! runtimes allowlist; at the crate root so that neither room depends on the other for it.
 
 use axum::Json;
 use axum::http::StatusCode;
