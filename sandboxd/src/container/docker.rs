@@ -2,7 +2,7 @@
 //! setting, labelled with the sandboxd and session that own them.
 //!
 //! [`Engine::noop`] is a second engine that runs nothing (a record per container), for the
-//! operator bench only; it lives in [`super::noop`], and the engine here only hands it its calls.
+//! operator bench only; it lives in `super::noop`, and the engine here only hands it its calls.
 
 use std::collections::HashMap;
 use std::sync::Arc;

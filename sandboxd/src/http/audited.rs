@@ -30,9 +30,10 @@ pub(crate) fn actor(headers: &HeaderMap) -> Actor {
     }
 }
 
-/// The audit outcome of a file operation: ok with `bytes` of it, or the code it failed with.
-pub(crate) fn file_outcome<T>(
-    result: &Result<T, FileError>,
+/// The audit outcome of an operation: ok with `bytes` of it, or the code it failed with.
+pub(crate) fn outcome<T, E>(
+    result: &Result<T, E>,
+    code: impl Fn(&E) -> String,
     bytes: impl Fn(&T) -> Option<i64>,
 ) -> Outcome {
     match result {
@@ -43,10 +44,18 @@ pub(crate) fn file_outcome<T>(
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code().to_string()),
+            error: Some(code(e)),
             ..Outcome::default()
         },
     }
+}
+
+/// The audit outcome of a file operation.
+pub(crate) fn file_outcome<T>(
+    result: &Result<T, FileError>,
+    bytes: impl Fn(&T) -> Option<i64>,
+) -> Outcome {
+    outcome(result, |e| e.code().to_string(), bytes)
 }
 
 /// One audited file operation: `op` on `target` in session `id`, timed from `started`.
@@ -65,7 +74,26 @@ pub(crate) struct FileOp<'a> {
     pub(crate) started: Instant,
 }
 
-impl FileOp<'_> {
+impl<'a> FileOp<'a> {
+    /// `op` on `target` in session `id`, timed from `started`, recorded by `core`.
+    pub(crate) fn new(
+        core: &'a Core,
+        id: &'a str,
+        headers: &'a HeaderMap,
+        op: Op,
+        target: &'a str,
+        started: Instant,
+    ) -> Self {
+        Self {
+            core,
+            id,
+            headers,
+            op,
+            target,
+            started,
+        }
+    }
+
     /// Runs `op` on a blocking thread and records its outcome, with `bytes` of a success. A task
     /// that did not finish (it panicked) is recorded nowhere: the surface answers 500.
     pub(crate) async fn run<T: Send + 'static>(

@@ -45,7 +45,8 @@ pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
 /// How long an open waits for a concurrent open of the same name to finish.
 const OPEN_WAIT: Duration = Duration::from_secs(600);
 
-/// Settings the core runs with (the parts of [`Config`] that matter below HTTP).
+/// Settings the core runs with (the parts of [`Config`](crate::config::Config) that matter
+/// below HTTP).
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Host folder of the workspaces.

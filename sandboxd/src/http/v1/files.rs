@@ -55,20 +55,13 @@ pub(crate) async fn read_file(
     let ws = state.core.files(&id).await?;
     let max = state.core.policy().max_read_bytes;
     let p = path.clone();
-    let read = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Read,
-        target: &path,
-        started,
-    }
-    .run(
-        move || ws.read(&p, q.offset, q.limit, max),
-        |r| i64::try_from(r.data.len()).ok(),
-    )
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let read = FileOp::new(&state.core, &id, &headers, Op::Read, &path, started)
+        .run(
+            move || ws.read(&p, q.offset, q.limit, max),
+            |r| i64::try_from(r.data.len()).ok(),
+        )
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -208,17 +201,10 @@ pub(crate) async fn remove_file(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Remove,
-        target: &path,
-        started,
-    }
-    .run(move || ws.remove(&p, q.recursive), |_| None)
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    FileOp::new(&state.core, &id, &headers, Op::Remove, &path, started)
+        .run(move || ws.remove(&p, q.recursive), |_| None)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(Removed {
         path,
         removed: true,
@@ -251,17 +237,10 @@ pub(crate) async fn mkdir(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = req.path.clone();
-    FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Mkdir,
-        target: &req.path,
-        started,
-    }
-    .run(move || ws.mkdir(&p), |_| None)
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    FileOp::new(&state.core, &id, &headers, Op::Mkdir, &req.path, started)
+        .run(move || ws.mkdir(&p), |_| None)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok((StatusCode::CREATED, Json(Made { path: req.path })).into_response())
 }
 
@@ -288,17 +267,10 @@ pub(crate) async fn ls(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let listed = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Ls,
-        target: &q.path,
-        started,
-    }
-    .run(move || ws.list(&p, MAX_LIST_ENTRIES), |_| None)
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let listed = FileOp::new(&state.core, &id, &headers, Op::Ls, &q.path, started)
+        .run(move || ws.list(&p, MAX_LIST_ENTRIES), |_| None)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(LsResponse {
         path: q.path,
         entries: listed.entries,
@@ -322,17 +294,10 @@ pub(crate) async fn tree(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let tree = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Ls,
-        target: &q.path,
-        started,
-    }
-    .run(move || ws.tree(&p, TreeLimits::default()), |_| None)
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let tree = FileOp::new(&state.core, &id, &headers, Op::Ls, &q.path, started)
+        .run(move || ws.tree(&p, TreeLimits::default()), |_| None)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(tree).into_response())
 }
 

@@ -29,18 +29,7 @@ pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
 
 fn outcome<T>(result: &Result<T, ApiError>, bytes: impl Fn(&T) -> Option<i64>) -> Outcome {
-    match result {
-        Ok(v) => Outcome {
-            ok: true,
-            bytes: bytes(v),
-            ..Outcome::default()
-        },
-        Err(e) => Outcome {
-            ok: false,
-            error: Some(e.code.to_string()),
-            ..Outcome::default()
-        },
-    }
+    crate::http::audited::outcome(result, |e| e.code.to_string(), bytes)
 }
 
 /// The largest body a file write accepts.

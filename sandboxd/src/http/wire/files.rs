@@ -149,20 +149,13 @@ pub(crate) async fn file_read(
     let started = Instant::now();
     let max = state.core.policy().max_read_bytes;
     let p = req.path.clone();
-    let read = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Read,
-        target: &req.path,
-        started,
-    }
-    .run(
-        move || ws.read(&p, 0, None, max),
-        |r| i64::try_from(r.data.len()).ok(),
-    )
-    .await
-    .map_err(unfinished)?;
+    let read = FileOp::new(&state.core, &id, &headers, Op::Read, &req.path, started)
+        .run(
+            move || ws.read(&p, 0, None, max),
+            |r| i64::try_from(r.data.len()).ok(),
+        )
+        .await
+        .map_err(unfinished)?;
     let read = read.map_err(|e| file_error(e, true))?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -200,17 +193,10 @@ pub(crate) async fn file_write(
     let data = bounded_body(&headers, body, state.core.policy().max_read_bytes).await?;
     let started = Instant::now();
     let p = path.clone();
-    let written = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Write,
-        target: &path,
-        started,
-    }
-    .run(move || ws.write(&p, &data), |w| i64::try_from(w.size).ok())
-    .await
-    .map_err(unfinished)?;
+    let written = FileOp::new(&state.core, &id, &headers, Op::Write, &path, started)
+        .run(move || ws.write(&p, &data), |w| i64::try_from(w.size).ok())
+        .await
+        .map_err(unfinished)?;
     written.map_err(|e| file_error(e, true))?;
     Ok(no_content())
 }
@@ -449,30 +435,23 @@ pub(crate) async fn file_mkdir(
     refuse_outside(&req.path)?;
     let started = Instant::now();
     let p = req.path.clone();
-    let made = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Mkdir,
-        target: &req.path,
-        started,
-    }
-    .run(
-        move || match ws.mkdir(&p) {
-            // A file where the new directory goes is "exists"; one on the way "not a directory".
-            Err(FileError::NotADirectory { path }) => match ws.stat(&p) {
-                Ok(e) if e.kind != EntryKind::Dir => Err(FileError::Io {
-                    path,
-                    source: std::io::ErrorKind::AlreadyExists.into(),
-                }),
-                _ => Err(FileError::NotADirectory { path }),
+    let made = FileOp::new(&state.core, &id, &headers, Op::Mkdir, &req.path, started)
+        .run(
+            move || match ws.mkdir(&p) {
+                // A file where the new directory goes is "exists"; one on the way "not a directory".
+                Err(FileError::NotADirectory { path }) => match ws.stat(&p) {
+                    Ok(e) if e.kind != EntryKind::Dir => Err(FileError::Io {
+                        path,
+                        source: std::io::ErrorKind::AlreadyExists.into(),
+                    }),
+                    _ => Err(FileError::NotADirectory { path }),
+                },
+                other => other,
             },
-            other => other,
-        },
-        |_| None,
-    )
-    .await
-    .map_err(unfinished)?;
+            |_| None,
+        )
+        .await
+        .map_err(unfinished)?;
     match made {
         Ok(()) => Ok(no_content()),
         Err(FileError::Io { path, source })
@@ -504,17 +483,10 @@ pub(crate) async fn file_remove(
     refuse_outside(&req.path)?;
     let started = Instant::now();
     let p = req.path.clone();
-    let removed = FileOp {
-        core: &state.core,
-        id: &id,
-        headers: &headers,
-        op: Op::Remove,
-        target: &req.path,
-        started,
-    }
-    .run(move || ws.remove(&p, true), |_| None)
-    .await
-    .map_err(unfinished)?;
+    let removed = FileOp::new(&state.core, &id, &headers, Op::Remove, &req.path, started)
+        .run(move || ws.remove(&p, true), |_| None)
+        .await
+        .map_err(unfinished)?;
     removed.map_err(|e| file_error(e, true))?;
     Ok(no_content())
 }

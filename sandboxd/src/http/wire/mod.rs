@@ -5,7 +5,7 @@
 //! module speaks that protocol at the release pinned in `hack/versions.env`
 //! (`PYDANTIC_AI_BACKEND_VERSION`, reported in the index), so such a client works against this
 //! daemon by changing one URL. It is a thin surface: sessions, runs, files, caps, tokens, audit
-//! and isolation are the [`Core`]'s, exactly as for `/v1`.
+//! and isolation are the [`Core`](crate::service::Core)'s, exactly as for `/v1`.
 //!
 //! The protocol's own conventions hold here, not `/v1`'s: the token travels in
 //! `X-Sandbox-Token`, errors are `{"detail": ...}` (a sentence, or for a native file operation
