@@ -92,8 +92,10 @@ pub struct AgentRunner {
     bin_dir: PathBuf,
     metrics: Arc<Metrics>,
     /// Host pid of each session's container's PID 1 (Docker's `State.Pid`) for the current
-    /// start of its container; forgotten whenever the container is found stopped.
-    pids: Mutex<HashMap<String, i32>>,
+    /// start of its container; forgotten whenever the container is found stopped. With it, the
+    /// session its agent was started for: the container's session label, which is the warm
+    /// pool's name for a container a session took from a pool.
+    pids: Mutex<HashMap<String, (i32, String)>>,
 }
 
 /// Why a handshake failed.
@@ -176,16 +178,19 @@ impl AgentRunner {
     }
 
     /// Whether `pid` (a host pid) is the PID 1 of the session's container as Docker reports
-    /// it; asks Docker only when the cached pid of the container's current start differs.
-    async fn is_container_pid1(&self, session: &str, pid: i32) -> Result<bool, String> {
+    /// it, and then the session its agent was started for (see [`Self::pids`]); asks Docker
+    /// only when the cached pid of the container's current start differs.
+    async fn is_container_pid1(&self, session: &str, pid: i32) -> Result<Option<String>, String> {
         let cached = self
             .pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(session)
-            .copied();
-        if cached == Some(pid) {
-            return Ok(true);
+            .cloned();
+        if let Some((p, agent_session)) = cached
+            && p == pid
+        {
+            return Ok(Some(agent_session));
         }
         let name = self.engine.container_name(session);
         let inspected = self
@@ -195,19 +200,26 @@ impl AgentRunner {
             .inspect_container(&name, None::<InspectContainerOptions>)
             .await
             .map_err(|e| format!("inspect container {name}: {e}"))?;
+        let agent_session = inspected
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(crate::docker::LABEL_SESSION))
+            .cloned()
+            .unwrap_or_else(|| session.to_owned());
         let state = inspected.state.unwrap_or_default();
         let pid1 = match (state.running, state.pid) {
             (Some(true), Some(p)) if p > 0 => i32::try_from(p).unwrap_or(0),
             _ => {
                 self.forget_pid(session);
-                return Ok(false);
+                return Ok(None);
             }
         };
         self.pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(session.to_owned(), pid1);
-        Ok(pid1 == pid)
+            .insert(session.to_owned(), (pid1, agent_session.clone()));
+        Ok((pid1 == pid).then_some(agent_session))
     }
 
     /// Connects to the session's socket without following anything the path may have been
@@ -271,8 +283,8 @@ impl AgentRunner {
 
     /// Whether the peer of `stream` is the session's agent: the listener was made by root (the
     /// agent binds before it drops to the sandbox uid; nothing of the sandbox is ever root) and
-    /// by the container's PID 1.
-    async fn check_peer(&self, session: &str, stream: &UnixStream) -> Result<(), Refused> {
+    /// by the container's PID 1. Returns the session that agent was started for.
+    async fn check_peer(&self, session: &str, stream: &UnixStream) -> Result<String, Refused> {
         let untrusted = |message: String| Refused {
             message,
             maybe_started: false,
@@ -296,8 +308,8 @@ impl AgentRunner {
             )));
         }
         match self.is_container_pid1(session, pid).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(untrusted(format!(
+            Ok(Some(agent_session)) => Ok(agent_session),
+            Ok(None) => Err(untrusted(format!(
                 "the socket is served by pid {pid}, which is not the PID 1 of the session's container"
             ))),
             Err(e) => Err(untrusted(format!(
@@ -320,11 +332,13 @@ impl AgentRunner {
             untrusted: false,
         };
         let checked = match self.connect(session).await {
-            Ok(stream) => self.check_peer(session, &stream).await.map(|()| stream),
+            Ok(stream) => self.check_peer(session, &stream).await.map(|s| (stream, s)),
             Err(e) => Err(e),
         };
-        let stream = match checked {
-            Ok(stream) => stream,
+        // The agent serves the session its container was started for: this one, or the warm
+        // pool's name for a container this session took from a pool.
+        let (stream, agent_session) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 if e.untrusted {
                     warn!(session, reason = %e.message, "refused the sandbox's agent socket: not the agent");
@@ -340,7 +354,7 @@ impl AgentRunner {
         };
         let mut hello = proto::encode_msg(&Msg::Hello {
             protocols: (proto::MIN_PROTOCOL..=proto::PROTOCOL).collect(),
-            session: session.to_owned(),
+            session: agent_session.clone(),
         });
         if let Some(m) = request {
             hello.extend(proto::encode_msg(m));
@@ -365,7 +379,7 @@ impl AgentRunner {
                 session: theirs,
                 version,
             })) => {
-                if theirs != session {
+                if theirs != agent_session {
                     return Err(refused(format!(
                         "the socket of session '{session}' is served by an agent of session '{theirs}'"
                     )));

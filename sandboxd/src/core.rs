@@ -202,6 +202,8 @@ pub struct Core {
     network: Option<Arc<SandboxNetwork>>,
     trash: Trash,
     disks: Disks,
+    /// The warm pools of the runtimes (see [`crate::pool`]).
+    pool: crate::pool::Pool,
 }
 
 /// The one open (or wake) in flight of a session in this process. It is taken before the row
@@ -328,6 +330,7 @@ impl Core {
         };
         let disks = Disks::new(&settings.workspace_root, settings.uid);
         Self {
+            pool: crate::pool::Pool::new(&settings.workspace_root),
             disks,
             store,
             engine,
@@ -358,6 +361,23 @@ impl Core {
         &self.settings
     }
 
+    /// The warm pools.
+    pub fn pool(&self) -> &crate::pool::Pool {
+        &self.pool
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn runner(&self) -> &Arc<dyn Runner> {
+        &self.runner
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -386,7 +406,7 @@ impl Core {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn caps(&self) -> Caps {
+    pub(crate) fn caps(&self) -> Caps {
         let p = self.policy();
         Caps {
             max_sessions: p.max_sessions,
@@ -541,6 +561,11 @@ impl Core {
             cpu_ns,
             workspace_exists,
             owner: row.owner.clone(),
+            launch: if row.warm {
+                sandboxd_api::session::Launch::Warm
+            } else {
+                sandboxd_api::session::Launch::Cold
+            },
         }
     }
 
@@ -802,9 +827,13 @@ impl Core {
                 let folder = self.settings.workspace_root.join(&req.name);
                 let had_folder = std::fs::symlink_metadata(&folder).is_ok();
                 let had_disk = self.disks.size(&req.name).is_some();
-                let result = self
-                    .create_container(&req.name, &req.tenant, &runtime, &limits)
-                    .await;
+                // A new folder can take a warm pool's container; one already there opens cold.
+                let result = if had_folder || had_disk {
+                    self.create_container(&req.name, &req.tenant, &runtime, &limits)
+                        .await
+                } else {
+                    crate::pool::open(self, &req.name, &req.tenant, &runtime, &limits).await
+                };
                 match result {
                     Ok(()) => {
                         self.metrics
@@ -968,28 +997,13 @@ impl Core {
         }
     }
 
-    async fn create_container(
+    pub(crate) async fn create_container(
         &self,
         id: &str,
         tenant: &str,
         runtime: &RuntimeImage,
         limits: &Limits,
     ) -> Result<(), ApiError> {
-        let s = &self.settings;
-        let network_mode = match (&self.network, runtime.needs_network) {
-            (_, false) => s.network_mode.clone(),
-            (None, true) => s.runtime_network.clone(),
-            (Some(network), true) => network.ensure().await.map_err(|e| {
-                ApiError::new(
-                    503,
-                    ErrorCode::NetworkUnavailable,
-                    format!(
-                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
-                        runtime.alias
-                    ),
-                )
-            })?,
-        };
         let workspace = self.workspace(id);
         if let Some(size) = self.workspace_size_of(runtime, limits) {
             let disks = self.disks.clone();
@@ -1002,34 +1016,9 @@ impl Core {
             made.map_err(|e| disk_error(id, e))?;
         }
         workspace.prepare()?;
-        let memory = limits
-            .mem_limit
-            .as_deref()
-            .or(runtime.mem_limit.as_deref())
-            .and_then(parse_bytes)
-            .unwrap_or(s.memory);
-        let spec = SandboxSpec {
-            session: id.to_owned(),
-            tenant: tenant.to_owned(),
-            image: runtime.image.clone(),
-            workspace: workspace.dir().display().to_string(),
-            uid: s.uid,
-            network_mode,
-            cpus: limits.cpus.unwrap_or(s.cpus),
-            memory,
-            pids_limit: limits.pids_limit.unwrap_or(s.pids_limit),
-            tmpfs_size: s.tmpfs_size.clone(),
-            home_size: s.home_size.clone(),
-            oci_runtime: s.oci_runtime.clone(),
-            env: runtime
-                .env
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect(),
-            agent: self.runner.agent_mount(id).map_err(|e| {
-                ApiError::internal(format!("cannot prepare the agent folder of '{id}': {e}"))
-            })?,
-        };
+        let spec = self
+            .sandbox_spec(id, id, tenant, runtime, limits, &workspace)
+            .await?;
         // A container left by an earlier crash under the same name is removed first.
         let _ = self.engine.remove(&self.engine.container_name(id)).await;
         let container = self
@@ -1055,6 +1044,75 @@ impl Core {
         }
         info!(session = id, tenant, runtime = %runtime.alias, "session opened");
         Ok(())
+    }
+
+    /// What a sandbox of `runtime` with `limits` is created with, every session's and every
+    /// warm pool container's alike: named `name` (its session, or the pool's name for it),
+    /// its workspace `workspace`, its agent's run folder in the folder `folder` of the
+    /// workspace root.
+    pub(crate) async fn sandbox_spec(
+        &self,
+        name: &str,
+        folder: &str,
+        tenant: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+        workspace: &Workspace,
+    ) -> Result<SandboxSpec, ApiError> {
+        let s = &self.settings;
+        let network_mode = match (&self.network, runtime.needs_network) {
+            (_, false) => s.network_mode.clone(),
+            (None, true) => s.runtime_network.clone(),
+            (Some(network), true) => network.ensure().await.map_err(|e| {
+                ApiError::new(
+                    503,
+                    ErrorCode::NetworkUnavailable,
+                    format!(
+                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
+                        runtime.alias
+                    ),
+                )
+            })?,
+        };
+        let (cpus, memory, pids_limit) = self.shape(runtime, limits);
+        Ok(SandboxSpec {
+            session: name.to_owned(),
+            tenant: tenant.to_owned(),
+            image: runtime.image.clone(),
+            workspace: workspace.dir().display().to_string(),
+            uid: s.uid,
+            network_mode,
+            cpus,
+            memory,
+            pids_limit,
+            tmpfs_size: s.tmpfs_size.clone(),
+            home_size: s.home_size.clone(),
+            oci_runtime: s.oci_runtime.clone(),
+            env: runtime
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            agent: self.runner.agent_mount(folder).map_err(|e| {
+                ApiError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
+            })?,
+        })
+    }
+
+    /// The CPUs, memory (bytes) and processes a sandbox of `runtime` with `limits` gets.
+    pub(crate) fn shape(&self, runtime: &RuntimeImage, limits: &Limits) -> (f64, i64, i64) {
+        let s = &self.settings;
+        let memory = limits
+            .mem_limit
+            .as_deref()
+            .or(runtime.mem_limit.as_deref())
+            .and_then(parse_bytes)
+            .unwrap_or(s.memory);
+        (
+            limits.cpus.unwrap_or(s.cpus),
+            memory,
+            limits.pids_limit.unwrap_or(s.pids_limit),
+        )
     }
 
     fn limits_of(row: &SessionRow) -> Limits {
@@ -1154,6 +1212,22 @@ impl Core {
                         .map_err(db)?;
                     return Box::pin(self.wake(id)).await;
                 };
+                // A container taken from a warm pool binds the workspace by the pool folder's
+                // old path: started again, Docker would bind that path, not the session's
+                // folder. It is replaced instead; the workspace stays.
+                if row.warm {
+                    self.engine
+                        .remove(&c)
+                        .await
+                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                    self.store.set_container(id, None).await.map_err(db)?;
+                    self.store
+                        .transition(id, &[State::Stopped], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    info!(session = id, "warm container replaced on wake");
+                    return Box::pin(self.wake(id)).await;
+                }
                 match self.engine.start(&c).await {
                     Ok(()) => {}
                     Err(e) if e.is_not_found() => {
@@ -1712,7 +1786,11 @@ impl Core {
             }
         }
         for c in &owned {
-            let row = rows.iter().find(|r| r.id == c.session);
+            // By container id: a container a session took from a warm pool is labelled with
+            // the pool's name for it, not the session's.
+            let row = rows
+                .iter()
+                .find(|r| r.container_id.as_deref() == Some(c.id.as_str()));
             let keep = row.is_some_and(|r| {
                 matches!(r.state, State::Running | State::Stopped)
                     && r.container_id.as_deref() == Some(c.id.as_str())

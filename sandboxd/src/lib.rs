@@ -13,6 +13,7 @@
 //!   [`connections`]: the HTTP connections and their header, body and idle timeouts;
 //!   [`tls`]: HTTPS on sandboxd's port (certificate reloaded on change), and its clients' trust;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
+//!   [`pool`]: each runtime's warm pool of started containers an open takes;
 //! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
 
 pub mod agent_runner;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod network;
 pub mod openapi;
 pub mod policy;
+pub mod pool;
 pub mod runner;
 pub mod runtimes;
 pub mod server;
