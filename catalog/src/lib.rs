@@ -312,7 +312,7 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
         err("needs_network", "must be true or false".into());
     }
     if let Some(v) = map.get("warm_pool")
-        && !v.as_u64().is_some_and(|n| n <= u64::from(MAX_WARM_POOL))
+        && v.as_u64().is_none_or(|n| n > u64::from(MAX_WARM_POOL))
     {
         err(
             "warm_pool",

@@ -405,6 +405,8 @@ async fn fill_once(core: &Core) -> Result<bool, String> {
     if no_pool {
         return Ok(false);
     }
+    // A host whose max_sessions went down (PUT /v1/policy) keeps only what fits.
+    make_room(core).await;
     // Fill: one container of the first runtime short of its size, within the capacity.
     let Some((runtime, _)) = core
         .runtimes()
@@ -490,4 +492,86 @@ async fn start(core: &Core, runtime: &RuntimeImage) -> Result<Pooled, String> {
         let _ = core.trash().discard(&folder, &name);
     }
     made.map_err(|e| format!("runtime '{}': {e}", runtime.alias))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::Duration;
+
+    use clap::Parser;
+    use sandboxd_api::SessionState as State;
+    use sandboxd_api::session::Launch;
+
+    use crate::client::Client;
+    use crate::config::Config;
+    use crate::docker::Engine;
+
+    /// The operator bench's no-op engine keeps a pool too: an open takes a pooled record,
+    /// renamed to the session's, and a wake after a sleep replaces it.
+    #[tokio::test]
+    async fn the_noop_engine_keeps_a_warm_pool() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let uid = match dir.path().metadata().expect("the temp dir").uid() {
+            0 => 10001,
+            uid => uid,
+        };
+        let path = |p: &str| dir.path().join(p).display().to_string();
+        let catalog = r#"[{"alias": "base", "image": "never-pulled:1", "warm_pool": 2}]"#;
+        let config = Config::try_parse_from([
+            "sandboxd",
+            "--token",
+            "admin",
+            "--port",
+            "0",
+            "--runtimes",
+            catalog,
+            "--instance",
+            "noop-pool",
+            "--workspace-root",
+            &path("workspaces"),
+            "--state-dir",
+            &path("state"),
+            "--sandbox-uid",
+            &uid.to_string(),
+            "--workspace-quota",
+            "off",
+        ])
+        .expect("a config");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, serve) = crate::server::start_on(config, Engine::noop("noop-pool"), async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("sandboxd starts");
+        let served = tokio::spawn(serve);
+        let admin = Client::new(&format!("http://{addr}"), "admin");
+        let ready = || async {
+            let list = admin.runtimes().await.expect("runtimes");
+            list.runtimes[0].warm_pool
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ready().await.ready < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "the pool fills");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(ready().await.size, 2);
+
+        let opened = admin.open("s1", "org", None, None).await.expect("open");
+        assert_eq!(
+            (opened.session.state, opened.session.launch),
+            (State::Running, Launch::Warm)
+        );
+        assert!(dir.path().join("workspaces/s1/workspace").is_dir());
+        assert_eq!(admin.stop("s1").await.expect("stop").state, State::Stopped);
+        let woken = admin.start("s1").await.expect("start");
+        assert_eq!((woken.state, woken.launch), (State::Running, Launch::Cold));
+        assert!(admin.destroy("s1").await.expect("destroy").destroyed);
+
+        let _ = stop.send(());
+        served
+            .await
+            .expect("the serving task")
+            .expect("served until told to stop");
+    }
 }

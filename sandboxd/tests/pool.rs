@@ -220,7 +220,10 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
     if backend == Backend::Agent {
         // A warm container's agent serves the session that took it.
         assert!(!metrics.contains("exec_fallback"), "{metrics}");
-        assert!(metrics.contains("sandboxd_run_paths_total{path=\"agent\"}"), "{metrics}");
+        assert!(
+            metrics.contains("sandboxd_run_paths_total{path=\"agent\"}"),
+            "{metrics}"
+        );
     }
     assert!(
         metrics.contains("sandboxd_warm_pool_ready{runtime=\"base\"} 2"),
