@@ -40,6 +40,7 @@ use crate::core::{Core, Limits};
 use crate::error::{ApiError, ErrorCode};
 use crate::files::Workspace;
 use crate::metrics::RuntimeLabel;
+use crate::store::State;
 
 pub use crate::docker::LABEL_POOL;
 
@@ -167,8 +168,10 @@ pub(crate) async fn open(
     if limits.workspace_size.is_none() {
         let shape = core.shape(runtime, limits);
         while let Some(pooled) = core.pool().take(runtime, shape) {
+            // The refill starts once the claim is done: it would hold dockerd meanwhile.
+            let claimed = claim(core, id, &pooled).await;
             core.pool().changed();
-            match claim(core, id, &pooled).await {
+            match claimed {
                 Ok(()) => {
                     publish(core);
                     info!(session = id, tenant, runtime = %runtime.alias, container = %pooled.name, "session opened on a warm container");
@@ -194,58 +197,80 @@ enum Claimed {
     Failed(String),
 }
 
-/// Gives `pooled` to session `id`: the container takes the session's name, the pool folder
-/// the session's place, the row the container. Whatever fails removes the container and
-/// whatever is left of its folder (nothing of the session is in it yet).
+/// Gives `pooled` to session `id`: the container takes the session's name (Docker's rename,
+/// the slow part, done meanwhile), the pool folder the session's place, the row the
+/// container. Whatever fails removes the container and whatever is left of its folder
+/// (nothing of the session is in it yet), and puts the row back to opening.
 async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
     let engine = core.engine();
     let name = engine.container_name(id);
-    let failed = |why: String| async move {
-        discard(core, pooled).await;
-        let _ = core.trash().discard(
-            &core.settings().workspace_root.join(id),
-            &format!("{}-claim", pooled.name),
-        );
-        Claimed::Failed(why)
-    };
-    if let Err(e) = engine.rename(&pooled.container, &name).await {
-        // A container an earlier crash left under the session's name is removed, once.
-        if !e.is_conflict()
-            || engine.remove(&name).await.is_err()
-            || engine.rename(&pooled.container, &name).await.is_err()
-        {
-            return Err(failed(e.to_string()).await);
-        }
-    }
     let target = core.settings().workspace_root.join(id);
-    if let Err(e) = std::fs::rename(core.pool().folder(&pooled.name), &target) {
-        return Err(failed(format!(
-            "cannot move its folder to {}: {e}",
-            target.display()
-        ))
-        .await);
-    }
-    // The agent's run folder came with the folder; this forgets whatever the run path
-    // remembered of an earlier container of this name and checks the folder is root's alone.
-    if let Err(e) = core.runner().agent_mount(id) {
-        return Err(failed(format!("cannot check the agent folder: {e}")).await);
-    }
-    match core.store().set_warm_running(id, &pooled.container).await {
-        Ok(true) => Ok(()),
-        Ok(false) => {
-            let _ = engine.remove(&pooled.container).await;
-            Err(Claimed::Changed(ApiError::conflict(
+    let docker = async {
+        match engine.rename(&pooled.container, &name).await {
+            Ok(()) => Ok(()),
+            // A container an earlier crash left under the session's name is removed, once.
+            Err(e) if e.is_conflict() => {
+                engine.remove(&name).await.map_err(|e| e.to_string())?;
+                engine
+                    .rename(&pooled.container, &name)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let local = async {
+        std::fs::rename(core.pool().folder(&pooled.name), &target).map_err(|e| {
+            Claimed::Failed(format!(
+                "cannot move its folder to {}: {e}",
+                target.display()
+            ))
+        })?;
+        // The agent's run folder came with the folder; this forgets whatever the run path
+        // remembered of an earlier container of this name and checks the folder is root's.
+        core.runner()
+            .agent_mount(id)
+            .map_err(|e| Claimed::Failed(format!("cannot check the agent folder: {e}")))?;
+        match core.store().set_warm_running(id, &pooled.container).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Claimed::Changed(ApiError::conflict(
                 ErrorCode::SessionChanged,
                 format!("Session '{id}' changed while it was opening"),
-            )))
-        }
-        Err(e) => {
-            let _ = engine.remove(&pooled.container).await;
-            Err(Claimed::Changed(ApiError::internal(format!(
+            ))),
+            Err(e) => Err(Claimed::Changed(ApiError::internal(format!(
                 "sandboxd's state store failed: {e}"
-            ))))
+            )))),
         }
+    };
+    let (renamed, recorded) = tokio::join!(docker, local);
+    let failure = match (renamed, recorded) {
+        (Ok(()), Ok(())) => return Ok(()),
+        (_, Err(Claimed::Changed(e))) => Claimed::Changed(e),
+        (_, Err(failed)) => failed,
+        (Err(why), Ok(())) => {
+            // Recorded as running already: back to opening, for a cold start.
+            let back = core
+                .store()
+                .transition(id, &[State::Running], State::Opening)
+                .await;
+            if !matches!(back, Ok(true)) {
+                discard(core, pooled).await;
+                return Err(Claimed::Changed(ApiError::conflict(
+                    ErrorCode::SessionChanged,
+                    format!("Session '{id}' changed while it was opening"),
+                )));
+            }
+            let _ = core.store().set_container(id, None).await;
+            Claimed::Failed(why)
+        }
+    };
+    discard(core, pooled).await;
+    if matches!(failure, Claimed::Failed(_)) {
+        let _ = core
+            .trash()
+            .discard(&target, &format!("{}-claim", pooled.name));
     }
+    Err(failure)
 }
 
 /// Removes a pooled container and its folder.

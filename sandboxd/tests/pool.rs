@@ -219,7 +219,7 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
         .expect("text");
     if backend == Backend::Agent {
         // A warm container's agent serves the session that took it.
-        assert!(!metrics.contains("exec_fallback"), "{metrics}");
+        assert!(!metrics.contains("path=\"exec_fallback\""), "{metrics}");
         assert!(
             metrics.contains("sandboxd_run_paths_total{path=\"agent\"}"),
             "{metrics}"
@@ -352,6 +352,29 @@ async fn a_runtime_change_drains_the_old_pool() {
     .await;
     // The session that took one keeps it.
     assert!(exists(&container(&d, "after")));
+}
+
+/// A pooled container removed behind sandboxd's back is not handed out: the open starts cold,
+/// in the session's own folder, and the pool fills again.
+#[tokio::test]
+async fn a_pooled_container_that_vanished_opens_cold() {
+    let d = start(Backend::Agent, 1, &[]);
+    ready(&d, "base", 1).await;
+    let gone: Vec<String> = waiting(&d).into_iter().collect();
+    docker(&["rm", "-f", &gone[0]]);
+    let admin = d.admin();
+    let opened = admin.open("v-1", "org", None, None).await.expect("open");
+    assert_eq!(opened.session.launch, Launch::Cold);
+    let out = admin
+        .run("v-1", "ls -A; echo x > f.txt", None, None, None)
+        .await
+        .expect("run");
+    assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""));
+    assert!(d.workspace("v-1").join("f.txt").is_file());
+    ready(&d, "base", 1).await;
+    assert!(!waiting(&d).contains(&gone[0]));
+    let warm = admin.open("v-2", "org", None, None).await.expect("open");
+    assert_eq!(warm.session.launch, Launch::Warm);
 }
 
 #[tokio::test]
