@@ -180,7 +180,14 @@ impl AgentRunner {
     /// Whether `pid` (a host pid) is the PID 1 of the session's container as Docker reports
     /// it, and then the session its agent was started for (see [`Self::pids`]); asks Docker
     /// only when the cached pid of the container's current start differs.
-    async fn is_container_pid1(&self, session: &str, pid: i32) -> Result<Option<String>, String> {
+    /// `container` is the session's container id when the caller has it from the session's
+    /// row; else it is looked up by the session's container name.
+    async fn is_container_pid1(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        pid: i32,
+    ) -> Result<Option<String>, String> {
         let cached = self
             .pids
             .lock()
@@ -192,7 +199,7 @@ impl AgentRunner {
         {
             return Ok(Some(agent_session));
         }
-        let name = self.engine.container_name(session);
+        let name = container.map_or_else(|| self.engine.container_name(session), str::to_owned);
         let inspected = self
             .engine
             .client()
@@ -284,7 +291,12 @@ impl AgentRunner {
     /// Whether the peer of `stream` is the session's agent: the listener was made by root (the
     /// agent binds before it drops to the sandbox uid; nothing of the sandbox is ever root) and
     /// by the container's PID 1. Returns the session that agent was started for.
-    async fn check_peer(&self, session: &str, stream: &UnixStream) -> Result<String, Refused> {
+    async fn check_peer(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        stream: &UnixStream,
+    ) -> Result<String, Refused> {
         let untrusted = |message: String| Refused {
             message,
             maybe_started: false,
@@ -307,7 +319,7 @@ impl AgentRunner {
                 cred.uid()
             )));
         }
-        match self.is_container_pid1(session, pid).await {
+        match self.is_container_pid1(session, container, pid).await {
             Ok(Some(agent_session)) => Ok(agent_session),
             Ok(None) => Err(untrusted(format!(
                 "the socket is served by pid {pid}, which is not the PID 1 of the session's container"
@@ -325,14 +337,22 @@ impl AgentRunner {
     /// `request`, when given, is written in the same write as the hello (no round trip of its
     /// own): the agent reads it only after it has accepted the hello, so an agent of another
     /// session, or one that speaks no shared protocol, never acts on it.
-    async fn handshake(&self, session: &str, request: Option<&Msg>) -> Result<Conn, Refused> {
+    async fn handshake(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        request: Option<&Msg>,
+    ) -> Result<Conn, Refused> {
         let refused = |message: String| Refused {
             message,
             maybe_started: false,
             untrusted: false,
         };
         let checked = match self.connect(session).await {
-            Ok(stream) => self.check_peer(session, &stream).await.map(|s| (stream, s)),
+            Ok(stream) => self
+                .check_peer(session, container, &stream)
+                .await
+                .map(|s| (stream, s)),
             Err(e) => Err(e),
         };
         // The agent serves the session its container was started for: this one, or the warm
@@ -402,7 +422,10 @@ impl AgentRunner {
     /// starting agent, reports a dead one (its container stopped with it: `NotRunning`, and the
     /// core starts it again), and falls back to exec for a container that has none.
     async fn reach(&self, spec: &RunSpec, request: &Msg) -> Result<Reached, RunError> {
-        let first = match self.handshake(&spec.session, Some(request)).await {
+        let first = match self
+            .handshake(&spec.session, Some(&spec.container), Some(request))
+            .await
+        {
             Ok(conn) => return Ok(Reached::Agent(conn)),
             Err(e) => e,
         };
@@ -461,7 +484,10 @@ impl AgentRunner {
         let mut last = first;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            match self.handshake(&spec.session, Some(request)).await {
+            match self
+                .handshake(&spec.session, Some(&spec.container), Some(request))
+                .await
+            {
                 Ok(conn) => return Ok(Reached::Agent(conn)),
                 Err(e) if e.maybe_started => return Err(silent(&e)),
                 Err(e) if e.untrusted => {
@@ -611,7 +637,7 @@ impl AgentRunner {
 
     async fn request(&self, session: &str, msg: Msg) -> Result<Msg, String> {
         let mut conn = self
-            .handshake(session, Some(&msg))
+            .handshake(session, None, Some(&msg))
             .await
             .map_err(|e| e.message)?;
         tokio::time::timeout(IO_TIMEOUT, async {

@@ -9,10 +9,10 @@
 //! - An open takes one when its runtime's definition and the shape of its sandbox (CPUs,
 //!   memory, processes) are the pool's, and the session needs no workspace disk of its own.
 //!   Taking it out of the pool happens under the pool's lock, so no container is handed out
-//!   twice, and a container is only ever used once. The claim renames the container to the
-//!   session's name and the pool folder into the session's place (`rename(2)`: the bind mounts
-//!   follow the directory), and records the container with `launch = 'warm'`. Anything that
-//!   fails on the way falls back to a cold start.
+//!   twice, and a container is only ever used once. The claim renames the pool folder into the
+//!   session's place (`rename(2)`: the bind mounts follow the directory) and records the
+//!   container with `launch = 'warm'`; Docker's rename of the container to the session's name
+//!   follows in the background. Anything that fails on the way falls back to a cold start.
 //! - Because a warm container's bind mounts name the pool folder's old path, it is never
 //!   started again: a wake of a session whose warm container stopped replaces it.
 //! - Capacity: pooled containers are counted with the sessions that hold a slot (opening,
@@ -37,10 +37,11 @@ use tracing::{debug, info, warn};
 
 use crate::config::RuntimeImage;
 use crate::core::{Core, Limits};
+use crate::docker::Engine;
 use crate::error::{ApiError, ErrorCode};
 use crate::files::Workspace;
 use crate::metrics::RuntimeLabel;
-use crate::store::State;
+use crate::store::Store;
 
 pub use crate::docker::LABEL_POOL;
 
@@ -197,29 +198,13 @@ enum Claimed {
     Failed(String),
 }
 
-/// Gives `pooled` to session `id`: the container takes the session's name (Docker's rename,
-/// the slow part, done meanwhile), the pool folder the session's place, the row the
-/// container. Whatever fails removes the container and whatever is left of its folder
-/// (nothing of the session is in it yet), and puts the row back to opening.
+/// Gives `pooled` to session `id`: the pool folder takes the session's place and the row the
+/// container; Docker's rename of the container to the session's name (the slow part) follows
+/// in the background ([`rename`]). Whatever fails removes the container and whatever is left of
+/// its folder (nothing of the session is in it yet).
 async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
-    let engine = core.engine();
-    let name = engine.container_name(id);
     let target = core.settings().workspace_root.join(id);
-    let docker = async {
-        match engine.rename(&pooled.container, &name).await {
-            Ok(()) => Ok(()),
-            // A container an earlier crash left under the session's name is removed, once.
-            Err(e) if e.is_conflict() => {
-                engine.remove(&name).await.map_err(|e| e.to_string())?;
-                engine
-                    .rename(&pooled.container, &name)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    };
-    let local = async {
+    let recorded = async {
         std::fs::rename(core.pool().folder(&pooled.name), &target).map_err(|e| {
             Claimed::Failed(format!(
                 "cannot move its folder to {}: {e}",
@@ -231,6 +216,12 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
         core.runner()
             .agent_mount(id)
             .map_err(|e| Claimed::Failed(format!("cannot check the agent folder: {e}")))?;
+        // A container that vanished from the pool is never recorded as a session's.
+        match core.engine().running(&pooled.container).await {
+            Ok(Some(true)) => {}
+            Ok(_) => return Err(Claimed::Failed("it no longer runs".to_owned())),
+            Err(e) => return Err(Claimed::Failed(e.to_string())),
+        }
         match core.store().set_warm_running(id, &pooled.container).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Claimed::Changed(ApiError::conflict(
@@ -241,36 +232,58 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
                 "sandboxd's state store failed: {e}"
             )))),
         }
-    };
-    let (renamed, recorded) = tokio::join!(docker, local);
-    let failure = match (renamed, recorded) {
-        (Ok(()), Ok(())) => return Ok(()),
-        (_, Err(Claimed::Changed(e))) => Claimed::Changed(e),
-        (_, Err(failed)) => failed,
-        (Err(why), Ok(())) => {
-            // Recorded as running already: back to opening, for a cold start.
-            let back = core
-                .store()
-                .transition(id, &[State::Running], State::Opening)
-                .await;
-            if !matches!(back, Ok(true)) {
-                discard(core, pooled).await;
-                return Err(Claimed::Changed(ApiError::conflict(
-                    ErrorCode::SessionChanged,
-                    format!("Session '{id}' changed while it was opening"),
-                )));
-            }
-            let _ = core.store().set_container(id, None).await;
-            Claimed::Failed(why)
-        }
-    };
-    discard(core, pooled).await;
-    if matches!(failure, Claimed::Failed(_)) {
-        let _ = core
-            .trash()
-            .discard(&target, &format!("{}-claim", pooled.name));
     }
-    Err(failure)
+    .await;
+    match recorded {
+        Ok(()) => {
+            tokio::spawn(rename(
+                core.engine().clone(),
+                core.store().clone(),
+                id.to_owned(),
+                pooled.container.clone(),
+            ));
+            Ok(())
+        }
+        Err(failure) => {
+            discard(core, pooled).await;
+            if matches!(failure, Claimed::Failed(_)) {
+                let _ = core
+                    .trash()
+                    .discard(&target, &format!("{}-claim", pooled.name));
+            }
+            Err(failure)
+        }
+    }
+}
+
+/// Renames session `id`'s warm container to the session's container name, which whatever
+/// finds a session's container by name (a look at `docker ps`, the run path without the row's
+/// container id) uses. The run path checks a run's agent by the container id of the row, so
+/// nothing waits for this. A container the session no longer holds is left as it is; one that
+/// holds the name without being the session's (left by a failed open) is removed first.
+async fn rename(engine: Engine, store: Store, id: String, container: String) {
+    let name = engine.container_name(&id);
+    let mine = || async {
+        store
+            .get(&id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.container_id.as_deref() == Some(container.as_str()))
+    };
+    let result = match engine.rename(&container, &name).await {
+        Err(e) if e.is_conflict() && mine().await => {
+            let _ = engine.remove(&name).await;
+            engine.rename(&container, &name).await
+        }
+        other => other,
+    };
+    if let Err(e) = result
+        && !e.is_not_found()
+        && mine().await
+    {
+        warn!(session = %id, error = %e, "the warm container keeps its pool name");
+    }
 }
 
 /// Removes a pooled container and its folder.

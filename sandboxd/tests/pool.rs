@@ -91,14 +91,24 @@ fn waiting(d: &Daemon) -> HashSet<String> {
         .collect()
 }
 
-/// The id of the container Docker has under session `id`'s name.
-fn container(d: &Daemon, id: &str) -> String {
-    docker(&[
-        "inspect",
-        "--format",
-        "{{.Id}}",
-        &format!("sandboxd-{}-{id}", d.instance),
-    ])
+/// The id of the container Docker has under session `id`'s name (a warm container takes it
+/// just after the open answered).
+async fn container(d: &Daemon, id: &str) -> String {
+    let name = format!("sandboxd-{}-{id}", d.instance);
+    until(
+        &format!("a container named {name}"),
+        Duration::from_secs(30),
+        || async {
+            let out = Command::new("docker")
+                .args(["inspect", "--format", "{{.Id}}", &name])
+                .output()
+                .expect("docker");
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        },
+    )
+    .await
 }
 
 fn exists(id: &str) -> bool {
@@ -145,7 +155,10 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
         assert!(opened.created);
         launches.push((opened.session.id.clone(), opened.session.launch));
     }
-    let containers: Vec<String> = launches.iter().map(|(id, _)| container(&d, id)).collect();
+    let mut containers: Vec<String> = vec![];
+    for (id, _) in &launches {
+        containers.push(container(&d, id).await);
+    }
     assert_eq!(
         containers.iter().collect::<HashSet<_>>().len(),
         3,
@@ -284,7 +297,7 @@ async fn a_runtime_without_a_pool_or_other_limits_opens_cold(backend: Backend) {
             "inspect",
             "--format",
             "{{.HostConfig.NanoCpus}}",
-            &container(&d, "c-cpus")
+            &container(&d, "c-cpus").await
         ]),
         "500000000"
     );
@@ -351,7 +364,7 @@ async fn a_runtime_change_drains_the_old_pool() {
     })
     .await;
     // The session that took one keeps it.
-    assert!(exists(&container(&d, "after")));
+    assert!(exists(&container(&d, "after").await));
 }
 
 /// A pooled container removed behind sandboxd's back is not handed out: the open starts cold,
@@ -429,7 +442,7 @@ async fn after_a_restart_the_pools_containers_are_removed_never_leaked() {
         .run("kept", "echo before > f.txt", None, None, None)
         .await
         .expect("run");
-    let kept = container(&d, "kept");
+    let kept = container(&d, "kept").await;
     ready(&d, "base", 2).await;
     let unclaimed = waiting(&d);
     let folders = pool_folders(&d);
@@ -442,7 +455,7 @@ async fn after_a_restart_the_pools_containers_are_removed_never_leaked() {
         assert!(!exists(c), "the pooled container {c} was left behind");
     }
     // The session's warm container is its own: kept, and it still serves.
-    assert_eq!(container(&d, "kept"), kept);
+    assert_eq!(container(&d, "kept").await, kept);
     let admin = d.admin();
     let out = admin
         .run("kept", "cat f.txt", None, None, None)
@@ -464,7 +477,7 @@ async fn a_warm_session_that_sleeps_and_wakes_keeps_its_files(backend: Backend) 
     let admin = d.admin();
     let opened = admin.open("sleepy", "org", None, None).await.expect("open");
     assert_eq!(opened.session.launch, Launch::Warm);
-    let warm = container(&d, "sleepy");
+    let warm = container(&d, "sleepy").await;
     admin
         .run(
             "sleepy",
@@ -487,7 +500,7 @@ async fn a_warm_session_that_sleeps_and_wakes_keeps_its_files(backend: Backend) 
         std::fs::read_to_string(d.workspace("sleepy").join("g.txt")).expect("on disk"),
         "more\n"
     );
-    let now = container(&d, "sleepy");
+    let now = container(&d, "sleepy").await;
     assert_ne!(now, warm, "the warm container is never started again");
     assert!(!exists(&warm));
     let source = docker(&[
