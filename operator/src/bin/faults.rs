@@ -471,6 +471,9 @@ struct Trial {
     /// Whether the workload already opened a session on a missing Runtime, and removed a
     /// workspace (once each per trial).
     late_tried: bool,
+    /// The Runtime the missing-runtime step named, until it is created: a create that an
+    /// outage cut off is made once the stack is back, as the platform would retry it.
+    late_runtime: Option<String>,
     vanish_tried: bool,
     hosts: Vec<Host>,
     operators: Vec<Operator>,
@@ -510,6 +513,7 @@ impl Trial {
             deleted_ns: BTreeSet::new(),
             ns_delete_tried: false,
             late_tried: false,
+            late_runtime: None,
             vanish_tried: false,
             hosts: vec![],
             operators: vec![],
@@ -604,7 +608,26 @@ impl Trial {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        self.create_runtime(&runtime, false).await.is_ok() && said
+        self.late_runtime = Some(runtime.clone());
+        let created = self.create_runtime(&runtime, false).await.is_ok();
+        if created {
+            self.late_runtime = None;
+        }
+        created && said
+    }
+
+    /// Creates the missing-runtime step's Runtime if an outage cut its create off.
+    async fn finish_late_runtime(&mut self) {
+        let Some(runtime) = self.late_runtime.clone() else {
+            return;
+        };
+        let there = Api::<Runtime>::all(self.client.clone())
+            .get_opt(&runtime)
+            .await
+            .is_ok_and(|r| r.is_some());
+        if there || self.create_runtime(&runtime, false).await.is_ok() {
+            self.late_runtime = None;
+        }
     }
 
     /// Removes a placed session's workspace folder on its host, under it.
@@ -1394,6 +1417,7 @@ async fn drive(
     let back = Instant::now();
     let deadline = back + Duration::from_secs(args.converge_seconds);
     loop {
+        t.finish_late_runtime().await;
         let broken = t.broken().await;
         if broken.is_empty() {
             return Ok(Ok(back.elapsed()));
