@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{Backend, Daemon, exists, raw};
 use reqwest::Method;
 use sandboxd::client::{Client, ClientError};
-use sandboxd::runner::RunEvent;
+use sandboxd::run::RunEvent;
 
 async fn session(d: &Daemon, name: &str) -> Client {
     let opened = d

@@ -28,8 +28,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::config::RuntimeImage;
-use crate::docker::Engine;
+use crate::container::docker::Engine;
 use crate::error::{ApiError, ErrorCode};
 pub use sandboxd_api::runtimes::{RuntimeKind, RuntimeList, RuntimeStatus};
 
@@ -107,8 +106,7 @@ impl Allowlist {
                 catalog: true,
             });
         }
-        let compact = crate::config::parse_runtimes(text)
-            .map_err(|e| AllowlistError::Compact(e.to_string()))?;
+        let compact = parse_runtimes(text).map_err(AllowlistError::Compact)?;
         Ok(Self {
             entries: compact
                 .into_iter()
@@ -825,9 +823,88 @@ impl Runtimes {
     }
 }
 
+/// A runtime sessions may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeImage {
+    /// The alias a session names.
+    pub alias: String,
+    /// The image it runs.
+    pub image: String,
+    /// Whether its sessions get a network.
+    pub needs_network: bool,
+    /// Its memory limit, if it names one.
+    pub mem_limit: Option<String>,
+    /// Its workspace size, if it names one (at most the host's).
+    pub workspace_size: Option<String>,
+    /// Environment of its containers.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Parses the compact runtime form `alias=image,alias2=image2`; an error names the setting.
+pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, String> {
+    let refused = |message: String| format!("SANDBOXD_RUNTIMES (--runtimes): {message}");
+    let mut out: Vec<RuntimeImage> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((alias, image)) = item.split_once('=') else {
+            return Err(refused(format!("'{item}' is not alias=image")));
+        };
+        let (alias, image) = (alias.trim(), image.trim());
+        let valid = alias.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            && alias
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !valid {
+            return Err(refused(format!(
+                "alias '{alias}' must match [a-z][a-z0-9-]*"
+            )));
+        }
+        if image.is_empty() {
+            return Err(refused(format!("alias '{alias}' names no image")));
+        }
+        if out.iter().any(|r| r.alias == alias) {
+            return Err(refused(format!("alias '{alias}' is listed twice")));
+        }
+        out.push(RuntimeImage {
+            alias: alias.to_owned(),
+            image: image.to_owned(),
+            needs_network: false,
+            mem_limit: None,
+            workspace_size: None,
+            env: BTreeMap::new(),
+        });
+    }
+    if out.is_empty() {
+        return Err(refused(
+            "lists no runtime; give at least one alias=image".into(),
+        ));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtimes_compact_form() {
+        let r = parse_runtimes("base=debian:12, py = python:3.12-slim").expect("valid");
+        assert_eq!(
+            r.iter()
+                .map(|r| (r.alias.as_str(), r.image.as_str()))
+                .collect::<Vec<_>>(),
+            [("base", "debian:12"), ("py", "python:3.12-slim")]
+        );
+        for (bad, want) in [
+            ("", "lists no runtime"),
+            ("base", "'base' is not alias=image"),
+            ("Base=x", "alias 'Base' must match"),
+            ("a=", "alias 'a' names no image"),
+            ("a=x,a=y", "alias 'a' is listed twice"),
+        ] {
+            let err = parse_runtimes(bad).expect_err(bad).to_string();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+    }
 
     fn entry(json: &str) -> CatalogEntry {
         sandboxd_catalog::parse(&format!("[{json}]"))

@@ -1,10 +1,12 @@
 //! The run path: how a command runs in a session's container. [`Runner`] is the seam; the
-//! resident agent ([`crate::agent_runner::AgentRunner`], the default) and Docker exec
+//! resident agent ([`crate::run::agent::AgentRunner`], the default) and Docker exec
 //! ([`ExecRunner`], the fallback and `SANDBOXD_RUN_BACKEND=exec`) sit behind it.
 //!
 //! A run executes `/bin/sh -c <command>` in `/workspace` as the sandbox uid. Its output streams
 //! as it comes, each stream capped (the rest is drained and dropped, and the run is marked
 //! truncated). A timed-out or stopped run has its whole process group killed.
+
+pub mod agent;
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::docker::{AgentMount, Engine, WORKSPACE_MOUNT};
+use crate::container::docker::{AgentMount, Engine, WORKSPACE_MOUNT};
 pub use sandboxd_api::run::{RunEvent, RunOutcome, RunStatus};
 
 /// What to run.

@@ -463,7 +463,10 @@ impl Audit {
             let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
-                match store.sweep(crate::store::now_ms(), retention_days).await {
+                match store
+                    .sweep(crate::storage::store::now_ms(), retention_days)
+                    .await
+                {
                     Ok(n) => info!(removed = n, retention_days, "audit rows swept"),
                     Err(e) => warn!(error = %e, "audit retention sweep failed"),
                 }
