@@ -25,6 +25,8 @@
 //! does not answer, is served by Docker exec ([`ExecRunner`]) behind the same seam. An agent
 //! that died took its container with it: that is reported (log and
 //! `sandboxd_agent_deaths_total`), and the container is started again.
+//!
+//! Over 600 lines: the agent's installation, its connection and a run through it are one protocol.
 
 use std::collections::HashMap;
 use std::io;
