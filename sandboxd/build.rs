@@ -1,5 +1,5 @@
 //! Builds the resident agent (`agent/`, package `sandbox-agent`) as a static binary and hands
-//! its path to `sandboxd::agent_runner`, which embeds it: sandboxd then always ships the agent
+//! its path to `sandboxd::run::agent`, which embeds it: sandboxd then always ships the agent
 //! of its own build and copies it into the host folder at start, and `cargo test` / `make test`
 //! work on a fresh clone with nothing built beforehand.
 //!

@@ -631,7 +631,7 @@ fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
 /// Binds the socket: a stale one from an earlier life of the container is replaced; only its
 /// owner (root, when the agent starts as root: never the sandbox uid) may connect.
 ///
-/// The folder is sandboxd's (owned by root, `0700`, see `sandboxd::agent_runner`): an agent
+/// The folder is sandboxd's (owned by root, `0700`, see `sandboxd::run::agent`): an agent
 /// started as root binds there before it drops to the sandbox uid, so no process of the
 /// sandbox can remove, replace or shadow the socket, nor connect to it.
 fn bind(path: &Path) -> io::Result<UnixListener> {

@@ -1,12 +1,15 @@
 //! sandboxd's configuration: flags and `SANDBOXD_*` variables, with the seed's defaults.
+//!
+//! Over 600 lines with its tests: every flag and variable of the binary, in one clap struct.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::runtimes::Allowlist;
+
+use crate::service::parse_bytes;
 
 /// The longest header, body or idle timeout of a connection, seconds (a day).
 pub const MAX_CONNECTION_TIMEOUT: u64 = 86_400;
@@ -192,7 +195,7 @@ pub struct Config {
 
     /// Audit rows waiting to be written at most; while the audit store is slow or down, rows
     /// past this are dropped (counted in `sandboxd_audit_rows_dropped_total`, and logged).
-    #[arg(long, env = "SANDBOXD_AUDIT_QUEUE", default_value_t = crate::audit::DEFAULT_QUEUE)]
+    #[arg(long, env = "SANDBOXD_AUDIT_QUEUE", default_value_t = crate::storage::audit::DEFAULT_QUEUE)]
     pub audit_queue: usize,
 
     /// Days an audit row is kept; older rows are swept daily (files are never touched).
@@ -245,7 +248,7 @@ pub struct Config {
 
     /// IPv4 ranges a sandbox with network may not reach through the node (comma-separated
     /// CIDRs); the node itself is never reachable. Empty leaves only the node closed.
-    #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::network::DEFAULT_DENY)]
+    #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::container::network::DEFAULT_DENY)]
     pub network_deny: String,
 
     /// CPUs a sandbox may use.
@@ -363,69 +366,6 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// A runtime sessions may use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeImage {
-    /// The alias a session names.
-    pub alias: String,
-    /// The image it runs.
-    pub image: String,
-    /// Whether its sessions get a network.
-    pub needs_network: bool,
-    /// Its memory limit, if it names one.
-    pub mem_limit: Option<String>,
-    /// Its workspace size, if it names one (at most the host's).
-    pub workspace_size: Option<String>,
-    /// Environment of its containers.
-    pub env: BTreeMap<String, String>,
-}
-
-/// Parses the compact runtime form `alias=image,alias2=image2`.
-pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, ConfigError> {
-    let mut out: Vec<RuntimeImage> = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((alias, image)) = item.split_once('=') else {
-            return Err(ConfigError::Runtimes(format!(
-                "'{item}' is not alias=image"
-            )));
-        };
-        let (alias, image) = (alias.trim(), image.trim());
-        let valid = alias.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-            && alias
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !valid {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' must match [a-z][a-z0-9-]*"
-            )));
-        }
-        if image.is_empty() {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' names no image"
-            )));
-        }
-        if out.iter().any(|r| r.alias == alias) {
-            return Err(ConfigError::Runtimes(format!(
-                "alias '{alias}' is listed twice"
-            )));
-        }
-        out.push(RuntimeImage {
-            alias: alias.to_owned(),
-            image: image.to_owned(),
-            needs_network: false,
-            mem_limit: None,
-            workspace_size: None,
-            env: BTreeMap::new(),
-        });
-    }
-    if out.is_empty() {
-        return Err(ConfigError::Runtimes(
-            "lists no runtime; give at least one alias=image".into(),
-        ));
-    }
-    Ok(out)
-}
-
 /// `node` when it can name a node: not empty, no whitespace or control characters.
 pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigError> {
     if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -435,25 +375,6 @@ pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigE
         )));
     }
     Ok(node)
-}
-
-/// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
-pub fn parse_bytes(text: &str) -> Option<i64> {
-    let text = text.trim();
-    let (number, shift) = match text.chars().last()?.to_ascii_lowercase() {
-        'b' => (&text[..text.len() - 1], 0),
-        'k' => (&text[..text.len() - 1], 10),
-        'm' => (&text[..text.len() - 1], 20),
-        'g' => (&text[..text.len() - 1], 30),
-        't' => (&text[..text.len() - 1], 40),
-        c if c.is_ascii_digit() => (text, 0),
-        _ => return None,
-    };
-    let value: f64 = number
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
-    Some((value * (1u64 << shift) as f64) as i64)
 }
 
 impl Config {
@@ -489,8 +410,8 @@ impl Config {
     }
 
     /// The sandbox network's plan: its names and what its firewall drops.
-    pub fn network_plan(&self) -> Result<crate::network::Plan, ConfigError> {
-        crate::network::Plan::new(
+    pub fn network_plan(&self) -> Result<crate::container::network::Plan, ConfigError> {
+        crate::container::network::Plan::new(
             &self.instance,
             &self.runtime_network,
             &self.iptables,
@@ -500,8 +421,8 @@ impl Config {
     }
 
     /// The timeouts of every HTTP connection.
-    pub fn timeouts(&self) -> crate::connections::Timeouts {
-        crate::connections::Timeouts {
+    pub fn timeouts(&self) -> crate::http::connections::Timeouts {
+        crate::http::connections::Timeouts {
             header: std::time::Duration::from_secs(self.header_timeout),
             body: std::time::Duration::from_secs(self.body_timeout),
             idle: std::time::Duration::from_secs(self.idle_timeout),
@@ -520,8 +441,8 @@ impl Config {
     }
 
     /// The live policy this configuration starts with.
-    pub fn policy(&self) -> crate::policy::Policy {
-        crate::policy::Policy {
+    pub fn policy(&self) -> crate::service::policy::Policy {
+        crate::service::policy::Policy {
             max_sessions: self.max_sessions,
             max_sessions_per_tenant: self.max_sessions_per_tenant,
             execute_timeout: self.execute_timeout,
@@ -549,7 +470,7 @@ impl Config {
 
     /// The admin token this sandboxd accepts: its node's own (SANDBOXD_NODE_TOKEN, or derived
     /// from the master for SANDBOXD_NODE_NAME), or the master when it is not told its node.
-    pub fn admin_token(&self) -> Result<crate::auth::AdminToken, ConfigError> {
+    pub fn admin_token(&self) -> Result<crate::service::auth::AdminToken, ConfigError> {
         let node = self.node()?;
         if let Some(dir) = &self.node_token_hashes {
             let Some(node) = node else {
@@ -570,7 +491,7 @@ impl Config {
                     dir.display()
                 )));
             }
-            return Ok(crate::auth::AdminToken::hash_file(dir, node));
+            return Ok(crate::service::auth::AdminToken::hash_file(dir, node));
         }
         let own = self.node_token.as_deref().filter(|t| !t.is_empty());
         match (self.master_token(), own, node) {
@@ -580,14 +501,14 @@ impl Config {
             (Err(_), Some(_), None) => Err(ConfigError::Invalid(
                 "SANDBOXD_NODE_TOKEN needs SANDBOXD_NODE_NAME: the node whose own token it is".into(),
             )),
-            (Err(_), Some(own), Some(_)) => Ok(crate::auth::AdminToken::new(own)),
-            (master, None, node) => Ok(crate::auth::AdminToken::accepted(&master?, node)),
+            (Err(_), Some(own), Some(_)) => Ok(crate::service::auth::AdminToken::new(own)),
+            (master, None, node) => Ok(crate::service::auth::AdminToken::accepted(&master?, node)),
         }
     }
 
     /// Checks everything that can be checked before start-up and returns the admin token this
     /// sandboxd accepts and the allowlist.
-    pub fn validate(&self) -> Result<(crate::auth::AdminToken, Allowlist), ConfigError> {
+    pub fn validate(&self) -> Result<(crate::service::auth::AdminToken, Allowlist), ConfigError> {
         let token = self.admin_token()?;
         let runtimes = self.allowlist()?;
         if self.sandbox_uid == 0 {
@@ -607,11 +528,13 @@ impl Config {
                 )));
             }
         }
-        if parse_bytes(&self.workspace_size).is_some_and(|b| b < crate::disk::MIN_SIZE as i64) {
+        if parse_bytes(&self.workspace_size)
+            .is_some_and(|b| b < crate::workspace::disk::MIN_SIZE as i64)
+        {
             return Err(ConfigError::Invalid(format!(
                 "SANDBOXD_WORKSPACE_SIZE '{}' is below the smallest workspace of {}",
                 self.workspace_size,
-                crate::disk::human(crate::disk::MIN_SIZE)
+                crate::workspace::disk::human(crate::workspace::disk::MIN_SIZE)
             )));
         }
         if self.max_runs_per_session == 0 {
@@ -650,7 +573,7 @@ impl Config {
                 "SANDBOXD_AUDIT_QUEUE must be at least 1".into(),
             ));
         }
-        if let Err(e) = crate::policy::PolicyRules::check(&self.policy()) {
+        if let Err(e) = crate::service::policy::PolicyRules::check(&self.policy()) {
             return Err(ConfigError::Invalid(e));
         }
         if self.operation_retention_days == 0 {
@@ -659,6 +582,43 @@ impl Config {
             ));
         }
         Ok((token, runtimes))
+    }
+}
+
+impl crate::service::Settings {
+    /// The settings of a validated config.
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            workspace_root: c.workspace_root.clone(),
+            caps: crate::storage::store::Caps {
+                max_sessions: c.max_sessions,
+                max_per_tenant: c.max_sessions_per_tenant,
+            },
+            execute_timeout: std::time::Duration::from_secs(c.execute_timeout),
+            max_read_bytes: c.max_read_bytes,
+            max_output_bytes: c.max_output_bytes,
+            max_runs_per_session: usize::try_from(c.max_runs_per_session).unwrap_or(usize::MAX),
+            uid: c.sandbox_uid,
+            network_mode: c.network_mode.clone(),
+            runtime_network: c
+                .network_plan()
+                .map_or_else(|_| c.runtime_network.clone(), |p| p.network),
+            cpus: c.cpus,
+            memory: parse_bytes(&c.mem_limit).unwrap_or(1 << 30),
+            pids_limit: c.pids_limit,
+            tmpfs_size: c.tmpfs_size.clone(),
+            home_size: c.home_size.clone(),
+            oci_runtime: c.oci_runtime.clone(),
+            persist_containers: c.persist_containers,
+            workspace_size: match c.workspace_quota {
+                crate::config::WorkspaceQuota::Loop => Some(
+                    parse_bytes(&c.workspace_size)
+                        .and_then(|b| u64::try_from(b).ok())
+                        .unwrap_or(10 << 30),
+                ),
+                crate::config::WorkspaceQuota::Off => None,
+            },
+        }
     }
 }
 
@@ -700,27 +660,6 @@ mod tests {
             c.validate().map(|_| ()).map_err(|e| e.to_string()),
             Err("SANDBOXD_TOKEN (--token) is required: the admin token that opens sessions on this host (or, with SANDBOXD_NODE_NAME, this node's own token in SANDBOXD_NODE_TOKEN, or the directory of node token hashes in SANDBOXD_NODE_TOKEN_HASHES)".to_owned())
         );
-    }
-
-    #[test]
-    fn runtimes_compact_form() {
-        let r = parse_runtimes("base=debian:12, py = python:3.12-slim").expect("valid");
-        assert_eq!(
-            r.iter()
-                .map(|r| (r.alias.as_str(), r.image.as_str()))
-                .collect::<Vec<_>>(),
-            [("base", "debian:12"), ("py", "python:3.12-slim")]
-        );
-        for (bad, want) in [
-            ("", "lists no runtime"),
-            ("base", "'base' is not alias=image"),
-            ("Base=x", "alias 'Base' must match"),
-            ("a=", "alias 'a' names no image"),
-            ("a=x,a=y", "alias 'a' is listed twice"),
-        ] {
-            let err = parse_runtimes(bad).expect_err(bad).to_string();
-            assert!(err.contains(want), "{bad:?}: {err}");
-        }
     }
 
     #[test]
@@ -791,9 +730,9 @@ mod tests {
         );
         let c = Config::parse_from(["sandboxd", "--token", "t", "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
-        assert!(admin.matches(&crate::auth::node_token("t", "w")) && !admin.matches("t"));
+        assert!(admin.matches(&crate::service::auth::node_token("t", "w")) && !admin.matches("t"));
         // A node given only its own token takes that one.
-        let own = crate::auth::node_token("t", "w");
+        let own = crate::service::auth::node_token("t", "w");
         let c = Config::parse_from(["sandboxd", "--node-token", &own, "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
         assert!(admin.matches(&own) && !admin.matches("t"));
@@ -817,7 +756,7 @@ mod tests {
         // Given the directory of hashes, it needs its node and nothing else.
         let dir = tempfile::tempdir().expect("tempdir");
         let dir_s = dir.path().to_str().expect("utf-8 path");
-        std::fs::write(dir.path().join("w"), crate::auth::hash(&own)).expect("write");
+        std::fs::write(dir.path().join("w"), crate::service::auth::hash(&own)).expect("write");
         let c = Config::parse_from(["sandboxd", "--node-token-hashes", dir_s, "--node-name", "w"]);
         let admin = c.admin_token().expect("an admin token");
         assert!(admin.matches(&own) && !admin.matches("t"));

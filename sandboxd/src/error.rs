@@ -1,10 +1,13 @@
 //! The errors of the API: every one is `{"code": "...", "message": "..."}` with a fitting status.
+//!
+//! The service answers with these too (it has no error type of its own yet), and so does the
+//! runtimes allowlist; at the crate root so that neither room depends on the other for it.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::files::FileError;
+use crate::workspace::FileError;
 pub use sandboxd_api::error::{ErrorBody, ErrorCode};
 
 /// An error with its HTTP status.

@@ -1,49 +1,44 @@
 //! sandboxd, the node daemon: sandbox sessions in sibling containers with persistent host
 //! workspaces. It knows Docker and the node's disk, and nothing of Kubernetes.
 //!
-//! - [`core`]: sessions, runs, files, caps and tokens, implemented once below the HTTP surfaces;
-//! - [`api`]: the `/v1` HTTP API, described by [`openapi`], whose types, error codes, routes and
-//!   typed client ([`client`]) are the `sandboxd-api` crate's; [`wire`]: the wire protocol of
-//!   pydantic-ai-backend's sandboxd, a second surface over the same core;
-//! - [`network`]: the network of sessions whose runtime needs one, fenced in by iptables;
-//! - [`docker`]: the Docker edge; [`runner`]: the run path seam; [`agent_runner`]: runs through
-//!   the resident in-sandbox agent (the `sandbox-agent` crate); [`files`]: confined file access;
-//! - [`store`]: state in SQLite with guarded transitions; [`server`]: start-up;
-//! - [`trash`]: folders moved aside and deleted in the background, iteratively;
-//!   [`connections`]: the HTTP connections and their header, body and idle timeouts;
-//!   [`tls`]: HTTPS on sandboxd's port (certificate reloaded on change), and its clients' trust;
+//! The crate is laid out in rooms, each a folder that names a part of the architecture:
+//!
+//! - [`service`]: the core below both HTTP surfaces: sessions, runs, caps, tokens and policy,
+//!   implemented once;
+//! - [`http`]: the `/v1` API ([`http::v1`]) and the wire protocol of pydantic-ai-backend's
+//!   sandboxd ([`http::wire`]), two surfaces that translate to and from the service, their
+//!   OpenAPI documents and the connections they are served on;
+//! - [`workspace`]: confined file access to a session's workspace, its disk, and the trash;
+//! - [`container`]: the Docker engine and the network of sessions that need one;
+//! - [`run`]: the run path seam, with Docker exec and the resident in-sandbox agent behind it;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
-//!   [`pool`]: each runtime's warm pool of started containers an open takes;
-//! - [`audit`]: the audit log of workspace operations, in SQLite or PostgreSQL.
+//!   [`service::pool`] keeps each runtime's warm pool of started containers an open takes;
+//! - [`storage`]: sandboxd's state in SQLite, and the audit log in SQLite or PostgreSQL.
+//!
+//! Beside the rooms: [`config`] (flags and variables), [`server`] (start-up), [`tls`] (HTTPS
+//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`error`] (the API's errors),
+//! [`metrics`] and [`client`] (the typed client of the `sandboxd-api` crate, re-exported).
 
-pub mod agent_runner;
-pub mod api;
-pub mod audit;
-pub mod auth;
 pub mod client;
 pub mod config;
-pub mod connections;
-pub mod core;
-pub mod disk;
-pub mod docker;
+pub mod container;
 pub mod enrol;
 pub mod error;
-pub mod files;
-pub mod identity;
+pub mod http;
 pub mod metrics;
-pub mod network;
-pub mod openapi;
-pub mod policy;
-pub mod pool;
-pub mod runner;
+pub mod run;
 pub mod runtimes;
 pub mod server;
-pub mod store;
+pub mod service;
+pub mod storage;
 pub mod tls;
-pub mod trash;
-pub mod view;
-pub mod wire;
-pub mod wire_openapi;
+pub mod workspace;
+
+// Paths other crates of the workspace still name (the operator bench).
+#[doc(hidden)]
+pub use container::docker;
+#[doc(hidden)]
+pub use service::auth;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

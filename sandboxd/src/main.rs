@@ -68,9 +68,9 @@ async fn main() -> std::process::ExitCode {
     }
     if let Some(sandboxd::config::Command::Openapi { wire }) = config.command {
         if wire {
-            print!("{}", sandboxd::wire_openapi::json());
+            print!("{}", sandboxd::http::wire::openapi::json());
         } else {
-            print!("{}", sandboxd::openapi::json());
+            print!("{}", sandboxd::http::openapi::json());
         }
         return std::process::ExitCode::SUCCESS;
     }
@@ -102,7 +102,11 @@ fn admin_token(config: &sandboxd::config::Config, node: &str) -> anyhow::Result<
     })?;
     let node = sandboxd::config::check_node_name("--node", node)?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", sandboxd::auth::node_token(&master, node))?;
+    writeln!(
+        out,
+        "{}",
+        sandboxd::service::auth::node_token(&master, node)
+    )?;
     out.flush()?;
     Ok(())
 }

@@ -9,19 +9,19 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::agent_runner::{self, AgentRunner};
-use crate::api::{AppState, router};
-use crate::audit::{Audit, AuditStore};
 use crate::config::{Config, RunBackend, WorkspaceQuota};
-use crate::core::{Core, Settings};
-use crate::disk::Disks;
-use crate::docker::Engine;
+use crate::container::docker::Engine;
+use crate::container::network::SandboxNetwork;
+use crate::http::v1::{AppState, router};
 use crate::metrics::Metrics;
-use crate::network::SandboxNetwork;
-use crate::runner::ExecRunner;
+use crate::run::ExecRunner;
+use crate::run::agent::{self, AgentRunner};
 use crate::runtimes::{self, Runtimes};
-use crate::store::Store;
+use crate::service::{Core, Settings};
+use crate::storage::audit::{Audit, AuditStore};
+use crate::storage::store::Store;
 use crate::tls::Reloading;
+use crate::workspace::disk::Disks;
 
 /// Runs sandboxd with `config` until it is told to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -161,16 +161,13 @@ async fn start_with(
         Audit::start(None)
     };
     audit.spawn_sweeper(config.operation_retention_days);
-    let runner: Arc<dyn crate::runner::Runner> = match config.run_backend {
+    let runner: Arc<dyn crate::run::Runner> = match config.run_backend {
         RunBackend::Agent => Arc::new(
             AgentRunner::new(engine.clone(), &config.workspace_root, metrics.clone())
                 .with_context(|| {
                     format!(
                         "cannot install the sandbox agent into {}",
-                        config
-                            .workspace_root
-                            .join(agent_runner::BIN_FOLDER)
-                            .display()
+                        config.workspace_root.join(agent::BIN_FOLDER).display()
                     )
                 })?,
         ),
@@ -199,7 +196,7 @@ async fn start_with(
         .await
         .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {}", e.message))?;
     // The warm pools fill in the background from now on (what an earlier run left is gone).
-    crate::pool::spawn(&core);
+    crate::service::pool::spawn(&core);
     let state = AppState {
         core,
         admin,
@@ -226,7 +223,8 @@ async fn start_with(
     }
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
     let watcher = tls.as_ref().map(Reloading::spawn_watcher);
-    let serve = crate::connections::serve(listener, router(state), config.timeouts(), tls, stop);
+    let serve =
+        crate::http::connections::serve(listener, router(state), config.timeouts(), tls, stop);
     Ok((addr, async move {
         let served = serve.await;
         if let Some(w) = watcher {

@@ -460,7 +460,7 @@ async fn containers_without_the_agent_fall_back_to_exec_and_the_agent_is_reinsta
     d.spawn();
     assert_eq!(
         std::fs::read(&installed).expect("the agent"),
-        sandboxd::agent_runner::BINARY
+        sandboxd::run::agent::BINARY
     );
     let old = d.client(&old_token);
     let r = old

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::{Daemon, postgres_database, raw};
 use rand::Rng;
 use reqwest::Method;
-use sandboxd::audit::{AuditStore, NewOperation, Op, OperationQuery};
 use sandboxd::client::{Client, ClientError};
+use sandboxd::storage::audit::{AuditStore, NewOperation, Op, OperationQuery};
 use serde_json::json;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -22,7 +22,7 @@ const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 /// What a test compares of a row: op, target, ok, exit code, error, bytes.
 type Seen<'a> = (Op, &'a str, bool, Option<i64>, Option<&'a str>, Option<i64>);
 
-async fn all(client: &Client, q: OperationQuery) -> Vec<sandboxd::audit::Operation> {
+async fn all(client: &Client, q: OperationQuery) -> Vec<sandboxd::storage::audit::Operation> {
     client.operations(&q).await.expect("operations").operations
 }
 
@@ -356,7 +356,7 @@ async fn suite(postgres: Option<String>) {
     }
 
     // Retention: rows older than 30 days are swept at start (and daily); files stay.
-    let now = sandboxd::store::now_ms();
+    let now = sandboxd::storage::store::now_ms();
     let old = |days: i64, target: &str| NewOperation {
         at_ms: now - days * DAY_MS,
         session: "aud-1".into(),

@@ -104,7 +104,7 @@ async fn a_symlink_loop_is_listed_as_a_link_beside_the_rest() {
         .into_iter()
         .map(|e| (e.name, e.kind))
         .collect();
-    use sandboxd::files::EntryKind;
+    use sandboxd::workspace::EntryKind;
     assert_eq!(
         listed,
         [

@@ -316,7 +316,7 @@ async fn the_served_document_describes_the_served_routes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, sandboxd::api::ROUTES.len());
+    assert_eq!(checked, sandboxd::http::v1::ROUTES.len());
 }
 
 /// A wire request with `token` in `X-Sandbox-Token`: the status and the body (JSON, or the
@@ -510,7 +510,7 @@ async fn the_served_wire_document_describes_the_served_routes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, sandboxd::wire::ROUTES.len());
+    assert_eq!(checked, sandboxd::http::wire::ROUTES.len());
     // The index points at it.
     let (_, index) = wire(reqwest::Method::GET, &format!("{}/", d.base), None, None).await;
     assert_eq!(index["openapi_url"], "/wire/openapi.json");

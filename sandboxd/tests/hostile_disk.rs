@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{Daemon, base_image, raw, until};
-use sandboxd::audit::{Op, OperationQuery};
+use sandboxd::storage::audit::{Op, OperationQuery};
 use sandboxd_api::Limits;
 
 /// Bytes the files under `path` take on its own filesystem (not crossing into mounts): what

@@ -550,7 +550,7 @@ async fn a_policy_past_its_bounds_is_refused_and_nothing_changes() {
     let admin = d.admin();
     let before = admin.policy().await.expect("the policy");
     let url = format!("{}/v1/policy", d.base);
-    for (field, _, max, unit) in sandboxd::policy::BOUNDS {
+    for (field, _, max, unit) in sandboxd::service::policy::BOUNDS {
         for value in [json!(u64::MAX), json!(max + 1)] {
             let (status, body) = raw(
                 Method::PUT,
@@ -657,7 +657,7 @@ async fn a_stalled_audit_store_drops_rows_and_counts_them_without_stalling_reque
     assert!((40..=46).contains(&dropped), "{dropped} rows dropped");
 
     lock.rollback().await.expect("unlock");
-    let query = sandboxd::audit::OperationQuery {
+    let query = sandboxd::storage::audit::OperationQuery {
         session: Some("audited".into()),
         ..Default::default()
     };

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use common::{Daemon, raw, until};
 use reqwest::Method;
-use sandboxd::auth::{hash, node_token};
+use sandboxd::service::auth::{hash, node_token};
 use serde_json::json;
 
 /// What every refused token gets on `/v1`: 401 and this body, whatever was presented.

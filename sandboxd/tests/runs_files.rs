@@ -7,10 +7,10 @@ use sandboxd_api::ErrorCode;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Backend, Daemon, exists, raw};
+use common::{Backend, Daemon, exists, raw, until};
 use reqwest::Method;
 use sandboxd::client::{Client, ClientError};
-use sandboxd::runner::RunEvent;
+use sandboxd::run::RunEvent;
 
 async fn session(d: &Daemon, name: &str) -> Client {
     let opened = d
@@ -187,11 +187,10 @@ async fn a_run_is_stopped_by_id_from_a_second_request(backend: Backend) {
             .await
     });
     // Wait until the run is in flight (the session reports it), then stop it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while s.get("stopper").await.expect("get").runs_in_flight == 0 {
-        assert!(Instant::now() < deadline, "the run never started");
-        tokio::task::yield_now().await;
-    }
+    until("the run in flight", Duration::from_secs(20), || async {
+        (s.get("stopper").await.expect("get").runs_in_flight > 0).then_some(())
+    })
+    .await;
     let asked = Instant::now();
     s.stop_run("stopper", "long-run").await.expect("stop");
     let outcome = run.await.expect("task").expect("run");

@@ -192,7 +192,7 @@ async fn superseded_images_are_pruned_after_a_build_unless_a_session_uses_them()
     // An alias of this test alone: pruning looks at every image built for an alias.
     let alias = format!("prune-{:08x}", rand::rng().random::<u32>());
     let d = Daemon::start(&[]);
-    let docker = sandboxd::docker::Engine::connect("prune-test")
+    let docker = sandboxd::container::docker::Engine::connect("prune-test")
         .await
         .expect("docker");
     let present = |tag: String| {

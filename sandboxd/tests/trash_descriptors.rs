@@ -31,7 +31,8 @@ fn remove_under_the_limit(tree: &Path) {
         panic!("{} has no parent", tree.display());
     };
     let parent = rustix::fs::open(parent, OPEN_DIR, Mode::empty()).expect("open the parent");
-    sandboxd::trash::remove_tree_at(parent.as_fd(), name).expect("removed under the limit");
+    sandboxd::workspace::trash::remove_tree_at(parent.as_fd(), name)
+        .expect("removed under the limit");
 }
 
 fn descriptors_stay_bounded() {

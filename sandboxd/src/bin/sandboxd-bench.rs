@@ -15,7 +15,7 @@ use clap::Parser;
 use futures::StreamExt;
 use sandboxd::client::Client;
 use sandboxd::config::Config;
-use sandboxd::docker::{Engine, SandboxSpec};
+use sandboxd::container::docker::{Engine, SandboxSpec};
 
 #[derive(Parser)]
 struct Args {
@@ -120,7 +120,7 @@ async fn main() -> Result<()> {
     let config_for =
         |backend: &str, quota: &str| config_with(backend, backend, quota, &format!("base={image}"));
     let config = config_for("agent", "off")?;
-    let settings = sandboxd::core::Settings::from_config(&config);
+    let settings = sandboxd::service::Settings::from_config(&config);
     let (addr, serve) = sandboxd::server::start(config).await?;
     tokio::spawn(serve);
     let (exec_addr, exec_serve) = sandboxd::server::start(config_for("exec", "off")?).await?;
@@ -341,7 +341,7 @@ async fn main() -> Result<()> {
             let outcome = client
                 .run_streaming("runs", "cat mib.txt", None, |e| {
                     first.get_or_insert_with(Instant::now);
-                    if let sandboxd::runner::RunEvent::Stdout { data } = e {
+                    if let sandboxd::run::RunEvent::Stdout { data } = e {
                         bytes += data.len();
                     }
                 })

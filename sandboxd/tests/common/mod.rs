@@ -290,7 +290,8 @@ impl Drop for Daemon {
         if let (Some(parent), Some(name)) = (path.parent(), path.file_name())
             && let Ok(parent) = std::fs::File::open(parent)
         {
-            let _ = sandboxd::trash::remove_tree_at(std::os::fd::AsFd::as_fd(&parent), name);
+            let _ =
+                sandboxd::workspace::trash::remove_tree_at(std::os::fd::AsFd::as_fd(&parent), name);
         }
     }
 }

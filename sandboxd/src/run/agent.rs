@@ -25,6 +25,8 @@
 //! does not answer, is served by Docker exec ([`ExecRunner`]) behind the same seam. An agent
 //! that died took its container with it: that is reported (log and
 //! `sandboxd_agent_deaths_total`), and the container is started again.
+//!
+//! Over 600 lines: the agent's installation, its connection and a run through it are one protocol.
 
 use std::collections::HashMap;
 use std::io;
@@ -44,18 +46,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::docker::{AgentMount, Engine};
+use crate::container::docker::{AgentMount, Engine};
 use crate::metrics::Metrics;
-use crate::runner::{
-    ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner,
-};
+use crate::run::{ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
 pub static BINARY: &[u8] = include_bytes!(env!("SANDBOXD_AGENT_BINARY_PATH"));
 
-/// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
-/// made it.
-pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
+pub use crate::container::docker::LABEL_AGENT;
 
 /// The host folder holding the agent binary, under the workspace root (which is the same path
 /// on the host and in a sandboxd container, so Docker can bind it).
@@ -211,7 +209,7 @@ impl AgentRunner {
             .config
             .as_ref()
             .and_then(|c| c.labels.as_ref())
-            .and_then(|l| l.get(crate::docker::LABEL_SESSION))
+            .and_then(|l| l.get(crate::container::docker::LABEL_SESSION))
             .cloned()
             .unwrap_or_else(|| session.to_owned());
         let state = inspected.state.unwrap_or_default();
@@ -516,7 +514,7 @@ impl AgentRunner {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
-            cwd: Some(crate::docker::WORKSPACE_MOUNT.to_owned()),
+            cwd: Some(crate::container::docker::WORKSPACE_MOUNT.to_owned()),
             timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
             max_output_bytes: spec.max_output_bytes as u64,
         })

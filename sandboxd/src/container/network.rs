@@ -19,6 +19,8 @@
 //!
 //! It needs the `iptables` command and NET_ADMIN in the node's network namespace, where Docker's
 //! bridges are: sandboxd checks that it sees the bridge before it trusts its own rules.
+//!
+//! Over 600 lines: the network and its two firewall chains are made, checked and removed together.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -29,7 +31,7 @@ use sha2::{Digest, Sha256};
 use tokio::process::Command;
 use tracing::info;
 
-use crate::docker::{Engine, LABEL_INSTANCE, LABEL_MANAGED};
+use crate::container::docker::{Engine, LABEL_INSTANCE, LABEL_MANAGED};
 
 /// Docker's bridge option that turns inter-container traffic on a network off.
 pub const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
@@ -54,7 +56,7 @@ pub enum NetworkError {
     Invalid(String),
     /// Docker refused or failed.
     #[error(transparent)]
-    Docker(#[from] crate::docker::DockerError),
+    Docker(#[from] crate::container::docker::DockerError),
     /// A network of that name exists and is not this sandboxd's, or is set up differently.
     #[error(
         "Docker network '{name}' exists but {problem}; sandboxes with network get a network of sandboxd's own: remove it (docker network rm {name}) or name another with SANDBOXD_RUNTIME_NETWORK"
@@ -259,7 +261,7 @@ impl SandboxNetwork {
         {
             Ok(_) => Ok(true),
             Err(source) => {
-                let e = crate::docker::DockerError {
+                let e = crate::container::docker::DockerError {
                     action: format!("inspect network {}", self.plan.network),
                     source,
                 };
@@ -303,7 +305,7 @@ impl SandboxNetwork {
         let found = match docker.inspect_network(name, None).await {
             Ok(n) => Some(n),
             Err(e) => {
-                let e = crate::docker::DockerError {
+                let e = crate::container::docker::DockerError {
                     action: format!("inspect network {name}"),
                     source: e,
                 };
@@ -333,14 +335,14 @@ impl SandboxNetwork {
                     ..Default::default()
                 };
                 docker.create_network(request).await.map_err(|source| {
-                    crate::docker::DockerError {
+                    crate::container::docker::DockerError {
                         action: format!("create network {name}"),
                         source,
                     }
                 })?;
                 info!(network = %name, bridge = %self.plan.bridge, "sandbox network created");
                 docker.inspect_network(name, None).await.map_err(|source| {
-                    crate::docker::DockerError {
+                    crate::container::docker::DockerError {
                         action: format!("inspect network {name}"),
                         source,
                     }
@@ -495,13 +497,13 @@ impl SandboxNetwork {
                 docker
                     .remove_network(&plan.network)
                     .await
-                    .map_err(|source| crate::docker::DockerError {
+                    .map_err(|source| crate::container::docker::DockerError {
                         action: format!("remove network {}", plan.network),
                         source,
                     })?;
             }
             Err(source) => {
-                let e = crate::docker::DockerError {
+                let e = crate::container::docker::DockerError {
                     action: format!("inspect network {}", plan.network),
                     source,
                 };

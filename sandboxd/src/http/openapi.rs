@@ -5,8 +5,10 @@
 //! the index at `/` lists the routes without a token too), printed by `sandboxd openapi` and
 //! committed as `docs/openapi.json`, which a test keeps equal to it.
 //!
-//! The wire protocol's routes (`crate::wire`) have a document of their own,
-//! [`crate::wire_openapi`] (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
+//! The wire protocol's routes (`crate::http::wire`) have a document of their own,
+//! [`crate::http::wire::openapi`] (`GET /wire/openapi.json`, `docs/openapi-wire.json`).
+//!
+//! Over 600 lines with its tests: the error table of every route is the document's, kept beside it.
 
 use serde::Serialize;
 use utoipa::openapi::path::Operation;
@@ -49,6 +51,8 @@ pub struct FilePath {
 #[schema(value_type = String, format = Binary)]
 pub struct Binary(#[allow(dead_code)] Vec<u8>);
 
+// `crate::policy` is the old path of `crate::service::policy`: the sentence is part of
+// docs/openapi.json, which this move leaves unchanged.
 /// The body of `PUT /v1/policy`: any of the live fields ([`crate::policy::LIVE_FIELDS`]).
 #[derive(Serialize, ToSchema)]
 pub struct PolicyChange {
@@ -403,32 +407,32 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
-        crate::api::index,
-        crate::api::healthz,
-        crate::api::metrics,
+        crate::http::v1::index,
+        crate::http::v1::healthz,
+        crate::http::v1::metrics,
         openapi_json,
-        crate::api::list,
-        crate::api::open,
-        crate::api::show,
-        crate::api::destroy,
-        crate::api::stop,
-        crate::api::start,
-        crate::api::reclaim,
-        crate::api::rotate_token,
-        crate::api::run,
-        crate::api::run_status,
-        crate::api::stop_run,
-        crate::api::read_file,
-        crate::api::write_file,
-        crate::api::remove_file,
-        crate::api::mkdir,
-        crate::api::ls,
-        crate::api::tree,
-        crate::api::runtimes,
-        crate::api::put_runtimes,
-        crate::api::policy,
-        crate::api::put_policy,
-        crate::api::operations,
+        crate::http::v1::list,
+        crate::http::v1::open,
+        crate::http::v1::show,
+        crate::http::v1::destroy,
+        crate::http::v1::stop,
+        crate::http::v1::start,
+        crate::http::v1::reclaim,
+        crate::http::v1::rotate_token,
+        crate::http::v1::run,
+        crate::http::v1::run_status,
+        crate::http::v1::stop_run,
+        crate::http::v1::read_file,
+        crate::http::v1::write_file,
+        crate::http::v1::remove_file,
+        crate::http::v1::mkdir,
+        crate::http::v1::ls,
+        crate::http::v1::tree,
+        crate::http::v1::runtimes,
+        crate::http::v1::put_runtimes,
+        crate::http::v1::policy,
+        crate::http::v1::put_policy,
+        crate::http::v1::operations,
     ),
     components(schemas(ErrorBody)),
     modifiers(&WithErrors),
@@ -573,7 +577,10 @@ mod tests {
 
     #[test]
     fn the_document_lists_exactly_the_routes() {
-        let listed: BTreeSet<String> = crate::api::ROUTES.iter().map(|r| (*r).to_owned()).collect();
+        let listed: BTreeSet<String> = crate::http::v1::ROUTES
+            .iter()
+            .map(|r| (*r).to_owned())
+            .collect();
         let documented = documented();
         assert_eq!(
             listed.difference(&documented).collect::<Vec<_>>(),
@@ -624,7 +631,7 @@ mod tests {
     /// to the document (and `sandboxd_api::routes::ROUTES`) fails here.
     #[test]
     fn the_router_serves_exactly_the_documented_routes() {
-        let served = served(include_str!("api.rs"), "pub fn router(", ".merge(");
+        let served = served(include_str!("v1/mod.rs"), "pub fn router(", ".merge(");
         assert_eq!(served, documented());
     }
 
@@ -633,11 +640,11 @@ mod tests {
     #[test]
     fn the_wire_router_serves_exactly_its_listed_routes() {
         let served = served(
-            include_str!("wire.rs"),
+            include_str!("wire/mod.rs"),
             "pub fn router() -> Router<AppState> {",
             "\n}\n",
         );
-        let listed: BTreeSet<String> = crate::wire::ROUTES
+        let listed: BTreeSet<String> = crate::http::wire::ROUTES
             .iter()
             .map(|r| (*r).to_owned())
             .collect();
@@ -649,7 +656,9 @@ mod tests {
         let documented = documented();
         for (route, errors) in ERRORS {
             assert!(documented.contains(*route), "ERRORS names {route}");
-            if !crate::api::PUBLIC_ROUTES.contains(&route.split_once(' ').map_or("", |(_, p)| p)) {
+            if !crate::http::v1::PUBLIC_ROUTES
+                .contains(&route.split_once(' ').map_or("", |(_, p)| p))
+            {
                 assert!(
                     errors
                         .iter()
@@ -661,7 +670,7 @@ mod tests {
         for route in &documented {
             let path = route.split_once(' ').map_or("", |(_, p)| p);
             assert_eq!(
-                crate::api::PUBLIC_ROUTES.contains(&path),
+                crate::http::v1::PUBLIC_ROUTES.contains(&path),
                 errors_of(route).is_empty(),
                 "{route}: a public route has no error responses, every other route has"
             );
@@ -736,7 +745,7 @@ mod tests {
             .collect();
         assert_eq!(
             fields,
-            crate::policy::LIVE_FIELDS
+            crate::service::policy::LIVE_FIELDS
                 .into_iter()
                 .collect::<BTreeSet<_>>()
         );

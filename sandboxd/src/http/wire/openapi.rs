@@ -1,4 +1,4 @@
-//! The OpenAPI 3.1 document of the wire surface ([`crate::wire`], pydantic-ai-backend's
+//! The OpenAPI 3.1 document of the wire surface ([`crate::http::wire`], pydantic-ai-backend's
 //! sandboxd protocol): generated from the handlers' `#[utoipa::path]` attributes and the
 //! request and response types the handlers build, with the error responses of each route from
 //! [`ERRORS`]. Served at `GET /wire/openapi.json` without a token (like `GET /openapi.json`, it
@@ -15,7 +15,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use crate::wire::WireErrorBody;
+use crate::http::wire::WireErrorBody;
 
 /// `{session_id}`: a session.
 #[derive(IntoParams)]
@@ -279,26 +279,26 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
     ),
     paths(
         openapi_json,
-        crate::wire::get_policy,
-        crate::wire::put_policy,
-        crate::wire::list_sessions,
-        crate::wire::create_session,
-        crate::wire::get_session,
-        crate::wire::delete_session,
-        crate::wire::run,
-        crate::wire::stop_run,
-        crate::wire::file_read,
-        crate::wire::file_write,
-        crate::wire::file_stat,
-        crate::wire::file_realpath,
-        crate::wire::file_list,
-        crate::wire::file_mkdir,
-        crate::wire::file_remove,
-        crate::wire::archive_trees,
-        crate::wire::archive_ls,
-        crate::wire::archive_tree,
-        crate::wire::archive_read,
-        crate::wire::archive_read_bytes,
+        crate::http::wire::get_policy,
+        crate::http::wire::put_policy,
+        crate::http::wire::list_sessions,
+        crate::http::wire::create_session,
+        crate::http::wire::get_session,
+        crate::http::wire::delete_session,
+        crate::http::wire::run,
+        crate::http::wire::stop_run,
+        crate::http::wire::file_read,
+        crate::http::wire::file_write,
+        crate::http::wire::file_stat,
+        crate::http::wire::file_realpath,
+        crate::http::wire::file_list,
+        crate::http::wire::file_mkdir,
+        crate::http::wire::file_remove,
+        crate::http::wire::archive_trees,
+        crate::http::wire::archive_ls,
+        crate::http::wire::archive_tree,
+        crate::http::wire::archive_read,
+        crate::http::wire::archive_read_bytes,
     ),
     components(schemas(WireErrorBody)),
     modifiers(&WithErrors),
@@ -318,7 +318,7 @@ impl Modify for WithErrors {
                 "The service (admin) token, or a session's token (only its own session)",
             ))),
         );
-        crate::openapi::each_operation(doc, |route, operation| {
+        crate::http::openapi::each_operation(doc, |route, operation| {
             for (status, when) in errors_of(route) {
                 operation.responses.responses.insert(
                     status.to_string(),
@@ -346,7 +346,7 @@ pub fn document() -> Document {
 
 /// The document as pretty JSON with a final newline: the text of `docs/openapi-wire.json`.
 pub fn json() -> String {
-    crate::openapi::pretty(&document())
+    crate::http::openapi::pretty(&document())
 }
 
 /// The wire surface's OpenAPI document, without a token: it describes this version of
@@ -356,7 +356,7 @@ pub fn json() -> String {
     responses((status = 200, description = "This document", body = Object))
 )]
 pub(crate) async fn openapi_json() -> axum::response::Response {
-    crate::openapi::serve(json())
+    crate::http::openapi::serve(json())
 }
 
 #[cfg(test)]
@@ -367,7 +367,7 @@ mod tests {
 
     /// "METHOD /path" of every operation of the document.
     fn documented() -> BTreeSet<String> {
-        crate::openapi::routes(&document())
+        crate::http::openapi::routes(&document())
     }
 
     #[test]
@@ -384,7 +384,7 @@ mod tests {
 
     #[test]
     fn the_document_lists_exactly_the_routes() {
-        let listed: BTreeSet<String> = crate::wire::ROUTES
+        let listed: BTreeSet<String> = crate::http::wire::ROUTES
             .iter()
             .map(|r| (*r).to_owned())
             .collect();
@@ -405,7 +405,7 @@ mod tests {
     /// the methods chained in it. A route added there and not to the document fails here.
     #[test]
     fn the_router_serves_exactly_the_documented_routes() {
-        let source = include_str!("wire.rs");
+        let source = include_str!("mod.rs");
         let start = source.find("pub fn router(").expect("wire::router");
         let end = start
             + source[start..]
@@ -447,7 +447,7 @@ mod tests {
         }
         for route in &documented {
             let path = route.split_once(' ').map_or("", |(_, p)| p);
-            let public = crate::wire::PUBLIC_ROUTES.contains(&path);
+            let public = crate::http::wire::PUBLIC_ROUTES.contains(&path);
             assert_eq!(
                 public,
                 errors_of(route).is_empty(),
@@ -485,7 +485,7 @@ mod tests {
             .collect();
         assert_eq!(
             fields,
-            crate::wire::POLICY_UPDATE_FIELDS
+            crate::http::wire::POLICY_UPDATE_FIELDS
                 .iter()
                 .copied()
                 .collect::<BTreeSet<_>>()

@@ -35,15 +35,15 @@ use sandboxd_api::runtimes::RuntimeList;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::config::RuntimeImage;
-use crate::core::{Core, Limits};
-use crate::docker::Engine;
+use crate::container::docker::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::files::Workspace;
 use crate::metrics::RuntimeLabel;
-use crate::store::Store;
+use crate::runtimes::RuntimeImage;
+use crate::service::{Core, Limits};
+use crate::storage::store::Store;
+use crate::workspace::Workspace;
 
-pub use crate::docker::LABEL_POOL;
+pub use crate::container::docker::LABEL_POOL;
 
 /// The folder of the pooled containers' folders, in the workspace root.
 pub const POOL_FOLDER: &str = ".pool";
@@ -543,7 +543,7 @@ mod tests {
 
     use crate::client::Client;
     use crate::config::Config;
-    use crate::docker::Engine;
+    use crate::container::docker::Engine;
 
     /// The operator bench's no-op engine keeps a pool too: an open takes a pooled record,
     /// renamed to the session's, and a wake after a sleep replaces it.

@@ -2,10 +2,10 @@
 //! setting, labelled with the sandboxd and session that own them.
 //!
 //! [`Engine::noop`] is a second engine that runs nothing (a record per container), for the
-//! operator bench only.
+//! operator bench only; it lives in [`super::noop`], and the engine here only hands it its calls.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
@@ -14,6 +14,8 @@ use bollard::query_parameters::{
     RemoveContainerOptionsBuilder, StatsOptionsBuilder, StopContainerOptionsBuilder,
 };
 use futures::StreamExt;
+
+use super::noop::NoopEngine;
 
 /// Label: which software manages the container.
 pub const LABEL_MANAGED: &str = "sandboxd.dev/managed-by";
@@ -26,6 +28,9 @@ pub const LABEL_TENANT: &str = "sandboxd.dev/tenant";
 /// Label: the runtime whose warm pool started the container (it keeps it once a session took
 /// it; its session label stays the pool's name for it).
 pub const LABEL_POOL: &str = "sandboxd.dev/warm-pool";
+/// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
+/// made it.
+pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
 
 /// Where the workspace appears inside a sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -165,30 +170,8 @@ pub struct Engine {
 #[derive(Clone)]
 enum Backend {
     Docker(Docker),
-    /// Container id to its record, shared by every clone of the engine.
-    Noop(Arc<Mutex<HashMap<String, NoopContainer>>>),
-}
-
-/// What the no-op engine keeps of a container: nothing runs.
-#[derive(Debug, Clone)]
-struct NoopContainer {
-    name: String,
-    session: String,
-    running: bool,
-}
-
-/// What the no-op engine answers where a real container or Docker itself is needed.
-const NOOP_REFUSAL: &str = "this sandboxd runs on the no-op engine of the operator bench: it has no Docker, and nothing runs in its containers (no runs, no agent, no image builds)";
-
-/// An error as Docker answers it, from the no-op engine.
-fn noop_answer(action: String, status_code: u16, message: String) -> DockerError {
-    DockerError {
-        action,
-        source: bollard::errors::Error::DockerResponseServerError {
-            status_code,
-            message,
-        },
-    }
+    /// The no-op engine of the operator bench, shared by every clone of the engine.
+    Noop(Arc<NoopEngine>),
 }
 
 impl Engine {
@@ -214,7 +197,7 @@ impl Engine {
     /// so instead of waiting.
     ///
     /// It exists only for the operator bench (`operator-bench --driver noop`), which runs a
-    /// real sandboxd in its own process through [`crate::server::start_on`] to measure the
+    /// real sandboxd in its own process through `sandboxd::server::start_on` to measure the
     /// operator without the cost of containers. No flag, environment variable or other
     /// setting of sandboxd selects it: only Rust code calling this constructor does.
     pub fn noop(instance: &str) -> Self {
@@ -234,12 +217,7 @@ impl Engine {
     pub fn client(&self) -> Result<&Docker, DockerError> {
         match &self.backend {
             Backend::Docker(docker) => Ok(docker),
-            Backend::Noop(_) => Err(DockerError {
-                action: "be reached".to_owned(),
-                source: bollard::errors::Error::IOError {
-                    err: std::io::Error::new(std::io::ErrorKind::Unsupported, NOOP_REFUSAL),
-                },
-            }),
+            Backend::Noop(_) => Err(NoopEngine::no_client()),
         }
     }
 
@@ -285,24 +263,7 @@ impl Engine {
     pub async fn rename(&self, id: &str, name: &str) -> Result<(), DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-                let action = format!("rename container {id} to {name}");
-                if map.values().any(|c| c.name == name) {
-                    return Err(noop_answer(
-                        action,
-                        409,
-                        format!("Conflict. The container name \"/{name}\" is already in use"),
-                    ));
-                }
-                return match noop_find(&map, id).and_then(|k| map.get_mut(&k)) {
-                    Some(c) => {
-                        c.name = name.to_owned();
-                        Ok(())
-                    }
-                    None => Err(noop_answer(action, 404, format!("No such container: {id}"))),
-                };
-            }
+            Backend::Noop(noop) => return noop.rename(id, name),
         };
         let options = bollard::query_parameters::RenameContainerOptionsBuilder::default()
             .name(name)
@@ -320,7 +281,9 @@ impl Engine {
     ) -> Result<String, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => return self.noop_create(containers, spec),
+            Backend::Noop(noop) => {
+                return noop.create(self.container_name(&spec.session), &spec.session);
+            }
         };
         let mut labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "sandboxd".to_owned()),
@@ -337,10 +300,7 @@ impl Engine {
         let (entrypoint, cmd) = match &spec.agent {
             Some(agent) => {
                 use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
-                labels.insert(
-                    crate::agent_runner::LABEL_AGENT.to_owned(),
-                    agent.protocol.to_string(),
-                );
+                labels.insert(LABEL_AGENT.to_owned(), agent.protocol.to_string());
                 binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));
                 binds.push(format!("{}:{RUN_DIR}:rw", agent.run_dir));
                 (
@@ -444,8 +404,8 @@ impl Engine {
     pub async fn start(&self, id: &str) -> Result<(), DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                return noop_set_running(containers, id, true, format!("start container {id}"));
+            Backend::Noop(noop) => {
+                return noop.set_running(id, true, format!("start container {id}"));
             }
         };
         docker
@@ -458,8 +418,8 @@ impl Engine {
     pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                return noop_set_running(containers, id, false, format!("stop container {id}"));
+            Backend::Noop(noop) => {
+                return noop.set_running(id, false, format!("stop container {id}"));
             }
         };
         let options = StopContainerOptionsBuilder::default().t(5).build();
@@ -480,11 +440,8 @@ impl Engine {
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(key) = noop_find(&map, id) {
-                    map.remove(&key);
-                }
+            Backend::Noop(noop) => {
+                noop.remove(id);
                 return Ok(());
             }
         };
@@ -508,12 +465,7 @@ impl Engine {
     pub async fn running(&self, id: &str) -> Result<Option<bool>, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                let map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-                return Ok(noop_find(&map, id)
-                    .and_then(|k| map.get(&k))
-                    .map(|c| c.running));
-            }
+            Backend::Noop(noop) => return Ok(noop.running(id)),
         };
         match docker
             .inspect_container(id, None::<InspectContainerOptions>)
@@ -542,14 +494,7 @@ impl Engine {
     pub async fn presence(&self, id: &str) -> Result<Presence, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            // Nothing runs, so a running container has used no CPU time.
-            Backend::Noop(_) => {
-                return Ok(match self.running(id).await? {
-                    None => Presence::Gone,
-                    Some(false) => Presence::Stopped,
-                    Some(true) => Presence::Running(Some(0)),
-                });
-            }
+            Backend::Noop(noop) => return Ok(noop.presence(id)),
         };
         // The container's cgroup read off the node's cgroup filesystem (a few microseconds);
         // Docker's one-shot stats wait for its next sample (up to a second) once any stats
@@ -610,17 +555,7 @@ impl Engine {
     pub async fn owned(&self) -> Result<Vec<Owned>, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
-            Backend::Noop(containers) => {
-                let map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-                return Ok(map
-                    .iter()
-                    .map(|(id, c)| Owned {
-                        id: id.clone(),
-                        session: c.session.clone(),
-                        running: c.running,
-                    })
-                    .collect());
-            }
+            Backend::Noop(noop) => return Ok(noop.owned()),
         };
         let filters = HashMap::from([(
             "label".to_owned(),
@@ -646,58 +581,6 @@ impl Engine {
                 })
             })
             .collect())
-    }
-
-    fn noop_create(
-        &self,
-        containers: &Mutex<HashMap<String, NoopContainer>>,
-        spec: &SandboxSpec,
-    ) -> Result<String, DockerError> {
-        let name = self.container_name(&spec.session);
-        let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.values().any(|c| c.name == name) {
-            return Err(noop_answer(
-                format!("create container {name}"),
-                409,
-                format!("Conflict. The container name \"/{name}\" is already in use"),
-            ));
-        }
-        let id = hex::encode(rand::random::<[u8; 32]>());
-        map.insert(
-            id.clone(),
-            NoopContainer {
-                name,
-                session: spec.session.clone(),
-                running: true,
-            },
-        );
-        Ok(id)
-    }
-}
-
-/// The id of the no-op container `id_or_name` names (Docker takes either).
-fn noop_find(map: &HashMap<String, NoopContainer>, id_or_name: &str) -> Option<String> {
-    if map.contains_key(id_or_name) {
-        return Some(id_or_name.to_owned());
-    }
-    map.iter()
-        .find(|(_, c)| c.name == id_or_name)
-        .map(|(id, _)| id.clone())
-}
-
-fn noop_set_running(
-    containers: &Mutex<HashMap<String, NoopContainer>>,
-    id: &str,
-    running: bool,
-    action: String,
-) -> Result<(), DockerError> {
-    let mut map = containers.lock().unwrap_or_else(PoisonError::into_inner);
-    match noop_find(&map, id).and_then(|k| map.get_mut(&k)) {
-        Some(c) => {
-            c.running = running;
-            Ok(())
-        }
-        None => Err(noop_answer(action, 404, format!("No such container: {id}"))),
     }
 }
 
@@ -738,25 +621,6 @@ fn cgroup_cpu_ns(pid: i64) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn spec(session: &str) -> SandboxSpec {
-        SandboxSpec {
-            session: session.to_owned(),
-            tenant: "org".to_owned(),
-            image: "any".to_owned(),
-            workspace: "/nowhere".to_owned(),
-            uid: 10001,
-            network_mode: "none".to_owned(),
-            cpus: 1.0,
-            memory: 1 << 30,
-            pids_limit: 512,
-            tmpfs_size: "64m".to_owned(),
-            home_size: "256m".to_owned(),
-            oci_runtime: None,
-            env: vec![],
-            agent: None,
-        }
-    }
-
     #[test]
     fn a_home_outside_tmp_and_the_workspace_gets_a_mount() {
         let env = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
@@ -768,87 +632,5 @@ mod tests {
         assert_eq!(home_mount(&env(&["HOME=/workspace/me"])), None);
         assert_eq!(home_mount(&env(&["HOME=/"])), None);
         assert_eq!(home_mount(&env(&["PATH=/bin"])), None);
-    }
-
-    #[tokio::test]
-    async fn the_noop_engine_keeps_its_containers_consistent() {
-        let engine = Engine::noop("bench");
-        assert!(engine.is_noop());
-        assert!(engine.has_image("never-pulled:1").await.expect("has_image"));
-
-        // Created as Docker's create+start: it runs.
-        let id = engine.create(&spec("s1")).await.expect("create");
-        assert_eq!(engine.running(&id).await.expect("running"), Some(true));
-        assert_eq!(engine.cpu_ns(&id).await.expect("cpu"), Some(0));
-        let clash = engine
-            .create(&spec("s1"))
-            .await
-            .expect_err("the name is taken");
-        assert!(clash.to_string().contains("is already in use"), "{clash}");
-
-        engine.stop(&id).await.expect("stop");
-        assert_eq!(engine.running(&id).await.expect("running"), Some(false));
-        assert_eq!(engine.cpu_ns(&id).await.expect("cpu"), None);
-        assert_eq!(
-            engine.presence(&id).await.expect("presence"),
-            Presence::Stopped
-        );
-        engine
-            .stop(&id)
-            .await
-            .expect("stopping a stopped container is fine");
-        // By name, as the core starts and removes a session's container.
-        engine
-            .start(&engine.container_name("s1"))
-            .await
-            .expect("start by name");
-        assert_eq!(engine.running(&id).await.expect("running"), Some(true));
-        assert_eq!(
-            engine.owned().await.expect("owned"),
-            [Owned {
-                id: id.clone(),
-                session: "s1".to_owned(),
-                running: true,
-            }]
-        );
-
-        // Every clone sees the same containers.
-        let clone = engine.clone();
-        clone.remove(&id).await.expect("remove");
-        assert_eq!(engine.running(&id).await.expect("running"), None);
-        assert_eq!(
-            engine.presence(&id).await.expect("presence"),
-            Presence::Gone
-        );
-        assert!(engine.owned().await.expect("owned").is_empty());
-        for e in [
-            engine
-                .start(&id)
-                .await
-                .expect_err("start of a removed container"),
-            engine
-                .stop(&id)
-                .await
-                .expect_err("stop of a removed container"),
-        ] {
-            assert!(e.is_not_found(), "{e}");
-        }
-        engine
-            .remove(&id)
-            .await
-            .expect("removing what is gone is fine");
-    }
-
-    #[test]
-    fn the_noop_engine_has_no_docker_and_says_so() {
-        let e = Engine::noop("bench")
-            .client()
-            .map(|_| ())
-            .expect_err("no Docker client");
-        assert_eq!(
-            e.to_string(),
-            format!("docker could not be reached: {NOOP_REFUSAL}")
-        );
-        assert!(!e.is_not_found());
     }
 }

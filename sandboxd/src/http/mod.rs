@@ -1,0 +1,9 @@
+//! The HTTP edge: the `/v1` API ([`v1`]) and the wire protocol of pydantic-ai-backend's sandboxd
+//! ([`wire`]), two surfaces over the one [`crate::service::Core`] that only translate; their
+//! OpenAPI documents ([`openapi`], [`wire::openapi`]); and the connections they are served on
+//! ([`connections`]).
+
+pub mod connections;
+pub mod openapi;
+pub mod v1;
+pub mod wire;

@@ -1,0 +1,57 @@
+//! Index and health: the fields the protocol's `ServiceIndex` and `ServiceHealth` carry, served
+//! by `/v1`'s `GET /` and `GET /healthz`.
+
+use super::*;
+
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::service::Core;
+use crate::storage::store::State as SessionState;
+
+/// `ServiceHealth`: liveness and capacity.
+pub async fn health(core: &Core) -> Result<Value, ApiError> {
+    let rows = core
+        .store()
+        .list()
+        .await
+        .map_err(|e| ApiError::internal(format!("state store: {e}")))?;
+    let running = rows
+        .iter()
+        .filter(|r| r.state == SessionState::Running)
+        .count();
+    let mut runtimes = core.runtimes().aliases();
+    runtimes.sort();
+    Ok(json!({
+        "status": "ok",
+        "sessions": running,
+        "limit": core.policy().max_sessions,
+        "open_sessions": rows.len(),
+        "open_limit": null,
+        "runtimes": runtimes,
+    }))
+}
+
+/// The protocol's index fields (`ServiceIndex`), added to the `/v1` index, plus which release
+/// of the protocol this is.
+pub async fn index_fields(core: &Core) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut endpoints: Vec<String> = ROUTES
+        .iter()
+        .chain(crate::http::v1::ROUTES.iter())
+        .filter_map(|r| r.split_once(' ').map(|(_, path)| path.to_owned()))
+        .filter(|p| p != "/")
+        .collect();
+    endpoints.sort();
+    endpoints.dedup();
+    let mut m = serde_json::Map::new();
+    m.insert("health".into(), health(core).await?);
+    m.insert("docs_url".into(), json!("/"));
+    m.insert("openapi_url".into(), json!("/wire/openapi.json"));
+    m.insert("ui_url".into(), Value::Null);
+    m.insert("endpoints".into(), json!(endpoints));
+    m.insert(
+        "wire".into(),
+        json!({"package": PACKAGE, "release": release(), "token_header": "X-Sandbox-Token"}),
+    );
+    Ok(m)
+}

@@ -1,0 +1,82 @@
+//! Tokens: `X-Sandbox-Token`, the service (admin) token or a session's own, and the actor
+//! headers.
+
+use super::*;
+
+use axum::http::HeaderMap;
+
+use crate::http::v1::AppState;
+use crate::service::Actor;
+use crate::storage::store::SessionRow;
+
+pub(super) fn token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether the request carries a token this host knows (the service token or a session's),
+/// checked before its body is read; what the token reaches is the route's to decide.
+pub(crate) async fn authenticate(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
+    let t = token(headers).ok_or_else(WireError::unauthorized)?;
+    if state.admin.matches(t) {
+        return Ok(());
+    }
+    match state.core.session_of_token(t).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(WireError::unauthorized()),
+        Err(e) => Err(WireError::new(e.status, e.message)),
+    }
+}
+
+/// Only the service (admin) token.
+pub(super) fn service(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
+    match token(headers) {
+        Some(t) if state.admin.matches(t) => Ok(()),
+        _ => Err(WireError::unauthorized()),
+    }
+}
+
+/// The service token or session `id`'s own; the token is checked before existence is told.
+pub(super) async fn for_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+) -> WireResult<SessionRow> {
+    check_id(id, &["path", "session_id"])?;
+    let t = token(headers).ok_or_else(WireError::unauthorized)?;
+    let admin = state.admin.matches(t);
+    if !admin {
+        let own = state
+            .core
+            .session_of_token(t)
+            .await
+            .map_err(|e| WireError::from_core(id, e))?;
+        if own.as_deref() != Some(id) {
+            return Err(WireError::unauthorized());
+        }
+    }
+    state
+        .core
+        .store()
+        .get(id)
+        .await
+        .map_err(|e| WireError::new(500, format!("sandboxd's state store failed: {e}")))?
+        .ok_or_else(|| WireError::no_such_session(id))
+}
+
+pub(super) fn actor(headers: &HeaderMap) -> Actor {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Actor {
+        agent: get(crate::http::v1::AGENT_HEADER),
+        run: get(crate::http::v1::RUN_HEADER),
+    }
+}

@@ -1,0 +1,436 @@
+//! The core below both HTTP surfaces: sessions, runs, files, caps and tokens, implemented once.
+//!
+//! [`Core`] and its settings are here; its work is split by what it acts on: opening a session
+//! (`open`), a session after it opened (`sessions`), runs (`runs`), session tokens (`tokens`,
+//! with the token arithmetic in [`auth`]), the reconcile at start (`reconcile`), the live
+//! [`policy`]. The errors it answers with are [`crate::error::ApiError`]s.
+
+pub mod auth;
+mod open;
+pub mod policy;
+pub mod pool;
+mod reconcile;
+mod runs;
+mod sessions;
+mod tokens;
+
+use open::*;
+pub use reconcile::Reconciled;
+use reconcile::*;
+use runs::*;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::container::docker::Engine;
+use crate::container::network::SandboxNetwork;
+use crate::error::{ApiError, ErrorCode};
+use crate::metrics::Metrics;
+use crate::run::Runner;
+use crate::runtimes::Runtimes;
+use crate::service::policy::{Fixed, Policy, PolicyRules, PolicyView};
+use crate::storage::audit::{Audit, NewOperation, Op};
+use crate::storage::store::{Caps, Store};
+use crate::workspace::Workspace;
+use crate::workspace::disk::{DiskError, Disks};
+use crate::workspace::trash::Trash;
+pub use sandboxd_api::run::RunRequest;
+pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
+
+/// How long an open waits for a concurrent open of the same name to finish.
+const OPEN_WAIT: Duration = Duration::from_secs(600);
+
+/// Settings the core runs with (the parts of [`Config`] that matter below HTTP).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Host folder of the workspaces.
+    pub workspace_root: PathBuf,
+    /// Caps.
+    pub caps: Caps,
+    /// Longest run.
+    pub execute_timeout: Duration,
+    /// Largest read.
+    pub max_read_bytes: u64,
+    /// Bytes kept per output stream.
+    pub max_output_bytes: usize,
+    /// Runs one session may have in flight at once.
+    pub max_runs_per_session: usize,
+    /// Sandbox uid and gid.
+    pub uid: u32,
+    /// Network of sessions whose runtime needs none.
+    pub network_mode: String,
+    /// Network of sessions whose runtime needs one.
+    pub runtime_network: String,
+    /// CPUs per sandbox (ceiling).
+    pub cpus: f64,
+    /// Memory per sandbox (default and ceiling), bytes.
+    pub memory: i64,
+    /// Processes per sandbox (ceiling).
+    pub pids_limit: i64,
+    /// tmpfs size at /tmp.
+    pub tmpfs_size: String,
+    /// tmpfs size at a home in the image.
+    pub home_size: String,
+    /// OCI runtime.
+    pub oci_runtime: Option<String>,
+    /// Keep closed containers.
+    pub persist_containers: bool,
+    /// Workspace size (default and ceiling), bytes; `None`: workspaces are not limited
+    /// (SANDBOXD_WORKSPACE_QUOTA=off).
+    pub workspace_size: Option<u64>,
+}
+
+/// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
+pub fn parse_bytes(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let (number, shift) = match text.chars().last()?.to_ascii_lowercase() {
+        'b' => (&text[..text.len() - 1], 0),
+        'k' => (&text[..text.len() - 1], 10),
+        'm' => (&text[..text.len() - 1], 20),
+        'g' => (&text[..text.len() - 1], 30),
+        't' => (&text[..text.len() - 1], 40),
+        c if c.is_ascii_digit() => (text, 0),
+        _ => return None,
+    };
+    let value: f64 = number
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
+    Some((value * (1u64 << shift) as f64) as i64)
+}
+
+/// Per-session resource limits, within the host's ceilings, as the core checks and stores them
+/// (JSON in the session row); [`sandboxd_api::Limits`] is what the API takes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Memory in Docker's syntax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<String>,
+    /// Processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<i64>,
+    /// Workspace size in Docker's syntax: writing past it fails with "No space left on device".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<String>,
+}
+
+impl From<sandboxd_api::Limits> for Limits {
+    fn from(l: sandboxd_api::Limits) -> Self {
+        let sandboxd_api::Limits {
+            cpus,
+            mem_limit,
+            pids_limit,
+            workspace_size,
+        } = l;
+        Self {
+            cpus,
+            mem_limit,
+            pids_limit,
+            workspace_size,
+        }
+    }
+}
+
+/// How stale a session's activity time may be: a run within this many milliseconds of the
+/// last recorded activity does not write it again.
+const ACTIVITY_RESOLUTION_MS: i64 = 1000;
+
+/// The core.
+pub struct Core {
+    settings: Settings,
+    store: Store,
+    engine: Engine,
+    runner: Arc<dyn Runner>,
+    runtimes: Arc<Runtimes>,
+    policy: RwLock<Policy>,
+    audit: Audit,
+    tenants: Mutex<HashMap<String, String>>,
+    /// Session tokens already looked up: token hash to session id. An entry is forgotten
+    /// whenever a session's tokens change or its row goes (rotate, destroy, a failed open),
+    /// so the cache never answers for a token the store would refuse.
+    /// The generation counts forgets: a lookup that raced one does not cache its answer.
+    token_cache: Mutex<(u64, HashMap<String, String>)>,
+    /// The open or wake in flight per session (see [`OpeningSlot`]).
+    opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    runs: Mutex<HashMap<String, RunEntry>>,
+    metrics: Arc<Metrics>,
+    /// The network of sessions whose runtime needs one; `None`: such a session gets
+    /// `settings.runtime_network` as it is (unit tests only).
+    network: Option<Arc<SandboxNetwork>>,
+    trash: Trash,
+    disks: Disks,
+    /// The warm pools of the runtimes (see [`pool`]).
+    pool: pool::Pool,
+}
+
+/// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
+/// `X-Sandbox-Run`); recorded in the audit log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Actor {
+    /// The agent id.
+    pub agent: Option<String>,
+    /// The run id.
+    pub run: Option<String>,
+}
+
+/// The outcome of an operation, for its audit row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// A command's exit status.
+    pub exit_code: Option<i64>,
+    /// Our error code when it failed.
+    pub error: Option<String>,
+    /// Bytes read or written.
+    pub bytes: Option<i64>,
+}
+
+/// Runs a state change on a task of its own, so a client that goes away mid-request cannot
+/// cancel it halfway (an open left `opening`, a destroy that removed the container but not
+/// the row): the change completes, and only the answer is lost.
+pub async fn detached<T: Send + 'static>(
+    change: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(change)
+        .await
+        .map_err(|e| ApiError::internal(format!("the operation's task failed: {e}")))?
+}
+
+/// Whether `owner` may name a session's owner: an object uid (or any id of at most 128 visible
+/// ASCII characters).
+pub fn valid_owner(owner: &str) -> bool {
+    (1..=128).contains(&owner.len()) && owner.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// 409 `owner_mismatch`: session `id` belongs to another owner than `mine`.
+fn owner_mismatch(id: &str, mine: &str) -> ApiError {
+    ApiError::conflict(
+        ErrorCode::OwnerMismatch,
+        format!(
+            "Session '{id}' belongs to another owner than '{mine}': it was not opened, given a token or destroyed for this one"
+        ),
+    )
+}
+
+/// Whether `id` may name a session: it is a folder name on the host and a container name part.
+pub fn valid_session_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    (1..=128).contains(&id.len())
+        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// A disk failure of session `id` as the API answers it: 507 when the node has no room.
+fn disk_error(id: &str, e: DiskError) -> ApiError {
+    match e {
+        DiskError::NoRoom { .. } => ApiError::new(507, ErrorCode::HostDiskFull, e.to_string()),
+        other => ApiError::internal(format!("the workspace disk of session '{id}': {other}")),
+    }
+}
+
+fn db(e: sqlx::Error) -> ApiError {
+    ApiError::internal(format!("sandboxd's state store failed: {e}"))
+}
+
+impl Core {
+    /// A core over its parts.
+    pub fn new(
+        settings: Settings,
+        store: Store,
+        engine: Engine,
+        runner: Arc<dyn Runner>,
+        runtimes: Arc<Runtimes>,
+        audit: Audit,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let policy = Policy {
+            max_sessions: settings.caps.max_sessions,
+            max_sessions_per_tenant: settings.caps.max_per_tenant,
+            execute_timeout: settings.execute_timeout.as_secs(),
+            max_read_bytes: settings.max_read_bytes,
+            max_output_bytes: settings.max_output_bytes as u64,
+        };
+        let disks = Disks::new(&settings.workspace_root, settings.uid);
+        Self {
+            pool: pool::Pool::new(&settings.workspace_root),
+            disks,
+            store,
+            engine,
+            runner,
+            runtimes,
+            policy: RwLock::new(policy),
+            audit,
+            tenants: Mutex::default(),
+            token_cache: Mutex::default(),
+            opening: Mutex::default(),
+            runs: Mutex::default(),
+            metrics,
+            network: None,
+            trash: Trash::new(&settings.workspace_root),
+            settings,
+        }
+    }
+
+    /// The core with the sandbox network: a session whose runtime needs a network is put on
+    /// it, and the network is made and fenced in first when it is not yet.
+    pub fn with_network(mut self, network: Arc<SandboxNetwork>) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The warm pools.
+    pub fn pool(&self) -> &pool::Pool {
+        &self.pool
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn runner(&self) -> &Arc<dyn Runner> {
+        &self.runner
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The allowlisted runtimes and their build state.
+    pub fn runtimes(&self) -> &Arc<Runtimes> {
+        &self.runtimes
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// The trash of the workspace root: folders moved aside, deleted in the background.
+    pub fn trash(&self) -> &Trash {
+        &self.trash
+    }
+
+    /// The live policy (caps and lifetimes).
+    pub fn policy(&self) -> Policy {
+        *self
+            .policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn caps(&self) -> Caps {
+        let p = self.policy();
+        Caps {
+            max_sessions: p.max_sessions,
+            max_per_tenant: p.max_sessions_per_tenant,
+        }
+    }
+
+    /// The policy with what cannot change at runtime.
+    pub fn policy_view(&self) -> PolicyView {
+        let s = &self.settings;
+        PolicyView {
+            policy: self.policy(),
+            fixed: Fixed {
+                runtimes: self.runtimes.aliases(),
+                network_mode: s.network_mode.clone(),
+                runtime_network: s.runtime_network.clone(),
+                oci_runtime: s.oci_runtime.clone(),
+                sandbox_uid: s.uid,
+                work_dir: crate::container::docker::WORKSPACE_MOUNT.to_owned(),
+                workspace_root: s.workspace_root.display().to_string(),
+                persist_containers: s.persist_containers,
+                cpus: s.cpus,
+                memory: s.memory,
+                pids_limit: s.pids_limit,
+                tmpfs_size: s.tmpfs_size.clone(),
+                workspace_size: s.workspace_size,
+            },
+        }
+    }
+
+    /// Changes caps and lifetimes live; refuses (422 naming the field) everything else.
+    pub fn set_policy(&self, body: &serde_json::Value) -> Result<PolicyView, ApiError> {
+        {
+            let mut p = self
+                .policy
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = p.apply(body)?;
+            info!(
+                max_sessions = next.max_sessions,
+                max_sessions_per_tenant = next.max_sessions_per_tenant,
+                execute_timeout = next.execute_timeout,
+                "policy changed"
+            );
+            *p = next;
+        }
+        Ok(self.policy_view())
+    }
+
+    /// Records a workspace operation on session `id` in the audit log, off the request path.
+    /// Only an operation that reached a session (one this core has looked up) is recorded.
+    pub fn record(
+        &self,
+        id: &str,
+        actor: &Actor,
+        op: Op,
+        target: &str,
+        outcome: Outcome,
+        started: std::time::Instant,
+    ) {
+        let tenant = self.tenants.lock().ok().and_then(|t| t.get(id).cloned());
+        let Some(tenant) = tenant else { return };
+        self.audit.record(NewOperation {
+            at_ms: crate::storage::store::now_ms(),
+            session: id.to_owned(),
+            tenant,
+            agent: actor.agent.clone(),
+            run: actor.run.clone(),
+            op,
+            target: target.to_owned(),
+            ok: outcome.ok,
+            exit_code: outcome.exit_code,
+            error: outcome.error,
+            bytes: outcome.bytes,
+            duration_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        });
+    }
+
+    /// The workspace of a session.
+    pub fn workspace(&self, id: &str) -> Workspace {
+        Workspace::new(
+            self.settings.workspace_root.join(id).join("workspace"),
+            self.settings.uid,
+            self.settings.uid,
+        )
+        .with_trash(self.trash.clone())
+    }
+}

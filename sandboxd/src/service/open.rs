@@ -1,0 +1,516 @@
+//! Opening a session: the caps claimed, the workspace and its disk made, the container created
+//! and started; one open per name at a time, a concurrent open of the same name waits for it.
+
+use super::*;
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::container::docker::SandboxSpec;
+use crate::error::{ApiError, ErrorCode};
+use crate::runtimes::RuntimeImage;
+use crate::service::parse_bytes;
+use crate::storage::store::{Claim, NewSession, SessionRow, State};
+
+/// The one open (or wake) in flight of a session in this process. It is taken before the row
+/// goes to `opening` and dropped only once the row has left it (running, back to reclaimed, or
+/// gone), so a concurrent open or wake that finds the row opening always has it to wait on and
+/// never answers with a half-opened session. Dropping it (also on a panic) lets them go on.
+pub(super) struct OpeningSlot<'a> {
+    core: &'a Core,
+    id: String,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for OpeningSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.core.opening.lock()
+            && m.get(&self.id)
+                .is_some_and(|rx| rx.same_channel(&self.done.subscribe()))
+        {
+            m.remove(&self.id);
+        }
+        let _ = self.done.send(true);
+    }
+}
+
+/// Whether this request got a session's [`OpeningSlot`], or another one holds it.
+pub(super) enum Slot<'a> {
+    Mine(OpeningSlot<'a>),
+    Busy(watch::Receiver<bool>),
+}
+
+impl Core {
+    /// The workspace size a new session gets: its own limit, else its runtime's, within the
+    /// host's ceiling; `None` on a host that does not limit workspaces.
+    pub(super) fn workspace_size_of(&self, runtime: &RuntimeImage, limits: &Limits) -> Option<u64> {
+        let ceiling = self.settings.workspace_size?;
+        let asked = limits
+            .workspace_size
+            .as_deref()
+            .or(runtime.workspace_size.as_deref())
+            .and_then(parse_bytes)
+            .and_then(|b| u64::try_from(b).ok())
+            .unwrap_or(ceiling);
+        Some(asked.clamp(crate::workspace::disk::MIN_SIZE, ceiling))
+    }
+
+    pub(super) fn cap_error(&self, claim: &Claim, tenant: &str) -> ApiError {
+        let caps = self.caps();
+        match claim {
+            Claim::TenantCap { held } => ApiError::new(
+                429,
+                ErrorCode::TenantCap,
+                format!(
+                    "Tenant '{tenant}' already holds {held} of {} sessions. Release an idle session before opening another.",
+                    caps.max_per_tenant
+                ),
+            ),
+            _ => {
+                let held = if let Claim::HostCap { held } = claim {
+                    *held
+                } else {
+                    caps.max_sessions
+                };
+                ApiError::new(
+                    429,
+                    ErrorCode::HostCap,
+                    format!(
+                        "This host already holds {held} of {} sessions. Release an idle session before opening another.",
+                        caps.max_sessions
+                    ),
+                )
+            }
+        }
+    }
+
+    /// Opens a session by name: creates it, or finds it (waiting for a concurrent open of the
+    /// same name). Concurrent opens make exactly one container.
+    pub async fn open(&self, req: OpenRequest) -> Result<Opened, ApiError> {
+        if !valid_session_id(&req.name) {
+            return Err(ApiError::bad_request(format!(
+                "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
+                req.name
+            )));
+        }
+        if req.tenant.trim().is_empty() {
+            return Err(ApiError::bad_request(
+                "tenant must not be empty: send the organization id",
+            ));
+        }
+        if let Some(owner) = &req.owner
+            && !valid_owner(owner)
+        {
+            return Err(ApiError::bad_request(format!(
+                "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
+            )));
+        }
+        let runtime = match self.runtime(req.runtime.as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                // Opening a session that exists is finding it, whatever its runtime does now.
+                if let Some(row) = self.store.get(&req.name).await.map_err(db)?
+                    && row.tenant == req.tenant
+                    && row.state != State::Opening
+                {
+                    let row = self.owned_by(row, req.owner.as_deref()).await?;
+                    return Ok(Opened {
+                        created: false,
+                        session: self.view(&row, false).await,
+                        token: None,
+                    });
+                }
+                return Err(e);
+            }
+        };
+        let mut limits: Limits = req.limits.clone().map(Limits::from).unwrap_or_default();
+        self.check_limits(&limits)?;
+        // The row records the workspace size the session gets (its disk's size): a session
+        // with one whose disk is gone is lost, never given a new empty disk.
+        limits.workspace_size = self
+            .workspace_size_of(&runtime, &limits)
+            .map(|b| b.to_string());
+        let token = auth::new_session_token();
+        let hash = auth::hash(&token);
+        let limits_json =
+            serde_json::to_string(&limits).map_err(|e| ApiError::internal(e.to_string()))?;
+        let new = NewSession {
+            id: &req.name,
+            tenant: &req.tenant,
+            runtime: &runtime.alias,
+            image: &runtime.image,
+            token_hash: &hash,
+            limits: &limits_json,
+            owner: req.owner.as_deref(),
+        };
+        // Take the session's slot before claiming, so a concurrent open that finds the row in
+        // state opening always has something to wait on; one in flight is waited for first.
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        let slot = loop {
+            match self.take_slot(&req.name)? {
+                Slot::Mine(slot) => break slot,
+                Slot::Busy(rx) => {
+                    Self::wait_done(rx, deadline, &req.name).await?;
+                    if self.store.get(&req.name).await.map_err(db)?.is_none() {
+                        return Err(Self::open_failed(&req.name));
+                    }
+                }
+            }
+        };
+        let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
+        match claim {
+            Claim::Inserted => {
+                // A folder (or disk) this open makes is removed again if it fails, so that no
+                // later open of the same name (by another tenant) inherits it.
+                let folder = self.settings.workspace_root.join(&req.name);
+                let had_folder = std::fs::symlink_metadata(&folder).is_ok();
+                let had_disk = self.disks.size(&req.name).is_some();
+                // A new folder can take a warm pool's container; one already there opens cold.
+                let result = if had_folder || had_disk {
+                    self.create_container(&req.name, &req.tenant, &runtime, &limits)
+                        .await
+                } else {
+                    crate::service::pool::open(self, &req.name, &req.tenant, &runtime, &limits)
+                        .await
+                };
+                match result {
+                    Ok(()) => {
+                        self.metrics
+                            .opens
+                            .get_or_create(&crate::metrics::Outcome::new("created"))
+                            .inc();
+                        let row = self.row(&req.name).await?;
+                        Ok(Opened {
+                            created: true,
+                            session: self.view(&row, false).await,
+                            token: Some(token),
+                        })
+                    }
+                    Err(e) => {
+                        // A failed open uses no capacity, nor the disk or folder it made.
+                        if !had_disk && let Err(err) = self.disks.release(&req.name) {
+                            warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
+                        }
+                        if !had_folder && let Err(left) = self.discard_folder(&req.name) {
+                            warn!(session = %req.name, error = %left.message, "a failed open could not remove the folder it made");
+                        }
+                        let _ = self.store.delete(&req.name).await;
+                        self.forget_tokens(&req.name);
+                        drop(slot);
+                        self.metrics
+                            .opens
+                            .get_or_create(&crate::metrics::Outcome::new("failed"))
+                            .inc();
+                        Err(e)
+                    }
+                }
+            }
+            Claim::Exists(row) => {
+                drop(slot);
+                let row = *row;
+                if row.tenant != req.tenant {
+                    return Err(ApiError::conflict(
+                        ErrorCode::NameTaken,
+                        format!("Session name '{}' is taken by another tenant", req.name),
+                    ));
+                }
+                // Never attach to (nor hand a token of) a session another object owns.
+                let row = self.owned_by(row, req.owner.as_deref()).await?;
+                let row = if row.state == State::Opening {
+                    self.wait_opened(&req.name).await?
+                } else {
+                    row
+                };
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("found"))
+                    .inc();
+                Ok(Opened {
+                    created: false,
+                    session: self.view(&row, false).await,
+                    token: None,
+                })
+            }
+            refused => {
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("refused"))
+                    .inc();
+                Err(self.cap_error(&refused, &req.tenant))
+            }
+        }
+    }
+
+    /// `row` if `owner` may act on it: it has no owner (then `owner` adopts it) or the same
+    /// one; 409 `owner_mismatch` when another owner holds it. `None` checks nothing.
+    pub(super) async fn owned_by(
+        &self,
+        row: SessionRow,
+        owner: Option<&str>,
+    ) -> Result<SessionRow, ApiError> {
+        let Some(mine) = owner else {
+            return Ok(row);
+        };
+        let row = if row.owner.is_none() {
+            let id = row.id.clone();
+            let adopted = self.store.adopt(&id, mine).await.map_err(db)?;
+            let row = adopted.ok_or_else(|| ApiError::no_such_session(&id))?;
+            if row.owner.as_deref() == Some(mine) {
+                info!(session = %id, owner = mine, "session without an owner adopted");
+            }
+            row
+        } else {
+            row
+        };
+        match row.owner.as_deref() {
+            Some(theirs) if theirs != mine => Err(owner_mismatch(&row.id, mine)),
+            _ => Ok(row),
+        }
+    }
+
+    /// Takes the session's [`OpeningSlot`], or says who holds it.
+    pub(super) fn take_slot(&self, id: &str) -> Result<Slot<'_>, ApiError> {
+        let mut m = self
+            .opening
+            .lock()
+            .map_err(|_| ApiError::internal("open registry poisoned"))?;
+        if let Some(rx) = m.get(id) {
+            return Ok(Slot::Busy(rx.clone()));
+        }
+        let (done, rx) = watch::channel(false);
+        m.insert(id.to_owned(), rx);
+        Ok(Slot::Mine(OpeningSlot {
+            core: self,
+            id: id.to_owned(),
+            done,
+        }))
+    }
+
+    /// Waits, until `deadline`, for the open or wake in flight whose slot `rx` watches.
+    pub(super) async fn wait_done(
+        mut rx: watch::Receiver<bool>,
+        deadline: tokio::time::Instant,
+        id: &str,
+    ) -> Result<(), ApiError> {
+        match tokio::time::timeout_at(deadline, rx.wait_for(|done| *done)).await {
+            // Done, or its slot dropped: either way it is over.
+            Ok(_) => Ok(()),
+            Err(_) => Err(ApiError::opening(id)),
+        }
+    }
+
+    pub(super) fn open_failed(id: &str) -> ApiError {
+        ApiError::new(
+            502,
+            ErrorCode::OpenFailed,
+            format!("A concurrent open of session '{id}' failed; open it again"),
+        )
+    }
+
+    /// Waits for the open or wake in flight of a session and returns its row once it has left
+    /// `opening` (running, reclaimed after a failed wake); 502 `open_failed` when the open
+    /// failed (the row is gone), 409 `session_opening` when it does not finish in time.
+    pub(super) async fn wait_opened(&self, id: &str) -> Result<SessionRow, ApiError> {
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        let mut unattended = 0;
+        loop {
+            let rx = self.opening.lock().ok().and_then(|m| m.get(id).cloned());
+            let waited = rx.is_some();
+            if let Some(rx) = rx {
+                Self::wait_done(rx, deadline, id).await?;
+            }
+            let row = self
+                .store
+                .get(id)
+                .await
+                .map_err(db)?
+                .ok_or_else(|| Self::open_failed(id))?;
+            if row.state != State::Opening {
+                return Ok(row);
+            }
+            // Opening with no slot: one was taken just after the look (the next look sees
+            // it), or the row was left so by a crash (the start-up reconcile fixes it).
+            if !waited {
+                unattended += 1;
+                if unattended >= 3 {
+                    return Err(ApiError::opening(id));
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    pub(crate) async fn create_container(
+        &self,
+        id: &str,
+        tenant: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+    ) -> Result<(), ApiError> {
+        let workspace = self.workspace(id);
+        if let Some(size) = self.workspace_size_of(runtime, limits) {
+            let disks = self.disks.clone();
+            let made = tokio::task::spawn_blocking({
+                let id = id.to_owned();
+                move || disks.create(&id, size)
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?;
+            made.map_err(|e| disk_error(id, e))?;
+        }
+        workspace.prepare()?;
+        let spec = self
+            .sandbox_spec(id, id, tenant, runtime, limits, &workspace)
+            .await?;
+        // A container left by an earlier crash under the same name is removed first.
+        let _ = self.engine.remove(&self.engine.container_name(id)).await;
+        let container = self
+            .engine
+            .create(&spec)
+            .await
+            .map_err(|e| ApiError::docker(e.to_string()))?;
+        self.store
+            .set_container(id, Some(&container))
+            .await
+            .map_err(db)?;
+        if !self
+            .store
+            .transition(id, &[State::Opening], State::Running)
+            .await
+            .map_err(db)?
+        {
+            let _ = self.engine.remove(&container).await;
+            return Err(ApiError::conflict(
+                ErrorCode::SessionChanged,
+                format!("Session '{id}' changed while it was opening"),
+            ));
+        }
+        info!(session = id, tenant, runtime = %runtime.alias, "session opened");
+        Ok(())
+    }
+
+    /// What a sandbox of `runtime` with `limits` is created with, every session's and every
+    /// warm pool container's alike: named `name` (its session, or the pool's name for it),
+    /// its workspace `workspace`, its agent's run folder in the folder `folder` of the
+    /// workspace root.
+    pub(crate) async fn sandbox_spec(
+        &self,
+        name: &str,
+        folder: &str,
+        tenant: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+        workspace: &Workspace,
+    ) -> Result<SandboxSpec, ApiError> {
+        let s = &self.settings;
+        let network_mode = match (&self.network, runtime.needs_network) {
+            (_, false) => s.network_mode.clone(),
+            (None, true) => s.runtime_network.clone(),
+            (Some(network), true) => network.ensure().await.map_err(|e| {
+                ApiError::new(
+                    503,
+                    ErrorCode::NetworkUnavailable,
+                    format!(
+                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
+                        runtime.alias
+                    ),
+                )
+            })?,
+        };
+        let (cpus, memory, pids_limit) = self.shape(runtime, limits);
+        Ok(SandboxSpec {
+            session: name.to_owned(),
+            tenant: tenant.to_owned(),
+            image: runtime.image.clone(),
+            workspace: workspace.dir().display().to_string(),
+            uid: s.uid,
+            network_mode,
+            cpus,
+            memory,
+            pids_limit,
+            tmpfs_size: s.tmpfs_size.clone(),
+            home_size: s.home_size.clone(),
+            oci_runtime: s.oci_runtime.clone(),
+            env: runtime
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            agent: self.runner.agent_mount(folder).map_err(|e| {
+                ApiError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
+            })?,
+        })
+    }
+
+    /// The CPUs, memory (bytes) and processes a sandbox of `runtime` with `limits` gets.
+    pub(crate) fn shape(&self, runtime: &RuntimeImage, limits: &Limits) -> (f64, i64, i64) {
+        let s = &self.settings;
+        let memory = limits
+            .mem_limit
+            .as_deref()
+            .or(runtime.mem_limit.as_deref())
+            .and_then(parse_bytes)
+            .unwrap_or(s.memory);
+        (
+            limits.cpus.unwrap_or(s.cpus),
+            memory,
+            limits.pids_limit.unwrap_or(s.pids_limit),
+        )
+    }
+
+    pub(super) fn limits_of(row: &SessionRow) -> Limits {
+        serde_json::from_str(&row.limits).unwrap_or_default()
+    }
+
+    /// Marks a session lost when its workspace vanished; returns the 410 to answer with.
+    pub(super) async fn check_workspace(&self, row: &SessionRow) -> Result<(), ApiError> {
+        if row.state == State::Lost {
+            return Err(ApiError::lost(&row.id));
+        }
+        let has_disk = self.disks.size(&row.id).is_some();
+        if !has_disk && row.state != State::Opening && Self::limits_of(row).workspace_size.is_some()
+        {
+            warn!(session = %row.id, "the workspace's disk image vanished");
+            return self.mark_lost(row).await;
+        }
+        // A session's disk that is not mounted (the node restarted) is mounted first: its
+        // empty mount point must never pass for the workspace.
+        if self.disks.size(&row.id).is_some() && !self.disks.is_mounted(&row.id) {
+            let disks = self.disks.clone();
+            let id = row.id.clone();
+            tokio::task::spawn_blocking(move || disks.mount(&id))
+                .await
+                .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?
+                .map_err(|e| disk_error(&row.id, e))?;
+        }
+        if self.workspace(&row.id).exists() {
+            return Ok(());
+        }
+        warn!(session = %row.id, "workspace vanished; session is lost");
+        self.mark_lost(row).await
+    }
+
+    /// Makes a session lost (its container removed); returns the 410 to answer with.
+    pub(super) async fn mark_lost(&self, row: &SessionRow) -> Result<(), ApiError> {
+        if self
+            .store
+            .transition(
+                &row.id,
+                &[
+                    State::Opening,
+                    State::Running,
+                    State::Stopped,
+                    State::Reclaimed,
+                ],
+                State::Lost,
+            )
+            .await
+            .map_err(db)?
+            && let Some(c) = &row.container_id
+        {
+            let _ = self.engine.remove(c).await;
+            let _ = self.store.set_container(&row.id, None).await;
+        }
+        Err(ApiError::lost(&row.id))
+    }
+}

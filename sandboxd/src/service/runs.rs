@@ -1,0 +1,332 @@
+//! Runs: a command in a session's container through the [`crate::run::Runner`], capped per
+//! session, stopped on request, on timeout and when the session goes.
+
+use super::*;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::run::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus};
+use crate::storage::store::State;
+
+pub(super) struct RunEntry {
+    session: String,
+    cancel: CancellationToken,
+}
+
+/// A run in flight: when it ends, or its caller goes away, it is cancelled and forgotten.
+pub(super) struct InFlight<'a> {
+    runs: &'a Mutex<HashMap<String, RunEntry>>,
+    run_id: String,
+    cancel: CancellationToken,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Harmless once the run ended; stops it when the caller left before.
+        self.cancel.cancel();
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(&self.run_id);
+        }
+    }
+}
+
+/// A run refused because its session is being destroyed: the session is gone.
+pub(super) fn gone_if_destroying(id: &str, e: ApiError) -> ApiError {
+    if e.code == ErrorCode::SessionDestroying {
+        ApiError::session_gone(id)
+    } else {
+        e
+    }
+}
+
+impl Core {
+    pub(super) fn runs_in_flight(&self, id: &str) -> usize {
+        self.runs
+            .lock()
+            .map(|r| r.values().filter(|e| e.session == id).count())
+            .unwrap_or(0)
+    }
+
+    /// 429 `run_cap` when session `id` already has `held` runs in flight, the most
+    /// `SANDBOXD_MAX_RUNS_PER_SESSION` allows. The count is sandboxd's own run table, never
+    /// what the sandbox says.
+    pub(super) fn check_run_cap(&self, id: &str, held: usize) -> Result<(), ApiError> {
+        let max = self.settings.max_runs_per_session;
+        if held < max {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            429,
+            ErrorCode::RunCap,
+            format!(
+                "Session '{id}' already has {held} of {max} runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one."
+            ),
+        ))
+    }
+
+    pub(super) fn cancel_runs(&self, id: &str) {
+        if let Ok(runs) = self.runs.lock() {
+            for e in runs.values().filter(|e| e.session == id) {
+                e.cancel.cancel();
+            }
+        }
+    }
+
+    /// Runs a command, waking the session first; output also goes to `events` as it comes.
+    pub async fn run(
+        &self,
+        id: &str,
+        req: RunRequest,
+        events: Option<mpsc::Sender<RunEvent>>,
+    ) -> Result<RunOutcome, ApiError> {
+        if req.command.trim().is_empty() {
+            return Err(ApiError::bad_request("command must not be empty"));
+        }
+        // No process takes a NUL in its arguments; refused here rather than failing to start.
+        if req.command.contains('\0') {
+            return Err(ApiError::bad_request("command must not hold a NUL byte"));
+        }
+        if let Some(t) = req.timeout_seconds
+            && t == 0
+        {
+            return Err(ApiError::bad_request("timeout_seconds must be at least 1"));
+        }
+        let mut env = Vec::new();
+        for (k, v) in req.env.clone().unwrap_or_default() {
+            let valid = k
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid || v.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
+                )));
+            }
+            env.push(format!("{k}={v}"));
+        }
+        // Refused before anything is woken or asked of Docker; checked again, atomically, as
+        // the run is entered in the table below.
+        self.check_run_cap(id, self.runs_in_flight(id))?;
+        // A running session goes straight to a run path that finds a stopped container by
+        // itself (the agent's handshake fails, and `NotRunning` below starts it again): no
+        // Docker round trip per run. Anything else is woken first.
+        let row = match self.row(id).await? {
+            row if row.state == State::Running
+                && row.container_id.is_some()
+                && self.runner.finds_stopped_containers()
+                && self.workspace(id).exists() =>
+            {
+                row
+            }
+            _ => self.wake(id).await.map_err(|e| gone_if_destroying(id, e))?,
+        };
+        let mut container = row.container_id.clone().ok_or_else(|| {
+            ApiError::internal(format!("session '{id}' runs without a container"))
+        })?;
+        let run_id = req
+            .run_id
+            .clone()
+            .unwrap_or_else(|| format!("run-{}", &auth::new_session_token()[4..20]));
+        let cancel = CancellationToken::new();
+        {
+            let mut runs = self
+                .runs
+                .lock()
+                .map_err(|_| ApiError::internal("run registry poisoned"))?;
+            if runs.contains_key(&run_id) {
+                return Err(ApiError::conflict(
+                    ErrorCode::RunExists,
+                    format!("Run '{run_id}' is already running"),
+                ));
+            }
+            self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
+            runs.insert(
+                run_id.clone(),
+                RunEntry {
+                    session: id.to_owned(),
+                    cancel: cancel.clone(),
+                },
+            );
+        }
+        // A caller that goes away mid-run (its request dropped) stops the run: the guard
+        // cancels it and forgets it, and the run itself goes on in a task of its own
+        // (`spawn_run`) just long enough to stop the command's process tree.
+        let _in_flight = InFlight {
+            runs: &self.runs,
+            run_id: run_id.clone(),
+            cancel: cancel.clone(),
+        };
+        // The activity time, as the run starts and as it ends. A row touched within the last
+        // second (a burst of runs) needs no write: the time it holds is at most that stale, and
+        // a run in flight keeps the session awake by itself.
+        let mut touched_at = row.last_activity_at;
+        if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+            let _ = self.store.touch(id).await;
+            touched_at = crate::storage::store::now_ms();
+        }
+        let policy = self.policy();
+        let max_timeout = Duration::from_secs(policy.execute_timeout);
+        let timeout = req
+            .timeout_seconds
+            .map_or(max_timeout, |t| Duration::from_secs(t).min(max_timeout));
+        let mut spec = RunSpec {
+            run_id: run_id.clone(),
+            session: id.to_owned(),
+            container: container.clone(),
+            command: req.command,
+            env,
+            uid: self.settings.uid,
+            timeout,
+            max_output_bytes: usize::try_from(policy.max_output_bytes).unwrap_or(usize::MAX),
+        };
+        let mut result = self
+            .spawn_run(spec.clone(), events.clone(), cancel.clone())
+            .await;
+        if matches!(result, Err(RunError::NotRunning)) {
+            // The container died under the session (its init was OOM-killed, Docker restarted):
+            // start it again, files intact, and run once more.
+            warn!(
+                session = id,
+                "container was not running; starting it again for the run"
+            );
+            let _ = self
+                .store
+                .transition(id, &[State::Running], State::Stopped)
+                .await;
+            match self.wake(id).await {
+                Ok(row) => {
+                    container = row.container_id.unwrap_or(container);
+                    spec.container = container;
+                    result = self.spawn_run(spec, events, cancel).await;
+                }
+                Err(e) => {
+                    if let Ok(mut runs) = self.runs.lock() {
+                        runs.remove(&run_id);
+                    }
+                    return Err(gone_if_destroying(id, e));
+                }
+            }
+        }
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(&run_id);
+        }
+        // A run cut short because its session was destroyed meanwhile ended with the
+        // environment, not with the command: the caller must be able to tell.
+        if (result.is_err() || result.as_ref().is_ok_and(|o| o.stopped))
+            && self.destroyed_or_destroying(id).await
+        {
+            return Err(ApiError::session_gone(id));
+        }
+        if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
+            let _ = self.store.touch(id).await;
+        }
+        let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
+        self.metrics.observe_run(&outcome);
+        Ok(outcome)
+    }
+
+    /// Runs `spec` on a task of its own and waits for it: if the caller stops waiting, the task
+    /// still sees `cancel` fire and stops the command, instead of being dropped with the
+    /// command left running in the sandbox.
+    pub(super) async fn spawn_run(
+        &self,
+        spec: RunSpec,
+        events: Option<mpsc::Sender<RunEvent>>,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let runner = self.runner.clone();
+        tokio::spawn(async move { runner.run(spec, events, cancel).await })
+            .await
+            .unwrap_or_else(|e| Err(RunError::Stream(format!("the run's task failed: {e}"))))
+    }
+
+    /// Whether session `id` is gone or being destroyed.
+    pub(super) async fn destroyed_or_destroying(&self, id: &str) -> bool {
+        match self.store.get(id).await {
+            Ok(None) => true,
+            Ok(Some(row)) => row.state == State::Destroying,
+            Err(_) => false,
+        }
+    }
+
+    /// Stops a running run of a session.
+    pub fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+        let runs = self
+            .runs
+            .lock()
+            .map_err(|_| ApiError::internal("run registry poisoned"))?;
+        match runs.get(run_id) {
+            Some(e) if e.session == id => {
+                e.cancel.cancel();
+                Ok(())
+            }
+            _ => Err(ApiError::new(
+                404,
+                ErrorCode::RunNotFound,
+                format!("No run '{run_id}' is running in session '{id}'"),
+            )),
+        }
+    }
+
+    /// Stops a run of a session: one this process runs, else one the session's agent still
+    /// runs whose request was lost when sandboxd restarted.
+    pub async fn stop_run_or_detached(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+        match self.stop_run(id, run_id) {
+            Err(e) if e.code == ErrorCode::RunNotFound => {
+                self.row(id).await?;
+                match self.runner.stop_detached(id, run_id).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(e),
+                    Err(err) => Err(ApiError::docker(err.to_string())),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The state of a run, in flight or finished, as the session's agent knows it (runs of
+    /// the exec path are known only while in flight).
+    pub async fn run_status(&self, id: &str, run_id: &str) -> Result<RunStatus, ApiError> {
+        let row = self.row(id).await?;
+        if row.state == State::Running
+            && let Some(status) = self
+                .runner
+                .status(id, run_id)
+                .await
+                .map_err(|e| ApiError::docker(e.to_string()))?
+        {
+            return Ok(status);
+        }
+        let local = self
+            .runs
+            .lock()
+            .map(|r| r.get(run_id).is_some_and(|e| e.session == id))
+            .unwrap_or(false);
+        if local {
+            return Ok(RunStatus {
+                run_id: run_id.to_owned(),
+                running: true,
+                exit_code: None,
+                timed_out: false,
+                stopped: false,
+                truncated: false,
+                cpu_ns: None,
+                duration_ms: None,
+                stdout: String::new(),
+                stderr: String::new(),
+            });
+        }
+        Err(ApiError::new(
+            404,
+            ErrorCode::RunNotFound,
+            format!("No run '{run_id}' is known in session '{id}'"),
+        ))
+    }
+}
