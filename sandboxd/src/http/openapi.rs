@@ -553,7 +553,7 @@ pub(crate) async fn openapi_json() -> axum::response::Response {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
@@ -596,7 +596,7 @@ mod tests {
 
     /// The routes a router assembles, read from its source: each `.route("path", …)` between
     /// `start` and `end` and the methods chained in it.
-    fn served(source: &str, start: &str, end: &str) -> BTreeSet<String> {
+    pub(crate) fn served(source: &str, start: &str, end: &str) -> BTreeSet<String> {
         let start = source.find(start).expect("the router");
         let end = start + source[start..].find(end).expect("the router's end");
         let mut served = BTreeSet::new();

@@ -1,6 +1,7 @@
 //! Files of a session's workspace: read, write (streamed to the disk), remove, mkdir, ls, tree.
 
 use super::*;
+use crate::http::audited::FileOp;
 use std::time::Instant;
 
 use axum::Json;
@@ -54,15 +55,20 @@ pub(crate) async fn read_file(
     let ws = state.core.files(&id).await?;
     let max = state.core.policy().max_read_bytes;
     let p = path.clone();
-    let read = tokio::task::spawn_blocking(move || ws.read(&p, q.offset, q.limit, max))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
-    let o = outcome(&read, |r| i64::try_from(r.data.len()).ok());
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Read, &path, o, started);
-    let read = read?;
+    let read = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Read,
+        target: &path,
+        started,
+    }
+    .run(
+        move || ws.read(&p, q.offset, q.limit, max),
+        |r| i64::try_from(r.data.len()).ok(),
+    )
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -202,15 +208,17 @@ pub(crate) async fn remove_file(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    let removed = tokio::task::spawn_blocking(move || ws.remove(&p, q.recursive))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
-    let o = outcome(&removed, |_| None);
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Remove, &path, o, started);
-    removed?;
+    FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Remove,
+        target: &path,
+        started,
+    }
+    .run(move || ws.remove(&p, q.recursive), |_| None)
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(Removed {
         path,
         removed: true,
@@ -243,15 +251,17 @@ pub(crate) async fn mkdir(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = req.path.clone();
-    let made = tokio::task::spawn_blocking(move || ws.mkdir(&p))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
-    let o = outcome(&made, |_| None);
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Mkdir, &req.path, o, started);
-    made?;
+    FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Mkdir,
+        target: &req.path,
+        started,
+    }
+    .run(move || ws.mkdir(&p), |_| None)
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok((StatusCode::CREATED, Json(Made { path: req.path })).into_response())
 }
 
@@ -278,15 +288,17 @@ pub(crate) async fn ls(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let listed = tokio::task::spawn_blocking(move || ws.list(&p, MAX_LIST_ENTRIES))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
-    let o = outcome(&listed, |_| None);
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
-    let listed = listed?;
+    let listed = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Ls,
+        target: &q.path,
+        started,
+    }
+    .run(move || ws.list(&p, MAX_LIST_ENTRIES), |_| None)
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(LsResponse {
         path: q.path,
         entries: listed.entries,
@@ -310,15 +322,18 @@ pub(crate) async fn tree(
     let started = Instant::now();
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let tree = tokio::task::spawn_blocking(move || ws.tree(&p, TreeLimits::default()))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from);
-    let o = outcome(&tree, |_| None);
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Ls, &q.path, o, started);
-    Ok(Json(tree?).into_response())
+    let tree = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Ls,
+        target: &q.path,
+        started,
+    }
+    .run(move || ws.tree(&p, TreeLimits::default()), |_| None)
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(tree).into_response())
 }
 
 /// The body of a file write.

@@ -13,34 +13,20 @@ use serde_json::json;
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::service::auth::{AdminToken, bearer};
-use crate::service::{Actor, Core, Outcome};
+use crate::service::{Core, Outcome};
 
 mod admin;
 mod files;
 mod runs;
 mod sessions;
 
+use crate::http::audited::actor;
 pub use admin::*;
 pub use files::*;
 pub use runs::*;
 pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
-
-fn actor(headers: &HeaderMap) -> Actor {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    Actor {
-        agent: get(AGENT_HEADER),
-        run: get(RUN_HEADER),
-    }
-}
 
 fn outcome<T>(result: &Result<T, ApiError>, bytes: impl Fn(&T) -> Option<i64>) -> Outcome {
     match result {

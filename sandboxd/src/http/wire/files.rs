@@ -1,6 +1,8 @@
 //! Native file operations of a live session, off its host directory.
 
 use super::*;
+use crate::http::audited::FileOp;
+pub(super) use crate::http::audited::file_outcome;
 use std::time::Instant;
 
 use axum::Json;
@@ -111,27 +113,12 @@ pub(super) async fn workspace_for(
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, FileError> + Send + 'static,
 ) -> WireResult<Result<T, FileError>> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| WireError::new(500, e.to_string()))
+    tokio::task::spawn_blocking(f).await.map_err(unfinished)
 }
 
-pub(super) fn file_outcome<T>(
-    r: &Result<T, FileError>,
-    bytes: impl Fn(&T) -> Option<i64>,
-) -> Outcome {
-    match r {
-        Ok(v) => Outcome {
-            ok: true,
-            bytes: bytes(v),
-            ..Outcome::default()
-        },
-        Err(e) => Outcome {
-            ok: false,
-            error: Some(e.code().to_string()),
-            ..Outcome::default()
-        },
-    }
+/// The answer when a file operation's task did not finish (it panicked).
+pub(super) fn unfinished(e: tokio::task::JoinError) -> WireError {
+    WireError::new(500, e.to_string())
 }
 
 pub(super) fn refuse_outside(path: &str) -> WireResult<()> {
@@ -162,15 +149,20 @@ pub(crate) async fn file_read(
     let started = Instant::now();
     let max = state.core.policy().max_read_bytes;
     let p = req.path.clone();
-    let read = blocking(move || ws.read(&p, 0, None, max)).await?;
-    state.core.record(
-        &id,
-        &actor(&headers),
-        Op::Read,
-        &req.path,
-        file_outcome(&read, |r| i64::try_from(r.data.len()).ok()),
+    let read = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Read,
+        target: &req.path,
         started,
-    );
+    }
+    .run(
+        move || ws.read(&p, 0, None, max),
+        |r| i64::try_from(r.data.len()).ok(),
+    )
+    .await
+    .map_err(unfinished)?;
     let read = read.map_err(|e| file_error(e, true))?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -208,15 +200,17 @@ pub(crate) async fn file_write(
     let data = bounded_body(&headers, body, state.core.policy().max_read_bytes).await?;
     let started = Instant::now();
     let p = path.clone();
-    let written = blocking(move || ws.write(&p, &data)).await?;
-    state.core.record(
-        &id,
-        &actor(&headers),
-        Op::Write,
-        &path,
-        file_outcome(&written, |w| i64::try_from(w.size).ok()),
+    let written = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Write,
+        target: &path,
         started,
-    );
+    }
+    .run(move || ws.write(&p, &data), |w| i64::try_from(w.size).ok())
+    .await
+    .map_err(unfinished)?;
     written.map_err(|e| file_error(e, true))?;
     Ok(no_content())
 }
@@ -455,26 +449,30 @@ pub(crate) async fn file_mkdir(
     refuse_outside(&req.path)?;
     let started = Instant::now();
     let p = req.path.clone();
-    let made = blocking(move || match ws.mkdir(&p) {
-        // A file where the new directory goes is "exists"; one on the way "not a directory".
-        Err(FileError::NotADirectory { path }) => match ws.stat(&p) {
-            Ok(e) if e.kind != EntryKind::Dir => Err(FileError::Io {
-                path,
-                source: std::io::ErrorKind::AlreadyExists.into(),
-            }),
-            _ => Err(FileError::NotADirectory { path }),
-        },
-        other => other,
-    })
-    .await?;
-    state.core.record(
-        &id,
-        &actor(&headers),
-        Op::Mkdir,
-        &req.path,
-        file_outcome(&made, |_| None),
+    let made = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Mkdir,
+        target: &req.path,
         started,
-    );
+    }
+    .run(
+        move || match ws.mkdir(&p) {
+            // A file where the new directory goes is "exists"; one on the way "not a directory".
+            Err(FileError::NotADirectory { path }) => match ws.stat(&p) {
+                Ok(e) if e.kind != EntryKind::Dir => Err(FileError::Io {
+                    path,
+                    source: std::io::ErrorKind::AlreadyExists.into(),
+                }),
+                _ => Err(FileError::NotADirectory { path }),
+            },
+            other => other,
+        },
+        |_| None,
+    )
+    .await
+    .map_err(unfinished)?;
     match made {
         Ok(()) => Ok(no_content()),
         Err(FileError::Io { path, source })
@@ -506,15 +504,17 @@ pub(crate) async fn file_remove(
     refuse_outside(&req.path)?;
     let started = Instant::now();
     let p = req.path.clone();
-    let removed = blocking(move || ws.remove(&p, true)).await?;
-    state.core.record(
-        &id,
-        &actor(&headers),
-        Op::Remove,
-        &req.path,
-        file_outcome(&removed, |_| None),
+    let removed = FileOp {
+        core: &state.core,
+        id: &id,
+        headers: &headers,
+        op: Op::Remove,
+        target: &req.path,
         started,
-    );
+    }
+    .run(move || ws.remove(&p, true), |_| None)
+    .await
+    .map_err(unfinished)?;
     removed.map_err(|e| file_error(e, true))?;
     Ok(no_content())
 }

@@ -405,37 +405,8 @@ mod tests {
     /// the methods chained in it. A route added there and not to the document fails here.
     #[test]
     fn the_router_serves_exactly_the_documented_routes() {
-        let source = include_str!("mod.rs");
-        let start = source.find("pub fn router(").expect("wire::router");
-        let end = start
-            + source[start..]
-                .find("\n}\n")
-                .expect("the end of wire::router");
-        let mut served = BTreeSet::new();
-        for part in source[start..end].split(".route(").skip(1) {
-            let path = part
-                .split('"')
-                .nth(1)
-                .expect("a route's path literal")
-                .to_owned();
-            let rest = &part[path.len()..];
-            for (call, method) in [
-                ("get(", "GET"),
-                ("post(", "POST"),
-                ("put(", "PUT"),
-                ("delete(", "DELETE"),
-                ("patch(", "PATCH"),
-            ] {
-                let found = rest.match_indices(call).any(|(i, _)| {
-                    i == 0
-                        || !rest.as_bytes()[i - 1].is_ascii_alphanumeric()
-                            && rest.as_bytes()[i - 1] != b'_'
-                });
-                if found {
-                    served.insert(format!("{method} {path}"));
-                }
-            }
-        }
+        let served =
+            crate::http::openapi::tests::served(include_str!("mod.rs"), "pub fn router(", "\n}\n");
         assert_eq!(served, documented());
     }
 

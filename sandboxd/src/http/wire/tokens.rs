@@ -2,11 +2,11 @@
 //! headers.
 
 use super::*;
+pub(crate) use crate::http::audited::actor;
 
 use axum::http::HeaderMap;
 
 use crate::http::v1::AppState;
-use crate::service::Actor;
 use crate::storage::store::SessionRow;
 
 pub(super) fn token(headers: &HeaderMap) -> Option<&str> {
@@ -64,19 +64,4 @@ pub(super) async fn for_session(
         .await
         .map_err(|e| WireError::new(500, format!("sandboxd's state store failed: {e}")))?
         .ok_or_else(|| WireError::no_such_session(id))
-}
-
-pub(super) fn actor(headers: &HeaderMap) -> Actor {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    Actor {
-        agent: get(crate::http::v1::AGENT_HEADER),
-        run: get(crate::http::v1::RUN_HEADER),
-    }
 }
