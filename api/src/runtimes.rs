@@ -56,9 +56,21 @@ pub struct RuntimeStatus {
     /// Its memory limit, if it names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<String>,
+    /// Its warm pool on this host.
+    #[serde(default)]
+    pub warm_pool: WarmPool,
     /// The model briefing; only for an allowlist given in the catalog format.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub briefing: Option<String>,
+}
+
+/// A runtime's warm pool on one host: started containers an open takes instead of starting one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WarmPool {
+    /// How many it keeps ready (the entry's `warm_pool`; 0: none).
+    pub size: u32,
+    /// How many are ready now.
+    pub ready: u32,
 }
 
 /// The body of `GET /v1/runtimes` and the answer of `PUT /v1/runtimes`.

@@ -22,6 +22,17 @@ pub enum SessionState {
     Destroying,
 }
 
+/// How a session's container was started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Launch {
+    /// Created and started for this session.
+    #[default]
+    Cold,
+    /// Taken from its runtime's warm pool: started before the open asked for it.
+    Warm,
+}
+
 /// Per-session resource limits, within the host's ceilings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -104,6 +115,10 @@ pub struct SessionView {
     /// The object the session belongs to, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// How its container was last started: `warm` (taken from its runtime's warm pool) or
+    /// `cold` (created for it).
+    #[serde(default)]
+    pub launch: Launch,
 }
 
 /// What a destroy did.

@@ -52,10 +52,21 @@ pub struct CatalogEntry {
     /// Whether a session gets a network.
     #[serde(default)]
     pub needs_network: bool,
+    /// Started containers each host keeps ready for this runtime, so an open takes one instead
+    /// of starting a container (0: no warm pool).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warm_pool: u32,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The largest `warm_pool` an entry may ask for.
+pub const MAX_WARM_POOL: u32 = 1000;
+
 /// The fields an entry may have.
-pub const FIELDS: [&str; 11] = [
+pub const FIELDS: [&str; 12] = [
     "alias",
     "description",
     "image",
@@ -67,6 +78,7 @@ pub const FIELDS: [&str; 11] = [
     "mem_limit",
     "workspace_size",
     "needs_network",
+    "warm_pool",
 ];
 
 /// One thing wrong with a catalog.
@@ -299,6 +311,16 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
     {
         err("needs_network", "must be true or false".into());
     }
+    if let Some(v) = map.get("warm_pool")
+        && v.as_u64().is_none_or(|n| n > u64::from(MAX_WARM_POOL))
+    {
+        err(
+            "warm_pool",
+            format!(
+                "must be a whole number of containers from 0 to {MAX_WARM_POOL} (0: no warm pool), not {v}"
+            ),
+        );
+    }
 }
 
 /// The shipped catalog, `catalog/runtimes.json`, as compiled into this crate.
@@ -341,12 +363,34 @@ mod tests {
                 "entry 1 (Bad_Alias): packages: is allowed only with base_image: an image entry installs nothing",
                 "entry 2 (both): image: image and base_image exclude each other: image is used as is, base_image is built",
                 "entry 2 (both): mem_limit: '2 gigs' is not a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
-                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network",
+                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool",
                 "entry 3 (none): image: one of image (a ready image) and base_image (built on the host) is required",
                 "entry 3 (none): needs_network: must be true or false",
                 "entry 4 (both): env_vars: '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",
                 "entry 4 (both): env_vars: the value of 'OK' must be a string",
                 "entry 4 (both): alias: 'both' is already used by an earlier entry; aliases must be unique",
+            ]
+        );
+    }
+
+    #[test]
+    fn warm_pool_is_a_whole_number_of_containers() {
+        let ok = parse(
+            r#"[{"alias": "a", "image": "i", "warm_pool": 3}, {"alias": "b", "image": "i"}]"#,
+        )
+        .expect("valid");
+        assert_eq!((ok[0].warm_pool, ok[1].warm_pool), (3, 0));
+        // Written back only when there is a pool.
+        assert!(to_json(&ok).contains("\"warm_pool\": 3"));
+        assert_eq!(to_json(&ok).matches("warm_pool").count(), 1);
+        assert_eq!(
+            messages(
+                r#"[{"alias": "a", "image": "i", "warm_pool": -1}, {"alias": "b", "image": "i", "warm_pool": "2"}, {"alias": "c", "image": "i", "warm_pool": 1001}]"#
+            ),
+            vec![
+                "entry 1 (a): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not -1",
+                "entry 2 (b): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not \"2\"",
+                "entry 3 (c): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not 1001",
             ]
         );
     }

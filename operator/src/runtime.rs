@@ -41,6 +41,7 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
         mem_limit: rt.spec.mem_limit.clone(),
         workspace_size: rt.spec.workspace_size.clone(),
         needs_network: rt.spec.needs_network,
+        warm_pool: 0,
     }
 }
 

@@ -12,6 +12,7 @@
 //! - [`container`]: the Docker engine and the network of sessions that need one;
 //! - [`run`]: the run path seam, with Docker exec and the resident in-sandbox agent behind it;
 //! - [`runtimes`]: the allowlist in the catalog format and its image builds (prewarm);
+//!   [`service::pool`] keeps each runtime's warm pool of started containers an open takes;
 //! - [`storage`]: sandboxd's state in SQLite, and the audit log in SQLite or PostgreSQL.
 //!
 //! Beside the rooms: [`config`] (flags and variables), [`server`] (start-up), [`tls`] (HTTPS

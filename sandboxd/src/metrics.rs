@@ -39,6 +39,13 @@ pub struct PathLabel {
     pub path: String,
 }
 
+/// A label set with one `runtime` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeLabel {
+    /// The runtime alias.
+    pub runtime: String,
+}
+
 /// The metrics.
 pub struct Metrics {
     registry: Registry,
@@ -59,6 +66,12 @@ pub struct Metrics {
     pub agent_untrusted: Counter,
     /// Audit rows dropped: the queue full (the store slow or down) or the store failing.
     pub audit_rows_dropped: Counter,
+    /// Containers each runtime's warm pool keeps ready (its size).
+    pub warm_pool_size: Family<RuntimeLabel, Gauge>,
+    /// Containers ready in each runtime's warm pool now.
+    pub warm_pool_ready: Family<RuntimeLabel, Gauge>,
+    /// Memory of each runtime's warm pool: the sum of its ready containers' memory limits.
+    pub warm_pool_memory: Family<RuntimeLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -96,8 +109,30 @@ impl Default for Metrics {
             "Audit rows dropped because the audit queue was full (SANDBOXD_AUDIT_QUEUE) or the audit store failed",
             audit_rows_dropped.clone(),
         );
+        let warm_pool_size = Family::<RuntimeLabel, Gauge>::default();
+        let warm_pool_ready = Family::<RuntimeLabel, Gauge>::default();
+        let warm_pool_memory = Family::<RuntimeLabel, Gauge>::default();
+        registry.register(
+            "warm_pool_size",
+            "Started containers each runtime's warm pool keeps ready",
+            warm_pool_size.clone(),
+        );
+        registry.register(
+            "warm_pool_ready",
+            "Started containers ready in each runtime's warm pool",
+            warm_pool_ready.clone(),
+        );
+        registry.register_with_unit(
+            "warm_pool_memory",
+            "Memory limits of the containers ready in each runtime's warm pool",
+            prometheus_client::registry::Unit::Bytes,
+            warm_pool_memory.clone(),
+        );
         Self {
             registry,
+            warm_pool_size,
+            warm_pool_ready,
+            warm_pool_memory,
             opens,
             runs,
             run_seconds,

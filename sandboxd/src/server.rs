@@ -195,6 +195,8 @@ async fn start_with(
         .reconcile()
         .await
         .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {}", e.message))?;
+    // The warm pools fill in the background from now on (what an earlier run left is gone).
+    crate::service::pool::spawn(&core);
     let state = AppState {
         core,
         admin,

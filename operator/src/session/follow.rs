@@ -504,6 +504,7 @@ mod tests {
             cpu_ns: Some(1_000),
             workspace_exists: true,
             owner: None,
+            launch: Default::default(),
         }
     }
 

@@ -1,10 +1,11 @@
 //! Benchmarks sandboxd against the same operations done directly with bollard, in one run:
-//! a cold session open against a raw create+start, a trivial run (`true`) on the agent path and
+//! a cold session open against a raw create+start, a warm open (a container of the runtime's
+//! warm pool) and its first command's output, a trivial run (`true`) on the agent path and
 //! on the Docker exec path against a raw `docker exec`, 1 MiB of run output on both paths, and
 //! 8 MiB file reads and writes. Prints p50/p95 and the ratios.
 //!
 //! Needs the project's dockerd and base image: `eval "$(make -s env)"` after `make up`.
-//! Usage: `sandboxd-bench [--runs N] [--opens N] [--files N]`
+//! Usage: `sandboxd-bench [--runs N] [--opens N] [--warm N] [--files N]`
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,9 @@ struct Args {
     /// Cold opens per path.
     #[arg(long, default_value_t = 15)]
     opens: usize,
+    /// Warm opens (each waits for the pool to refill first, so each is warm).
+    #[arg(long, default_value_t = 30)]
+    warm: usize,
     /// 8 MiB reads and writes.
     #[arg(long, default_value_t = 20)]
     files: usize,
@@ -81,11 +85,11 @@ async fn main() -> Result<()> {
         .tempdir()?;
     let instance = format!("bench{}", std::process::id());
     let admin_token = "bench-admin-token";
-    // Two sandboxds in this process: the default (the resident agent) and the Docker exec path.
+    // Sandboxds in this process: the default (the resident agent) and the Docker exec path.
     // The agent's sandboxd gives every workspace its disk (the default, SANDBOXD_WORKSPACE_QUOTA
     // =loop, 10g); a third one without disks shows what they cost an open.
-    let config_for = |backend: &str, quota: &str| {
-        let name = format!("{backend}-{quota}");
+    let config_with = |tag: &str, backend: &str, quota: &str, runtimes: &str| {
+        let name = format!("{tag}-{quota}");
         Config::try_parse_from([
             "sandboxd",
             "--token",
@@ -93,9 +97,9 @@ async fn main() -> Result<()> {
             "--port",
             "0",
             "--runtimes",
-            &format!("base={image}"),
+            runtimes,
             "--instance",
-            &format!("{instance}{}", if quota == "off" { backend } else { &name }),
+            &format!("{instance}{}", if quota == "off" { tag } else { &name }),
             "--workspace-root",
             &dir.path().join(format!("ws-{name}")).display().to_string(),
             "--state-dir",
@@ -113,6 +117,8 @@ async fn main() -> Result<()> {
             backend,
         ])
     };
+    let config_for =
+        |backend: &str, quota: &str| config_with(backend, backend, quota, &format!("base={image}"));
     let config = config_for("agent", "off")?;
     let settings = sandboxd::service::Settings::from_config(&config);
     let (addr, serve) = sandboxd::server::start(config).await?;
@@ -125,6 +131,12 @@ async fn main() -> Result<()> {
     let disk_admin = Client::new(&format!("http://{disk_addr}"), admin_token);
     let exec_admin = Client::new(&format!("http://{exec_addr}"), admin_token);
     let engine = Engine::connect(&format!("{instance}raw")).await?;
+    // A fourth, like the first, whose runtime keeps a warm pool of one.
+    let pooled = serde_json::json!([{"alias": "base", "image": image, "warm_pool": 1}]).to_string();
+    let (warm_addr, warm_serve) =
+        sandboxd::server::start(config_with("warm", "agent", "off", &pooled)?).await?;
+    tokio::spawn(warm_serve);
+    let warm_admin = Client::new(&format!("http://{warm_addr}"), admin_token);
 
     // Cold opens: sandboxd (HTTP, state, workspace, create+start) vs raw create+start.
     let mut open_raw = Stats {
@@ -174,6 +186,49 @@ async fn main() -> Result<()> {
             .await?;
         open_disk.samples.push(t.elapsed());
         disk_admin.destroy(&format!("open-{i}")).await?;
+    }
+
+    // Warm opens: the pool refilled (its one container started), then an open takes it; and
+    // the first command's output on it, from the open's start.
+    let mut open_warm = Stats {
+        name: "warm open: sandboxd POST /v1/sessions, pooled container",
+        samples: vec![],
+    };
+    let mut first_output = Stats {
+        name: "warm open + first run `echo` output",
+        samples: vec![],
+    };
+    for i in 0..args.warm {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let list = warm_admin.runtimes().await?;
+            if list
+                .runtimes
+                .first()
+                .is_some_and(|r| r.warm_pool.ready >= 1)
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the warm pool did not refill within 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // What the refill left on the cores settles first, as it would between two opens.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let name = format!("warm-{i}");
+        let t = Instant::now();
+        let opened = warm_admin.open(&name, "bench", None, None).await?;
+        open_warm.samples.push(t.elapsed());
+        if opened.session.launch != sandboxd_api::session::Launch::Warm {
+            bail!("open {i} was not warm");
+        }
+        let out = warm_admin.run(&name, "echo hi", None, None, None).await?;
+        first_output.samples.push(t.elapsed());
+        if out.stdout != "hi\n" {
+            bail!("the first run printed {:?}", out.stdout);
+        }
+        warm_admin.destroy(&name).await?;
     }
 
     // Trivial runs on warm sessions, interleaved: sandboxd on the agent path and on the Docker
@@ -367,6 +422,8 @@ async fn main() -> Result<()> {
         &open_raw,
         &open_sbx,
         &open_disk,
+        &open_warm,
+        &first_output,
         &run_raw,
         &run_exec,
         &run_sbx,
@@ -419,6 +476,11 @@ async fn main() -> Result<()> {
     println!(
         "cold open p50: sandboxd - raw = {:+.1} ms (target <= +100 ms)",
         Stats::ms(open_sbx.pct(0.5)) - Stats::ms(open_raw.pct(0.5))
+    );
+    println!(
+        "warm open p50: {:.2} ms (target <= 15 ms); first output {:.2} ms after the open answered",
+        Stats::ms(open_warm.pct(0.5)),
+        Stats::ms(first_output.pct(0.5)) - Stats::ms(open_warm.pct(0.5))
     );
     println!(
         "cold open p50 with a 10 GiB workspace disk: {:+.1} ms over one without",

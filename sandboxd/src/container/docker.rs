@@ -25,6 +25,9 @@ pub const LABEL_INSTANCE: &str = "sandboxd.dev/instance";
 pub const LABEL_SESSION: &str = "sandboxd.dev/session";
 /// Label: the tenant.
 pub const LABEL_TENANT: &str = "sandboxd.dev/tenant";
+/// Label: the runtime whose warm pool started the container (it keeps it once a session took
+/// it; its session label stays the pool's name for it).
+pub const LABEL_POOL: &str = "sandboxd.dev/warm-pool";
 /// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
 /// made it.
 pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
@@ -106,6 +109,17 @@ pub struct DockerError {
 }
 
 impl DockerError {
+    /// Whether Docker said the name is in use.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self.source,
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 409,
+                ..
+            }
+        )
+    }
+
     /// Whether Docker said the thing does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(
@@ -232,6 +246,39 @@ impl Engine {
 
     /// Creates and starts a sandbox container; returns its id. A failed start removes it.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<String, DockerError> {
+        self.create_labelled(spec, None).await
+    }
+
+    /// [`Engine::create`] for the warm pool of runtime `pool`: the same container, labelled
+    /// with [`LABEL_POOL`].
+    pub async fn create_pooled(
+        &self,
+        spec: &SandboxSpec,
+        pool: &str,
+    ) -> Result<String, DockerError> {
+        self.create_labelled(spec, Some(pool)).await
+    }
+
+    /// Renames a container (a pooled one, to the name of the session that took it).
+    pub async fn rename(&self, id: &str, name: &str) -> Result<(), DockerError> {
+        let docker = match &self.backend {
+            Backend::Docker(docker) => docker,
+            Backend::Noop(noop) => return noop.rename(id, name),
+        };
+        let options = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+            .name(name)
+            .build();
+        docker
+            .rename_container(id, options)
+            .await
+            .map_err(err(format!("rename container {id} to {name}")))
+    }
+
+    async fn create_labelled(
+        &self,
+        spec: &SandboxSpec,
+        pool: Option<&str>,
+    ) -> Result<String, DockerError> {
         let docker = match &self.backend {
             Backend::Docker(docker) => docker,
             Backend::Noop(noop) => {
@@ -244,6 +291,9 @@ impl Engine {
             (LABEL_SESSION.to_owned(), spec.session.clone()),
             (LABEL_TENANT.to_owned(), spec.tenant.clone()),
         ]);
+        if let Some(pool) = pool {
+            labels.insert(LABEL_POOL.to_owned(), pool.to_owned());
+        }
         let mut binds = vec![format!("{}:{WORKSPACE_MOUNT}:rw", spec.workspace)];
         // With the agent, it is PID 1 (it reaps and forwards signals, Docker's init's job) and
         // the entrypoint, whatever the image says; its binary comes read-only from the host.

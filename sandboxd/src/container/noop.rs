@@ -108,6 +108,29 @@ impl NoopEngine {
         }
     }
 
+    /// Renames a container; 404 when there is no such container, 409 when the name is in use.
+    pub(super) fn rename(&self, id: &str, name: &str) -> Result<(), DockerError> {
+        let mut map = self
+            .containers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let action = format!("rename container {id} to {name}");
+        if map.values().any(|c| c.name == name) {
+            return Err(answer(
+                action,
+                409,
+                format!("Conflict. The container name \"/{name}\" is already in use"),
+            ));
+        }
+        match find(&map, id).and_then(|k| map.get_mut(&k)) {
+            Some(c) => {
+                c.name = name.to_owned();
+                Ok(())
+            }
+            None => Err(answer(action, 404, format!("No such container: {id}"))),
+        }
+    }
+
     /// Forgets a container; one already gone is fine.
     pub(super) fn remove(&self, id: &str) {
         let mut map = self

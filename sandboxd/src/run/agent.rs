@@ -90,8 +90,10 @@ pub struct AgentRunner {
     bin_dir: PathBuf,
     metrics: Arc<Metrics>,
     /// Host pid of each session's container's PID 1 (Docker's `State.Pid`) for the current
-    /// start of its container; forgotten whenever the container is found stopped.
-    pids: Mutex<HashMap<String, i32>>,
+    /// start of its container; forgotten whenever the container is found stopped. With it, the
+    /// session its agent was started for: the container's session label, which is the warm
+    /// pool's name for a container a session took from a pool.
+    pids: Mutex<HashMap<String, (i32, String)>>,
 }
 
 /// Why a handshake failed.
@@ -174,18 +176,28 @@ impl AgentRunner {
     }
 
     /// Whether `pid` (a host pid) is the PID 1 of the session's container as Docker reports
-    /// it; asks Docker only when the cached pid of the container's current start differs.
-    async fn is_container_pid1(&self, session: &str, pid: i32) -> Result<bool, String> {
+    /// it, and then the session its agent was started for (see [`Self::pids`]); asks Docker
+    /// only when the cached pid of the container's current start differs.
+    /// `container` is the session's container id when the caller has it from the session's
+    /// row; else it is looked up by the session's container name.
+    async fn is_container_pid1(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        pid: i32,
+    ) -> Result<Option<String>, String> {
         let cached = self
             .pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(session)
-            .copied();
-        if cached == Some(pid) {
-            return Ok(true);
+            .cloned();
+        if let Some((p, agent_session)) = cached
+            && p == pid
+        {
+            return Ok(Some(agent_session));
         }
-        let name = self.engine.container_name(session);
+        let name = container.map_or_else(|| self.engine.container_name(session), str::to_owned);
         let inspected = self
             .engine
             .client()
@@ -193,19 +205,26 @@ impl AgentRunner {
             .inspect_container(&name, None::<InspectContainerOptions>)
             .await
             .map_err(|e| format!("inspect container {name}: {e}"))?;
+        let agent_session = inspected
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(crate::container::docker::LABEL_SESSION))
+            .cloned()
+            .unwrap_or_else(|| session.to_owned());
         let state = inspected.state.unwrap_or_default();
         let pid1 = match (state.running, state.pid) {
             (Some(true), Some(p)) if p > 0 => i32::try_from(p).unwrap_or(0),
             _ => {
                 self.forget_pid(session);
-                return Ok(false);
+                return Ok(None);
             }
         };
         self.pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(session.to_owned(), pid1);
-        Ok(pid1 == pid)
+            .insert(session.to_owned(), (pid1, agent_session.clone()));
+        Ok((pid1 == pid).then_some(agent_session))
     }
 
     /// Connects to the session's socket without following anything the path may have been
@@ -269,8 +288,13 @@ impl AgentRunner {
 
     /// Whether the peer of `stream` is the session's agent: the listener was made by root (the
     /// agent binds before it drops to the sandbox uid; nothing of the sandbox is ever root) and
-    /// by the container's PID 1.
-    async fn check_peer(&self, session: &str, stream: &UnixStream) -> Result<(), Refused> {
+    /// by the container's PID 1. Returns the session that agent was started for.
+    async fn check_peer(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        stream: &UnixStream,
+    ) -> Result<String, Refused> {
         let untrusted = |message: String| Refused {
             message,
             maybe_started: false,
@@ -293,9 +317,9 @@ impl AgentRunner {
                 cred.uid()
             )));
         }
-        match self.is_container_pid1(session, pid).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(untrusted(format!(
+        match self.is_container_pid1(session, container, pid).await {
+            Ok(Some(agent_session)) => Ok(agent_session),
+            Ok(None) => Err(untrusted(format!(
                 "the socket is served by pid {pid}, which is not the PID 1 of the session's container"
             ))),
             Err(e) => Err(untrusted(format!(
@@ -311,18 +335,28 @@ impl AgentRunner {
     /// `request`, when given, is written in the same write as the hello (no round trip of its
     /// own): the agent reads it only after it has accepted the hello, so an agent of another
     /// session, or one that speaks no shared protocol, never acts on it.
-    async fn handshake(&self, session: &str, request: Option<&Msg>) -> Result<Conn, Refused> {
+    async fn handshake(
+        &self,
+        session: &str,
+        container: Option<&str>,
+        request: Option<&Msg>,
+    ) -> Result<Conn, Refused> {
         let refused = |message: String| Refused {
             message,
             maybe_started: false,
             untrusted: false,
         };
         let checked = match self.connect(session).await {
-            Ok(stream) => self.check_peer(session, &stream).await.map(|()| stream),
+            Ok(stream) => self
+                .check_peer(session, container, &stream)
+                .await
+                .map(|s| (stream, s)),
             Err(e) => Err(e),
         };
-        let stream = match checked {
-            Ok(stream) => stream,
+        // The agent serves the session its container was started for: this one, or the warm
+        // pool's name for a container this session took from a pool.
+        let (stream, agent_session) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 if e.untrusted {
                     warn!(session, reason = %e.message, "refused the sandbox's agent socket: not the agent");
@@ -338,7 +372,7 @@ impl AgentRunner {
         };
         let mut hello = proto::encode_msg(&Msg::Hello {
             protocols: (proto::MIN_PROTOCOL..=proto::PROTOCOL).collect(),
-            session: session.to_owned(),
+            session: agent_session.clone(),
         });
         if let Some(m) = request {
             hello.extend(proto::encode_msg(m));
@@ -363,7 +397,7 @@ impl AgentRunner {
                 session: theirs,
                 version,
             })) => {
-                if theirs != session {
+                if theirs != agent_session {
                     return Err(refused(format!(
                         "the socket of session '{session}' is served by an agent of session '{theirs}'"
                     )));
@@ -386,7 +420,10 @@ impl AgentRunner {
     /// starting agent, reports a dead one (its container stopped with it: `NotRunning`, and the
     /// core starts it again), and falls back to exec for a container that has none.
     async fn reach(&self, spec: &RunSpec, request: &Msg) -> Result<Reached, RunError> {
-        let first = match self.handshake(&spec.session, Some(request)).await {
+        let first = match self
+            .handshake(&spec.session, Some(&spec.container), Some(request))
+            .await
+        {
             Ok(conn) => return Ok(Reached::Agent(conn)),
             Err(e) => e,
         };
@@ -445,7 +482,10 @@ impl AgentRunner {
         let mut last = first;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            match self.handshake(&spec.session, Some(request)).await {
+            match self
+                .handshake(&spec.session, Some(&spec.container), Some(request))
+                .await
+            {
                 Ok(conn) => return Ok(Reached::Agent(conn)),
                 Err(e) if e.maybe_started => return Err(silent(&e)),
                 Err(e) if e.untrusted => {
@@ -595,7 +635,7 @@ impl AgentRunner {
 
     async fn request(&self, session: &str, msg: Msg) -> Result<Msg, String> {
         let mut conn = self
-            .handshake(session, Some(&msg))
+            .handshake(session, None, Some(&msg))
             .await
             .map_err(|e| e.message)?;
         tokio::time::timeout(IO_TIMEOUT, async {

@@ -52,6 +52,7 @@ impl Allowlist {
                     mem_limit: None,
                     workspace_size: None,
                     needs_network: false,
+                    warm_pool: 0,
                 })
                 .collect(),
             catalog: false,

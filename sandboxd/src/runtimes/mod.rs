@@ -317,6 +317,10 @@ impl Runtimes {
                         log_tail: s.log_tail,
                         needs_network: e.needs_network,
                         mem_limit: e.mem_limit.clone(),
+                        warm_pool: sandboxd_api::runtimes::WarmPool {
+                            size: e.warm_pool,
+                            ready: 0,
+                        },
                         briefing: catalog.then(|| briefing(e)),
                     }
                 })
@@ -347,6 +351,24 @@ impl Runtimes {
             workspace_size: entry.workspace_size.clone(),
             env,
         }
+    }
+
+    /// Each runtime's warm pool size, with what its sessions run when its image is ready.
+    pub fn warm_pools(&self) -> Vec<(String, u32, Option<RuntimeImage>)> {
+        let inner = self.lock();
+        inner
+            .allowlist
+            .entries
+            .iter()
+            .map(|e| {
+                let image = inner
+                    .status
+                    .get(&e.alias)
+                    .filter(|s| s.state == BuildState::Ready)
+                    .map(|s| self.image_of(e, s.tag.clone()));
+                (e.alias.clone(), e.warm_pool, image)
+            })
+            .collect()
     }
 
     /// The runtime a ready session of `alias` runs, if it is allowlisted and ready.

@@ -8,6 +8,7 @@
 pub mod auth;
 mod open;
 pub mod policy;
+pub mod pool;
 mod reconcile;
 mod runs;
 mod sessions;
@@ -169,6 +170,8 @@ pub struct Core {
     network: Option<Arc<SandboxNetwork>>,
     trash: Trash,
     disks: Disks,
+    /// The warm pools of the runtimes (see [`pool`]).
+    pool: pool::Pool,
 }
 
 /// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
@@ -267,6 +270,7 @@ impl Core {
         };
         let disks = Disks::new(&settings.workspace_root, settings.uid);
         Self {
+            pool: pool::Pool::new(&settings.workspace_root),
             disks,
             store,
             engine,
@@ -297,6 +301,23 @@ impl Core {
         &self.settings
     }
 
+    /// The warm pools.
+    pub fn pool(&self) -> &pool::Pool {
+        &self.pool
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn runner(&self) -> &Arc<dyn Runner> {
+        &self.runner
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -325,7 +346,7 @@ impl Core {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn caps(&self) -> Caps {
+    pub(crate) fn caps(&self) -> Caps {
         let p = self.policy();
         Caps {
             max_sessions: p.max_sessions,

@@ -165,9 +165,14 @@ impl Core {
                 let folder = self.settings.workspace_root.join(&req.name);
                 let had_folder = std::fs::symlink_metadata(&folder).is_ok();
                 let had_disk = self.disks.size(&req.name).is_some();
-                let result = self
-                    .create_container(&req.name, &req.tenant, &runtime, &limits)
-                    .await;
+                // A new folder can take a warm pool's container; one already there opens cold.
+                let result = if had_folder || had_disk {
+                    self.create_container(&req.name, &req.tenant, &runtime, &limits)
+                        .await
+                } else {
+                    crate::service::pool::open(self, &req.name, &req.tenant, &runtime, &limits)
+                        .await
+                };
                 match result {
                     Ok(()) => {
                         self.metrics
@@ -335,28 +340,13 @@ impl Core {
         }
     }
 
-    pub(super) async fn create_container(
+    pub(crate) async fn create_container(
         &self,
         id: &str,
         tenant: &str,
         runtime: &RuntimeImage,
         limits: &Limits,
     ) -> Result<(), ApiError> {
-        let s = &self.settings;
-        let network_mode = match (&self.network, runtime.needs_network) {
-            (_, false) => s.network_mode.clone(),
-            (None, true) => s.runtime_network.clone(),
-            (Some(network), true) => network.ensure().await.map_err(|e| {
-                ApiError::new(
-                    503,
-                    ErrorCode::NetworkUnavailable,
-                    format!(
-                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
-                        runtime.alias
-                    ),
-                )
-            })?,
-        };
         let workspace = self.workspace(id);
         if let Some(size) = self.workspace_size_of(runtime, limits) {
             let disks = self.disks.clone();
@@ -369,34 +359,9 @@ impl Core {
             made.map_err(|e| disk_error(id, e))?;
         }
         workspace.prepare()?;
-        let memory = limits
-            .mem_limit
-            .as_deref()
-            .or(runtime.mem_limit.as_deref())
-            .and_then(parse_bytes)
-            .unwrap_or(s.memory);
-        let spec = SandboxSpec {
-            session: id.to_owned(),
-            tenant: tenant.to_owned(),
-            image: runtime.image.clone(),
-            workspace: workspace.dir().display().to_string(),
-            uid: s.uid,
-            network_mode,
-            cpus: limits.cpus.unwrap_or(s.cpus),
-            memory,
-            pids_limit: limits.pids_limit.unwrap_or(s.pids_limit),
-            tmpfs_size: s.tmpfs_size.clone(),
-            home_size: s.home_size.clone(),
-            oci_runtime: s.oci_runtime.clone(),
-            env: runtime
-                .env
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect(),
-            agent: self.runner.agent_mount(id).map_err(|e| {
-                ApiError::internal(format!("cannot prepare the agent folder of '{id}': {e}"))
-            })?,
-        };
+        let spec = self
+            .sandbox_spec(id, id, tenant, runtime, limits, &workspace)
+            .await?;
         // A container left by an earlier crash under the same name is removed first.
         let _ = self.engine.remove(&self.engine.container_name(id)).await;
         let container = self
@@ -422,6 +387,75 @@ impl Core {
         }
         info!(session = id, tenant, runtime = %runtime.alias, "session opened");
         Ok(())
+    }
+
+    /// What a sandbox of `runtime` with `limits` is created with, every session's and every
+    /// warm pool container's alike: named `name` (its session, or the pool's name for it),
+    /// its workspace `workspace`, its agent's run folder in the folder `folder` of the
+    /// workspace root.
+    pub(crate) async fn sandbox_spec(
+        &self,
+        name: &str,
+        folder: &str,
+        tenant: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+        workspace: &Workspace,
+    ) -> Result<SandboxSpec, ApiError> {
+        let s = &self.settings;
+        let network_mode = match (&self.network, runtime.needs_network) {
+            (_, false) => s.network_mode.clone(),
+            (None, true) => s.runtime_network.clone(),
+            (Some(network), true) => network.ensure().await.map_err(|e| {
+                ApiError::new(
+                    503,
+                    ErrorCode::NetworkUnavailable,
+                    format!(
+                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
+                        runtime.alias
+                    ),
+                )
+            })?,
+        };
+        let (cpus, memory, pids_limit) = self.shape(runtime, limits);
+        Ok(SandboxSpec {
+            session: name.to_owned(),
+            tenant: tenant.to_owned(),
+            image: runtime.image.clone(),
+            workspace: workspace.dir().display().to_string(),
+            uid: s.uid,
+            network_mode,
+            cpus,
+            memory,
+            pids_limit,
+            tmpfs_size: s.tmpfs_size.clone(),
+            home_size: s.home_size.clone(),
+            oci_runtime: s.oci_runtime.clone(),
+            env: runtime
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            agent: self.runner.agent_mount(folder).map_err(|e| {
+                ApiError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
+            })?,
+        })
+    }
+
+    /// The CPUs, memory (bytes) and processes a sandbox of `runtime` with `limits` gets.
+    pub(crate) fn shape(&self, runtime: &RuntimeImage, limits: &Limits) -> (f64, i64, i64) {
+        let s = &self.settings;
+        let memory = limits
+            .mem_limit
+            .as_deref()
+            .or(runtime.mem_limit.as_deref())
+            .and_then(parse_bytes)
+            .unwrap_or(s.memory);
+        (
+            limits.cpus.unwrap_or(s.cpus),
+            memory,
+            limits.pids_limit.unwrap_or(s.pids_limit),
+        )
     }
 
     pub(super) fn limits_of(row: &SessionRow) -> Limits {

@@ -28,7 +28,11 @@ impl Core {
             }
         }
         for c in &owned {
-            let row = rows.iter().find(|r| r.id == c.session);
+            // By container id: a container a session took from a warm pool is labelled with
+            // the pool's name for it, not the session's.
+            let row = rows
+                .iter()
+                .find(|r| r.container_id.as_deref() == Some(c.id.as_str()));
             let keep = row.is_some_and(|r| {
                 matches!(r.state, State::Running | State::Stopped)
                     && r.container_id.as_deref() == Some(c.id.as_str())

@@ -55,6 +55,11 @@ impl Core {
             cpu_ns,
             workspace_exists,
             owner: row.owner.clone(),
+            launch: if row.warm {
+                sandboxd_api::session::Launch::Warm
+            } else {
+                sandboxd_api::session::Launch::Cold
+            },
         }
     }
 
@@ -198,6 +203,22 @@ impl Core {
                         .map_err(db)?;
                     return Box::pin(self.wake(id)).await;
                 };
+                // A container taken from a warm pool binds the workspace by the pool folder's
+                // old path: started again, Docker would bind that path, not the session's
+                // folder. It is replaced instead; the workspace stays.
+                if row.warm {
+                    self.engine
+                        .remove(&c)
+                        .await
+                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                    self.store.set_container(id, None).await.map_err(db)?;
+                    self.store
+                        .transition(id, &[State::Stopped], State::Reclaimed)
+                        .await
+                        .map_err(db)?;
+                    info!(session = id, "warm container replaced on wake");
+                    return Box::pin(self.wake(id)).await;
+                }
                 match self.engine.start(&c).await {
                     Ok(()) => {}
                     Err(e) if e.is_not_found() => {

@@ -109,6 +109,8 @@ pub struct SessionRow {
     pub last_activity_at: i64,
     /// The object it belongs to; `None` for a session opened without one (or before owners).
     pub owner: Option<String>,
+    /// Whether its container was taken from a warm pool (`launch = 'warm'`).
+    pub warm: bool,
 }
 
 /// A session to insert.
@@ -185,6 +187,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         updated_at: r.try_get("updated_at")?,
         last_activity_at: r.try_get("last_activity_at")?,
         owner: r.try_get("owner")?,
+        warm: r.try_get::<String, _>("launch")? == "warm",
     })
 }
 
@@ -380,19 +383,38 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Records the container of a session.
+    /// Records the container of a session; one it names was created for it (cold).
     pub async fn set_container(
         &self,
         id: &str,
         container_id: Option<&str>,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE sessions SET container_id = ?2, updated_at = ?3 WHERE id = ?1")
+        sqlx::query("UPDATE sessions SET container_id = ?2, launch = CASE WHEN ?2 IS NULL THEN launch ELSE 'cold' END, updated_at = ?3 WHERE id = ?1")
             .bind(id)
             .bind(container_id)
             .bind(now_ms())
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Records a container taken from a warm pool as an opening session's, and makes the
+    /// session running, in one write; false when the session is no longer opening.
+    pub async fn set_warm_running(
+        &self,
+        id: &str,
+        container_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let n = sqlx::query(
+            "UPDATE sessions SET container_id = ?2, launch = 'warm', state = 'running', updated_at = ?3 WHERE id = ?1 AND state = 'opening'",
+        )
+        .bind(id)
+        .bind(container_id)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
     }
 
     /// Replaces a session's token hash; the tokens granted on attaches end with it.

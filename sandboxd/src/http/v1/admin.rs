@@ -86,7 +86,7 @@ pub(crate) async fn runtimes(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     caller(&state, &headers).await?;
-    Ok(Json(state.core.runtimes().list()).into_response())
+    Ok(Json(crate::service::pool::runtime_list(&state.core)).into_response())
 }
 
 /// Replaces the allowlist with a catalog (the JSON array of `catalog/runtimes.json`), validated
@@ -116,7 +116,9 @@ pub(crate) async fn put_runtimes(
             catalog: true,
         })
         .await;
-    Ok(Json(state.core.runtimes().list()).into_response())
+    // A changed or removed runtime's warm pool is drained, a new one filled.
+    state.core.pool().changed();
+    Ok(Json(crate::service::pool::runtime_list(&state.core)).into_response())
 }
 
 #[utoipa::path(
