@@ -29,7 +29,7 @@
 //! Needs `make up`, `eval "$(make -s env)"`, the CRDs
 //! (`kubectl apply --server-side -f charts/sandboxd/crds/`) and the release binaries:
 //! `cargo build --release -p sandboxd-operator -p sandboxd-tests --bins`, then
-//! `target/release/open-bench --runs 40` (`make bench-open`).
+//! `target/release/open-bench --runs 40`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -154,18 +154,27 @@ async fn main() -> Result<()> {
     )
     .await?;
     println!(
-        "open-bench: driver {}, image {image}, {} opens per row (at least the concurrency)",
+        "open-bench: driver {}, image {image}, {} opens per row (at least the concurrency); load average {}",
         args.driver.name(),
-        args.runs
+        args.runs,
+        load_average()
     );
     let mut rows = Vec::new();
     let measured = measure(&args, &client, &bin, &names, &host, &image, &mut rows).await;
     print_table(&rows);
+    println!("load average at the end: {}", load_average());
     let cleaned = cleanup(&client, &names, host).await;
     if let (Err(_), Err(e)) = (&measured, &cleaned) {
         eprintln!("cleanup failed too: {e:#}");
     }
     measured.and(cleaned)
+}
+
+/// The machine's load averages (1, 5 and 15 minutes), as the figures depend on them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 fn print_table(rows: &[Row]) {
