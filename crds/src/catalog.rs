@@ -22,6 +22,7 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
             default,
+            warm_pool: None,
         },
     )
 }

@@ -16,6 +16,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use rand::Rng;
 
+pub mod bench;
 pub mod host;
 pub mod pki;
 pub mod poll;

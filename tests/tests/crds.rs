@@ -106,6 +106,11 @@ async fn runtime_validation_rules_are_enforced_by_the_api_server() {
             json!({"image": "busybox", "memLimit": "2 gigs"}),
             "spec.memLimit must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
         ),
+        (
+            "pool",
+            json!({"image": "busybox", "warmPool": {"size": -1}}),
+            "spec.warmPool.size in body should be greater than or equal to 0",
+        ),
     ];
     for (name, spec, want) in cases {
         let message =
@@ -252,6 +257,50 @@ async fn session_identity_fields_are_immutable() {
     .await
     .expect("idleTimeoutSeconds may change");
     ns.delete().await;
+}
+
+/// `kubectl scale rt/NAME --replicas=N` sets the warm pool's size through the scale
+/// subresource, on a Runtime that had no pool; the scale reads the size back, and the ready
+/// count (none yet) from the status.
+#[tokio::test]
+async fn kubectl_scale_sets_a_runtimes_warm_pool_size() {
+    let client = client().await;
+    install_crds(&client).await;
+    let api = runtime_api(&client);
+    let suffix: u32 = rand::random();
+    let name = format!("warm-{suffix:08x}");
+    api.create(
+        &PostParams::default(),
+        &object("Runtime", &name, json!({"image": "busybox"})),
+    )
+    .await
+    .expect("a Runtime without a pool");
+    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let out = tokio::process::Command::new(sandboxd_tests::kubectl())
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "scale",
+            &format!("rt/{name}"),
+            "--replicas=3",
+        ])
+        .output()
+        .await
+        .expect("kubectl runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let live = api.get(&name).await.expect("the Runtime");
+    let scale = api.get_scale(&name).await.expect("its scale");
+    let _ = api.delete(&name, &Default::default()).await;
+    assert!(out.status.success(), "kubectl scale failed: {said}");
+    assert_eq!(said.trim(), format!("runtime.sandboxd.dev/{name} scaled"));
+    assert_eq!(live.data["spec"]["warmPool"], json!({"size": 3}));
+    let spec = scale.spec.expect("a scale spec");
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(scale.status.map(|s| s.replicas), Some(0));
 }
 
 #[tokio::test]

@@ -18,6 +18,10 @@ use serde::{Deserialize, Serialize};
     shortname = "rt",
     category = "sandboxd",
     status = "RuntimeStatus",
+    scale(
+        spec_replicas_path = ".spec.warmPool.size",
+        status_replicas_path = ".status.warmPool.ready"
+    ),
     doc = "A runtime a sandbox may run: a ready image, or a base image the hosts build from setup commands and packages.",
     validation = Rule::new("self.metadata.name.matches('^[a-z][a-z0-9-]*$')").message("metadata.name is the runtime alias: it must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')"),
     printcolumn(name = "Default", type_ = "boolean", json_path = ".spec.default"),
@@ -82,6 +86,32 @@ pub struct RuntimeSpec {
     /// Whether this is the runtime of a session that names none. Exactly one Runtime should be.
     #[serde(default)]
     pub default: bool,
+
+    /// Started containers of this runtime kept ready on each host, so an open takes one instead
+    /// of starting a container. Absent: no pool. The scale subresource sets its size
+    /// (`kubectl scale rt/NAME --replicas=N`), so an autoscaler can too. Not yet acted on: the
+    /// hosts have no warm pool, and every open starts its container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<WarmPool>,
+}
+
+/// The warm pool of a runtime.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmPool {
+    /// Containers kept ready per host; 0 keeps none.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub size: i32,
+}
+
+/// The warm pool of a runtime as the hosts report it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmPoolStatus {
+    /// Containers ready in the pools of the ready hosts.
+    #[serde(default)]
+    pub ready: i32,
 }
 
 /// The build state of a runtime on one host.
@@ -133,4 +163,7 @@ pub struct RuntimeStatus {
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The warm pool: what `kubectl scale` reads as the current replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<WarmPoolStatus>,
 }

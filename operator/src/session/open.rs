@@ -56,11 +56,15 @@ pub(super) async fn open(
     // A deleted object of this name whose destroy on this host is still owed: an open now would
     // race it, so a session never opened waits until its Tombstone is done.
     if status.session_id.is_none() {
-        let tombstones = Api::<Tombstone>::all(ctx.client.clone())
-            .list(&ctx.list_params())
-            .await?
-            .items;
-        if let Some(t) = owed_destroy(&tombstones, host_name, id, uid) {
+        let listed;
+        let tombstones = match &placed.tombstones {
+            Some(t) => t,
+            None => {
+                listed = tombstones(ctx).await?;
+                &listed
+            }
+        };
+        if let Some(t) = owed_destroy(tombstones, host_name, id, uid) {
             let m = waiting_for(t);
             conditions::set(
                 &mut status.conditions,
@@ -254,6 +258,15 @@ pub(super) async fn open(
     }
 
     Ok(Flow::Next(opened_view))
+}
+
+/// Every Tombstone (of this operator's selector), read from the API server: one that still owes
+/// a destroy is never missed, as a cache that lags might.
+pub(super) async fn tombstones(ctx: &Context) -> Result<Vec<Tombstone>, Error> {
+    Ok(Api::<Tombstone>::all(ctx.client.clone())
+        .list(&ctx.list_params())
+        .await?
+        .items)
 }
 
 /// The Tombstone that still owes the destroy of another object's sandbox under `id` on `host`

@@ -30,8 +30,7 @@
 //! then `target/release/operator-bench --sessions 1000 [--driver noop]`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,30 +40,12 @@ use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use sandboxd::docker::Engine;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_tests::bench::{
+    Driver, Host, Operator, create_namespace, drop_finalizers, operator_bin,
+};
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-
-/// What the sandboxd of the bench runs its sessions' containers on.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Driver {
-    /// The project's dockerd (`DOCKER_HOST`): real containers.
-    Docker,
-    /// sandboxd's no-op engine: containers are records, nothing runs.
-    Noop,
-}
-
-impl Driver {
-    fn name(self) -> &'static str {
-        match self {
-            Driver::Docker => "docker",
-            Driver::Noop => "noop",
-        }
-    }
-}
 
 #[derive(Parser)]
 struct Args {
@@ -86,188 +67,6 @@ struct Args {
     /// Skip the API server's ceiling (the same writes by a plain client, before the operator runs).
     #[arg(long)]
     no_floor: bool,
-}
-
-/// The sandboxd of this bench, serving in this process.
-struct Host {
-    endpoint: String,
-    admin_token: String,
-    instance: String,
-    engine: Engine,
-    stop: oneshot::Sender<()>,
-    served: JoinHandle<std::io::Result<()>>,
-    dir: PathBuf,
-}
-
-impl Host {
-    /// Starts sandboxd on `driver` with its state and workspaces under a new temporary folder.
-    async fn start(args: &Args, scope: &str, alias: &str, image: &str) -> Result<Self> {
-        let instance = format!("opbench-{scope}");
-        let engine = match args.driver {
-            Driver::Docker => {
-                std::env::var("DOCKER_HOST")
-                    .context("DOCKER_HOST is not set: eval \"$(make -s env)\" after make up")?;
-                let engine = Engine::connect(&instance)
-                    .await
-                    .context("cannot reach the project's dockerd (DOCKER_HOST)")?;
-                if !engine.has_image(image).await? {
-                    bail!("the image {image} is not on the project's dockerd: make up builds it");
-                }
-                engine
-            }
-            Driver::Noop => Engine::noop(&instance),
-        };
-        let dir = std::env::temp_dir().join(format!("operator-bench-{scope}"));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        let admin_token = sandboxd::auth::new_session_token();
-        let cap = args.sessions.max(1).to_string();
-        let path = |p: &str| dir.join(p).display().to_string();
-        let mut config = sandboxd::config::Config::try_parse_from([
-            "sandboxd",
-            "--token",
-            &admin_token,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--runtimes",
-            &format!("{alias}={image}"),
-            "--instance",
-            &instance,
-            "--workspace-root",
-            &path("workspaces"),
-            "--state-dir",
-            &path("state"),
-            "--max-sessions",
-            &cap,
-            "--max-sessions-per-tenant",
-            &cap,
-            // The no-op engine's workspaces are empty folders: no disks to make.
-            "--workspace-quota",
-            "off",
-        ])?;
-        // What the environment might set for a sandboxd of its own stays out of the bench's.
-        config.runtimes_file = None;
-        config.audit_database_url = None;
-        config.persist_containers = false;
-        let (stop, stopped) = oneshot::channel();
-        let (addr, serve) = match sandboxd::server::start_on(config, engine.clone(), async {
-            let _ = stopped.await;
-        })
-        .await
-        {
-            Ok(started) => started,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e.context("sandboxd did not start"));
-            }
-        };
-        Ok(Self {
-            endpoint: format!("http://{addr}"),
-            admin_token,
-            instance,
-            engine,
-            stop,
-            served: tokio::spawn(serve),
-            dir,
-        })
-    }
-
-    fn admin(&self) -> sandboxd::client::Client {
-        sandboxd::client::Client::new(&self.endpoint, &self.admin_token)
-    }
-
-    /// Destroys every session through sandboxd, removes any container of this instance the
-    /// engine still holds, and stops sandboxd. Returns the sessions destroyed and the
-    /// containers the sweep had to remove.
-    async fn destroy_all(self, concurrency: usize) -> Result<(usize, usize)> {
-        let admin = self.admin();
-        let sessions = admin.list().await.context("listing the sessions")?;
-        let failed: Vec<String> = futures::stream::iter(sessions.iter())
-            .map(|s| {
-                let admin = admin.clone();
-                async move {
-                    admin
-                        .destroy(&s.id)
-                        .await
-                        .err()
-                        .map(|e| format!("{}: {e}", s.id))
-                }
-            })
-            .buffer_unordered(concurrency.clamp(1, 16))
-            .filter_map(futures::future::ready)
-            .collect()
-            .await;
-        let mut swept = 0;
-        for c in self.engine.owned().await? {
-            self.engine.remove(&c.id).await?;
-            swept += 1;
-        }
-        let left = self.engine.owned().await?.len();
-        let _ = self.stop.send(());
-        let served = self.served.await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        if !failed.is_empty() {
-            bail!(
-                "{} sessions were not destroyed: {}",
-                failed.len(),
-                failed.join("; ")
-            );
-        }
-        if left > 0 {
-            bail!(
-                "{left} containers of sandboxd instance {} are left",
-                self.instance
-            );
-        }
-        served
-            .context("sandboxd's task")?
-            .context("sandboxd stopped serving")?;
-        Ok((sessions.len(), swept))
-    }
-}
-
-/// A child operator, killed (SIGKILL) and reaped when dropped.
-struct Operator(Child);
-
-impl Operator {
-    fn start(bin: &Path, ns: &str, scope: &str) -> Result<Self> {
-        Ok(Self(
-            Command::new(bin)
-                .args([
-                    "--selector",
-                    &format!("bench={scope}"),
-                    "--lease-namespace",
-                    ns,
-                    "--lease-name",
-                    "bench",
-                    "--lease-seconds",
-                    "5",
-                ])
-                .args(["--http-addr", "127.0.0.1:0", "--probe-seconds", "5"])
-                // The host's admin-token Secret is in the bench's namespace.
-                .env("POD_NAMESPACE", ns)
-                .env(
-                    "RUST_LOG",
-                    std::env::var("OPERATOR_BENCH_LOG").unwrap_or_else(|_| "error".into()),
-                )
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()?,
-        ))
-    }
-
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -312,13 +111,7 @@ async fn main() -> Result<()> {
     let client = Client::try_default()
         .await
         .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
-    let bin = std::env::current_exe()?.with_file_name("sandbox-operator");
-    if !bin.exists() {
-        bail!(
-            "{} is missing: cargo build --release -p sandboxd-operator --bins",
-            bin.display()
-        );
-    }
+    let bin = operator_bin()?;
     let image = match (args.driver, &args.image) {
         (_, Some(image)) => image.clone(),
         (Driver::Noop, None) => "noop".to_owned(),
@@ -333,7 +126,14 @@ async fn main() -> Result<()> {
         runtime: format!("bench-{scope}"),
         scope,
     };
-    let host = Host::start(&args, &names.scope, &names.runtime, &image).await?;
+    let host = Host::start(
+        args.driver,
+        args.sessions,
+        &format!("opbench-{}", names.scope),
+        &names.runtime,
+        &image,
+    )
+    .await?;
     let measured = measure(&args, &client, &bin, &names, &host, &image).await;
     let cleaned = cleanup(&args, &client, &names, host).await;
     if let (Err(_), Err(e)) = (&measured, &cleaned) {
@@ -349,31 +149,6 @@ fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSes
             "metadata": {"name": name, "labels": labels},
             "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
     )?)
-}
-
-async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
-    Ok(())
-}
-
-/// Releases every session of `api` from its finalizer (no operator is left to do it), so its
-/// namespace can go.
-async fn drop_finalizers(api: &Api<SandboxSession>) -> Result<()> {
-    for s in api.list(&ListParams::default()).await?.items {
-        let _ = api
-            .patch(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
-    }
-    Ok(())
 }
 
 /// The API server's own ceiling for opening sessions, measured in the same run: the five writes

@@ -1,0 +1,697 @@
+//! Benchmarks one open as a platform waits on it, as percentiles (p50/p90/p99) at each
+//! `--concurrency` (1 and 10 by default), against baselines measured beside it in the same run:
+//!
+//! - **docker create+start**: a plain container create and start of the image on the project's
+//!   dockerd (bollard against `DOCKER_HOST`; not hardened, nothing mounted), what every cold
+//!   open pays at the least;
+//! - **sandboxd open**: sandboxd's own open (`POST /v1/sessions` with the admin token, no
+//!   operator), and open → the output of `echo hi` run with the session token it answered;
+//! - **API floor**: a plain client creates a SandboxSession and a watcher sees a status write
+//!   the client made itself (phase Running), no operator: the create and the status apply alone,
+//!   and with the two writes the operator makes between them (the claim of finalizer and host,
+//!   the token Secret);
+//! - **operator**: SandboxSession create → phase Running, seen by a watch (not polled), and
+//!   create → the first command's output (`echo hi` through the session's sandboxd with the
+//!   token from the session's Secret, through the `sandboxd-api` client).
+//!
+//! Every open is cold: sandboxd has no warm pool yet, so the warm rows say "no pool yet". Each
+//! row begins with one untimed open (connections, caches). With `--driver noop` (sandboxd's
+//! engine of records, nothing runs) the docker and first-output rows are left out.
+//!
+//! The host is sandboxd itself, started in this process (`sandboxd::server::start_on`) and
+//! registered as a SandboxHost whose admin token is in a Secret, with a default Runtime; the
+//! operator is the release binary beside this one, started as a child on this run's labelled
+//! objects. Between rows the sessions are deleted (through the operator for its rows), so the
+//! container count on dockerd does not grow from row to row. At the end the bench destroys
+//! whatever is left through sandboxd, fails if a container of its sandboxd is left, and
+//! deletes its namespaces, SandboxHost and Runtime. It cleans up also when a step fails.
+//!
+//! Needs `make up`, `eval "$(make -s env)"`, the CRDs
+//! (`kubectl apply --server-side -f charts/sandboxd/crds/`) and the release binaries:
+//! `cargo build --release -p sandboxd-operator -p sandboxd-tests --bins`, then
+//! `target/release/open-bench --runs 40`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bollard::Docker;
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_tests::bench::{
+    Driver, Host, Operator, create_namespace, drop_finalizers, operator_bin, percentiles,
+};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+#[derive(Parser)]
+struct Args {
+    /// Opens per row (at least the row's concurrency).
+    #[arg(long, default_value_t = 40)]
+    runs: usize,
+    /// Opens in flight at once: one row per value.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 10])]
+    concurrency: Vec<usize>,
+    /// The containers of the sessions; with `noop` the docker row is left out.
+    #[arg(long, value_enum, default_value_t = Driver::Docker)]
+    driver: Driver,
+    /// The image the sessions run (the docker driver needs it on the project's dockerd).
+    #[arg(long, env = "SANDBOXD_BASE_IMAGE")]
+    image: Option<String>,
+    /// Rows to leave out: any of docker, sandboxd, floor, operator.
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, concurrency: usize) -> usize {
+        self.runs.max(concurrency)
+    }
+
+    fn wants(&self, row: &str) -> bool {
+        !self.skip.iter().any(|s| s == row)
+    }
+}
+
+/// One line of the table.
+struct Row {
+    path: &'static str,
+    launch: &'static str,
+    concurrency: usize,
+    samples: Vec<Duration>,
+}
+
+/// The names of this run's objects.
+struct Names {
+    scope: String,
+    ns: String,
+    floor_ns: String,
+    host: String,
+    runtime: String,
+}
+
+/// What the command prints, and what the bench checks it printed.
+const COMMAND: &str = "echo hi";
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    // reqwest finds the one crypto provider (ring) sandboxd's clients use.
+    sandboxd::tls::install_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.runs == 0 || args.concurrency.contains(&0) {
+        bail!("--runs and every --concurrency must be at least 1");
+    }
+    let client = Client::try_default()
+        .await
+        .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
+    let bin = operator_bin()?;
+    let image = match (args.driver, &args.image) {
+        (_, Some(image)) => image.clone(),
+        (Driver::Noop, None) => "noop".to_owned(),
+        (Driver::Docker, None) => bail!(
+            "the docker driver needs an image: SANDBOXD_BASE_IMAGE (eval \"$(make -s env)\") or --image"
+        ),
+    };
+    let scope = format!("o{}", std::process::id());
+    let names = Names {
+        ns: format!("sbx-openbench-{scope}"),
+        floor_ns: format!("sbx-openfloor-{scope}"),
+        host: format!("host-{scope}"),
+        runtime: format!("bench-{scope}"),
+        scope,
+    };
+    // Room for every row's sessions at once, should a row's deletes lag.
+    let cap = args
+        .concurrency
+        .iter()
+        .map(|c| args.runs(*c))
+        .sum::<usize>()
+        * 4;
+    let host = Host::start(
+        args.driver,
+        cap,
+        &format!("openbench-{}", names.scope),
+        &names.runtime,
+        &image,
+    )
+    .await?;
+    println!(
+        "open-bench: driver {}, image {image}, {} opens per row (at least the concurrency); load average {}",
+        args.driver.name(),
+        args.runs,
+        load_average()
+    );
+    let mut rows = Vec::new();
+    let measured = measure(&args, &client, &bin, &names, &host, &image, &mut rows).await;
+    print_table(&rows);
+    println!("load average at the end: {}", load_average());
+    let cleaned = cleanup(&client, &names, host).await;
+    if let (Err(_), Err(e)) = (&measured, &cleaned) {
+        eprintln!("cleanup failed too: {e:#}");
+    }
+    measured.and(cleaned)
+}
+
+/// The machine's load averages (1, 5 and 15 minutes), as the figures depend on them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!("| path | launch | concurrent | opens | p50 | p90 | p99 |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in rows {
+        let mut samples = r.samples.clone();
+        let [p50, p90, p99] = percentiles(&mut samples);
+        println!(
+            "| {} | {} | {} | {} | {p50} | {p90} | {p99} |",
+            r.path,
+            r.launch,
+            r.concurrency,
+            r.samples.len()
+        );
+    }
+    for path in [
+        "sandboxd open",
+        "operator: create → Running",
+        "operator: create → first output",
+    ] {
+        println!("| {path} | warm | — | — | no pool yet | no pool yet | no pool yet |");
+    }
+}
+
+/// Runs `n` timed operations, `concurrency` at a time, after one untimed (index `n`) that
+/// warms connections and caches; each returns what it measured.
+async fn sample<F, Fut, T>(n: usize, concurrency: usize, op: F) -> Result<Vec<T>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    op(n).await.context("the untimed first open of the row")?;
+    futures::stream::iter(0..n)
+        .map(op)
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await
+}
+
+async fn measure(
+    args: &Args,
+    client: &Client,
+    bin: &Path,
+    names: &Names,
+    host: &Host,
+    image: &str,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    if args.driver == Driver::Docker && args.wants("docker") {
+        let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
+        for &c in &args.concurrency {
+            let samples =
+                docker_create_start(&docker, &names.scope, image, args.runs(c), c).await?;
+            rows.push(Row {
+                path: "docker create+start",
+                launch: "cold",
+                concurrency: c,
+                samples,
+            });
+        }
+    }
+    // The no-op engine runs nothing: no first output to time.
+    let runs_commands = args.driver == Driver::Docker;
+    if args.wants("sandboxd") {
+        let admin = host.admin();
+        for &c in &args.concurrency {
+            let timed = sample(args.runs(c), c, |i| {
+                let admin = admin.clone();
+                let runtime = names.runtime.clone();
+                async move {
+                    let started = Instant::now();
+                    let id = format!("direct-{c}-{i}");
+                    let opened = admin
+                        .open(&id, &format!("org-{}", i % 50), Some(&runtime), None)
+                        .await
+                        .with_context(|| format!("opening {id} on sandboxd"))?;
+                    let open = started.elapsed();
+                    if runs_commands {
+                        let token = opened.token.context("the open answered without a token")?;
+                        let session = sandboxd_api::client::Client::new(&host.endpoint, &token);
+                        first_output(&session, &opened.session.id).await?;
+                    }
+                    anyhow::Ok((open, started.elapsed()))
+                }
+            })
+            .await;
+            host.destroy_sessions(c).await?;
+            let (open, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
+            rows.push(Row {
+                path: "sandboxd open",
+                launch: "cold",
+                concurrency: c,
+                samples: open,
+            });
+            if runs_commands {
+                rows.push(Row {
+                    path: "sandboxd open → first output",
+                    launch: "cold",
+                    concurrency: c,
+                    samples: output,
+                });
+            }
+        }
+    }
+    if args.wants("floor") {
+        api_floor(args, client, names, rows).await?;
+    }
+    if args.wants("operator") {
+        let opened = Opened {
+            host,
+            image,
+            runs_commands,
+        };
+        through_operator(args, client, bin, names, &opened, rows).await?;
+    }
+    Ok(())
+}
+
+/// Plain create+start of `image`, `n` times, `concurrency` at a time; the containers are
+/// removed after the row, untimed.
+async fn docker_create_start(
+    docker: &Docker,
+    scope: &str,
+    image: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<Vec<Duration>> {
+    let made: Arc<Mutex<Vec<String>>> = Arc::default();
+    let timed = sample(n, concurrency, |i| {
+        let made = made.clone();
+        async move {
+            let name = format!("openbench-{scope}-raw-{concurrency}-{i}");
+            let body = ContainerCreateBody {
+                image: Some(image.to_owned()),
+                cmd: Some(vec!["/bin/sh".into(), "-c".into(), "sleep 86400".into()]),
+                labels: Some(HashMap::from([("sandboxd.dev/bench".into(), scope.into())])),
+                ..Default::default()
+            };
+            let started = Instant::now();
+            let created = docker
+                .create_container(
+                    Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                    body,
+                )
+                .await
+                .with_context(|| format!("creating container {name}"))?;
+            made.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(created.id.clone());
+            docker
+                .start_container(&created.id, None)
+                .await
+                .with_context(|| format!("starting container {name}"))?;
+            anyhow::Ok(started.elapsed())
+        }
+    })
+    .await;
+    let ids = std::mem::take(&mut *made.lock().unwrap_or_else(|p| p.into_inner()));
+    let removed: Vec<Result<(), bollard::errors::Error>> = futures::stream::iter(ids)
+        .map(|id| async move {
+            docker
+                .remove_container(
+                    &id,
+                    Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+                )
+                .await
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let samples = timed?;
+    for r in removed {
+        r.context("removing a bench container")?;
+    }
+    Ok(samples)
+}
+
+/// Runs [`COMMAND`] in session `id` and checks its output.
+async fn first_output(session: &sandboxd_api::client::Client, id: &str) -> Result<()> {
+    let out = session
+        .run(id, COMMAND, Some(30), None, None)
+        .await
+        .with_context(|| format!("running `{COMMAND}` in {id}"))?;
+    if out.stdout != "hi\n" || out.exit_code != 0 {
+        bail!(
+            "`{COMMAND}` in {id} exited {} with stdout {:?} and stderr {:?}",
+            out.exit_code,
+            out.stdout,
+            out.stderr
+        );
+    }
+    Ok(())
+}
+
+/// Who waits for which session to be Running: the watch sends the instant it saw it.
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Instant>>>>;
+
+fn running(s: &SandboxSession) -> bool {
+    s.status.as_ref().and_then(|st| st.phase) == Some(SessionPhase::Running)
+}
+
+/// Watches the sessions of `api` and tells each waiter when its session is first seen Running;
+/// returns once the watch has listed what is there.
+async fn watch_running(api: Api<SandboxSession>) -> Result<(Waiters, JoinHandle<()>)> {
+    let waiters: Waiters = Arc::default();
+    let (ready, listed) = oneshot::channel();
+    let told = waiters.clone();
+    let task = tokio::spawn(async move {
+        let mut ready = Some(ready);
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(Event::InitDone) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Ok(Event::Apply(s) | Event::InitApply(s)) if running(&s) => {
+                    let waiter = told
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&s.name_any());
+                    if let Some(w) = waiter {
+                        let _ = w.send(Instant::now());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("the watch of the sessions failed ({e}); watching again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), listed)
+        .await
+        .context("the watch of the sessions did not list within 30 s")??;
+    Ok((waiters, task))
+}
+
+/// Registers a wait for session `name` to be Running.
+fn wait_for(waiters: &Waiters, name: &str) -> oneshot::Receiver<Instant> {
+    let (tx, rx) = oneshot::channel();
+    waiters
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.to_owned(), tx);
+    rx
+}
+
+async fn until_running(rx: oneshot::Receiver<Instant>, name: &str) -> Result<Instant> {
+    tokio::time::timeout(Duration::from_secs(120), rx)
+        .await
+        .with_context(|| format!("session {name} was not seen Running within 120 s"))?
+        .context("the watch of the sessions ended")
+}
+
+/// The SandboxSession `name` the bench creates, labelled with `labels`.
+fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSession> {
+    Ok(serde_json::from_value(
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
+    )?)
+}
+
+/// The status the floor's client writes, as the operator writes a Running session's.
+fn running_status(name: &str) -> Result<serde_json::Value> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second())?.to_string();
+    let cond = |t: &str, r: &str| json!({"type": t, "status": "True", "reason": r, "message": format!("{t} on host floor"), "lastTransitionTime": at, "observedGeneration": 1});
+    Ok(
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": {
+        "phase": "Running", "message": "running on host floor", "host": "floor", "endpoint": "http://127.0.0.1:1",
+        "sessionId": name, "runtime": "bench", "credentialsSecret": format!("{name}-token"),
+        "lastActivityAt": at, "sleepsAt": at, "observedGeneration": 1,
+        "conditions": [cond("Placed", "Placed"), cond("Admitted", "Opened"), cond("RuntimeReady", "Ready"), cond("Ready", "Running")]}}),
+    )
+}
+
+/// The API server's floor for one open, no operator: a plain client creates a SandboxSession
+/// and writes its status (server-side apply), and a watch sees it Running; then the same with
+/// the claim (finalizer and host, one JSON patch) and the token Secret between the two, the
+/// writes the operator makes before the status. The sessions carry no bench label, so the
+/// operator never sees them.
+async fn api_floor(args: &Args, client: &Client, names: &Names, rows: &mut Vec<Row>) -> Result<()> {
+    let ns = &names.floor_ns;
+    create_namespace(client, ns).await?;
+    let sessions = Api::<SandboxSession>::namespaced(client.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    let (waiters, watch) = watch_running(sessions.clone()).await?;
+    let result = async {
+        for (path, full) in [
+            ("API floor: create, status", false),
+            ("API floor: create, claim, Secret, status", true),
+        ] {
+            for &c in &args.concurrency {
+                let timed = sample(args.runs(c), c, |i| {
+                    let (sessions, secrets, waiters) =
+                        (sessions.clone(), secrets.clone(), waiters.clone());
+                    async move {
+                        let name = format!("floor-{}-{c}-{i}", u8::from(full));
+                        let s = session(&name, i, json!({}))?;
+                        let seen = wait_for(&waiters, &name);
+                        let started = Instant::now();
+                        let s = sessions.create(&PostParams::default(), &s).await?;
+                        if full {
+                            let claim: json_patch::Patch = serde_json::from_value(json!([
+                                {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
+                                {"op": "add", "path": "/metadata/finalizers", "value": ["sandboxd.dev/session"]},
+                                {"op": "add", "path": "/metadata/annotations", "value": {"sandboxd.dev/host": "floor"}},
+                            ]))?;
+                            sessions
+                                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(claim))
+                                .await?;
+                            secrets
+                                .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}-token"),
+                                    "ownerReferences": [{"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "uid": s.uid(), "controller": true}]},
+                                    "type": "sandboxd.dev/session-token", "stringData": {"token": "sbx_floor", "endpoint": "http://127.0.0.1:1", "session": name}}))?)
+                                .await?;
+                        }
+                        sessions
+                            .patch_status(
+                                &name,
+                                &PatchParams::apply("open-bench/floor").force(),
+                                &Patch::Apply(&running_status(&name)?),
+                            )
+                            .await?;
+                        let at = until_running(seen, &name).await?;
+                        anyhow::Ok(at.duration_since(started))
+                    }
+                })
+                .await?;
+                rows.push(Row {
+                    path,
+                    launch: "—",
+                    concurrency: c,
+                    samples: timed,
+                });
+                drop_finalizers(&sessions).await?;
+                sessions
+                    .delete_collection(&DeleteParams::default(), &ListParams::default())
+                    .await?;
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    watch.abort();
+    result
+}
+
+/// The host the operator opens on, and what its sessions run.
+struct Opened<'a> {
+    host: &'a Host,
+    image: &'a str,
+    /// Whether the sessions run commands (not on the no-op engine).
+    runs_commands: bool,
+}
+
+/// Opens through the operator: create → Running (seen by the watch) and create → the output
+/// of the first command, run with the token from the session's Secret.
+async fn through_operator(
+    args: &Args,
+    client: &Client,
+    bin: &Path,
+    names: &Names,
+    opened: &Opened<'_>,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let Opened {
+        host,
+        image,
+        runs_commands,
+    } = *opened;
+    let Names {
+        scope, ns, runtime, ..
+    } = names;
+    let labels = json!({"bench": scope});
+    create_namespace(client, ns).await?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
+        .await?;
+    Api::<SandboxHost>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+            "metadata": {"name": names.host, "labels": labels},
+            "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": ns, "name": "admin", "key": "token"}}}))?)
+        .await?;
+    Api::<Runtime>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": runtime, "labels": labels}, "spec": {"image": image, "default": true}}))?)
+        .await?;
+    let _operator = Operator::start(bin, ns, scope)?;
+    // The clock starts once the operator leads and has found the host ready.
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        let host = Api::<SandboxHost>::all(client.clone())
+            .get(&names.host)
+            .await?;
+        let ready = host.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if ready {
+            break;
+        }
+        if Instant::now() > ready_by {
+            bail!("SandboxHost {} was not Ready within 60 s", names.host);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sessions = Api::<SandboxSession>::namespaced(client.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    let (waiters, watch) = watch_running(sessions.clone()).await?;
+    let result = async {
+        for &c in &args.concurrency {
+            let timed = sample(args.runs(c), c, |i| {
+                let (sessions, secrets, waiters, labels) = (
+                    sessions.clone(),
+                    secrets.clone(),
+                    waiters.clone(),
+                    labels.clone(),
+                );
+                async move {
+                    let name = format!("op-{c}-{i}");
+                    let s = session(&name, i, labels)?;
+                    let seen = wait_for(&waiters, &name);
+                    let started = Instant::now();
+                    sessions.create(&PostParams::default(), &s).await?;
+                    let at = until_running(seen, &name).await?;
+                    if !runs_commands {
+                        return anyhow::Ok((at.duration_since(started), started.elapsed()));
+                    }
+                    let secret = secrets.get(&format!("{name}-token")).await?;
+                    let field = |k: &str| {
+                        secret
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get(k))
+                            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                            .with_context(|| format!("the token Secret of {name} has no {k}"))
+                    };
+                    let session =
+                        sandboxd_api::client::Client::new(&field("endpoint")?, &field("token")?);
+                    first_output(&session, &field("session")?).await?;
+                    anyhow::Ok((at.duration_since(started), started.elapsed()))
+                }
+            })
+            .await;
+            let deleted = delete_sessions(&sessions).await;
+            let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
+            deleted?;
+            rows.push(Row {
+                path: "operator: create → Running",
+                launch: "cold",
+                concurrency: c,
+                samples: running,
+            });
+            if runs_commands {
+                rows.push(Row {
+                    path: "operator: create → first output",
+                    launch: "cold",
+                    concurrency: c,
+                    samples: output,
+                });
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    watch.abort();
+    result
+}
+
+/// Deletes the sessions of `api` as a platform does and waits until the operator has let them
+/// go (their sandboxes destroyed through Tombstones).
+async fn delete_sessions(api: &Api<SandboxSession>) -> Result<()> {
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let gone_by = Instant::now() + Duration::from_secs(300);
+    while !api.list(&ListParams::default()).await?.items.is_empty() {
+        if Instant::now() > gone_by {
+            bail!("the sessions were not deleted within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Destroys the sessions through sandboxd and deletes this run's objects. Runs whatever
+/// happened before, so nothing outlives a failed run.
+async fn cleanup(client: &Client, names: &Names, host: Host) -> Result<()> {
+    let destroyed = host.destroy_all(16).await;
+    for ns in [&names.ns, &names.floor_ns] {
+        let _ = drop_finalizers(&Api::<SandboxSession>::namespaced(client.clone(), ns)).await;
+        let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .delete(ns, &DeleteParams::default())
+            .await;
+    }
+    let _ = Api::<SandboxHost>::all(client.clone())
+        .delete(&names.host, &DeleteParams::default())
+        .await;
+    let _ = Api::<Runtime>::all(client.clone())
+        .delete(&names.runtime, &DeleteParams::default())
+        .await;
+    let _ = Api::<Tombstone>::all(client.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("bench={}", names.scope)),
+        )
+        .await;
+    let (sessions, swept) = destroyed?;
+    println!(
+        "cleanup: {sessions} sessions destroyed through sandboxd, {swept} stray containers swept, none left"
+    );
+    Ok(())
+}
