@@ -29,7 +29,7 @@ pub mod tls;
 pub use client::{Client, ClientError, Trust};
 pub use error::{ErrorBody, ErrorCode};
 pub use runtimes::BuildState;
-pub use session::{Limits, SessionState};
+pub use session::{Launch, Limits, SessionState};
 
 /// The version of this API: the workspace's, which sandboxd reports in its index and a client
 /// expects.

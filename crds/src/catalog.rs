@@ -4,6 +4,7 @@
 
 pub use sandboxd_catalog::*;
 
+use crate::v1alpha1::runtime::WarmPool;
 use crate::v1alpha1::{Runtime, RuntimeSpec};
 
 /// The `Runtime` object for an entry; `default` marks the catalog's first entry.
@@ -22,7 +23,9 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
             default,
-            warm_pool: None,
+            warm_pool: (entry.warm_pool > 0).then(|| WarmPool {
+                size: i32::try_from(entry.warm_pool).unwrap_or(i32::MAX),
+            }),
         },
     )
 }

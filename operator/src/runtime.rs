@@ -16,7 +16,7 @@ use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState as HostBuildState;
 use sandboxd_catalog::CatalogEntry;
 use sandboxd_crds::v1alpha1::condition::{DEFAULT_CONFLICT, READY};
-use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus};
+use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus, WarmPoolStatus};
 use sandboxd_crds::v1alpha1::{Runtime, RuntimeStatus, SandboxHost};
 use serde_json::json;
 use tracing::{instrument, warn};
@@ -41,7 +41,12 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
         mem_limit: rt.spec.mem_limit.clone(),
         workspace_size: rt.spec.workspace_size.clone(),
         needs_network: rt.spec.needs_network,
-        warm_pool: 0,
+        // The API server keeps it within 0..=1000.
+        warm_pool: rt
+            .spec
+            .warm_pool
+            .as_ref()
+            .map_or(0, |p| u32::try_from(p.size).unwrap_or(0)),
     }
 }
 
@@ -110,6 +115,8 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
         .await?
         .items;
     let mut building = false;
+    // The fewest ready pooled containers on any ready host that answered.
+    let mut pool_ready: Option<u32> = None;
     for host in hosts.iter().filter(|h| {
         h.status
             .as_ref()
@@ -140,6 +147,8 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
                     last_transition_time: previous.and_then(|p| p.last_transition_time.clone()),
                 },
                 Some(r) => {
+                    pool_ready =
+                        Some(pool_ready.map_or(r.warm_pool.ready, |n| n.min(r.warm_pool.ready)));
                     let state = match r.state {
                         HostBuildState::Pending => BuildState::Pending,
                         HostBuildState::Building => BuildState::Building,
@@ -171,6 +180,15 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
         );
         status.hosts.push(entry_status);
     }
+    let pool_size = entry(rt).warm_pool;
+    if pool_size > 0 || old.warm_pool.is_some() {
+        status.warm_pool = Some(WarmPoolStatus {
+            ready: i32::try_from(pool_ready.unwrap_or(0)).unwrap_or(i32::MAX),
+        });
+    }
+    // A pool still filling is looked at again soon, so its ready count (the scale's status
+    // replicas) follows.
+    let filling = pool_ready.is_some_and(|n| n < pool_size);
     let ready_everywhere =
         !status.hosts.is_empty() && status.hosts.iter().all(|h| h.state == BuildState::Ready);
     let message = if status.hosts.is_empty() {
@@ -213,7 +231,7 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
             .await?;
     }
     ctx.succeeded(&key(rt));
-    Ok(Action::requeue(if building {
+    Ok(Action::requeue(if building || filling {
         Duration::from_secs(5)
     } else {
         Duration::from_secs(ctx.config.probe_seconds)

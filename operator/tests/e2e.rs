@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
-use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{SandboxHost, Tombstone};
+use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, Tombstone};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
@@ -1881,5 +1881,121 @@ async fn a_host_that_hangs_is_unreachable_like_a_dead_one_and_holds_nothing_up()
         hung.containers().is_empty(),
         "the hung host's sandbox stayed"
     );
+    scope.delete().await;
+}
+
+/// Waits (watching) until Runtime `name` reports `ready` pooled containers on every host.
+async fn pool_ready(scope: &Scope, name: &str, ready: i32, secs: u64) {
+    let api = Api::<Runtime>::all(scope.client.clone());
+    let found = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, move |r: Option<&Runtime>| {
+            r.and_then(|r| r.status.as_ref())
+                .and_then(|s| s.warm_pool.as_ref())
+                .is_some_and(|p| p.ready == ready)
+        }),
+    )
+    .await;
+    if !matches!(found, Ok(Ok(Some(_)))) {
+        panic!(
+            "Runtime {name} did not report {ready} pooled containers within {secs} s: {:?}",
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.status)
+        );
+    }
+}
+
+/// `kubectl scale` of a Runtime fills a warm pool on its host; a session opens on a pooled
+/// container (`launch: warm`, shown by `kubectl get sbx -o wide`) with its files in its own
+/// workspace, the pool refills; scaled to 0 the pool drains, and the next session opens cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaled_runtime_keeps_a_warm_pool_its_sessions_open_on() {
+    let mut scope = Scope::new("pool").await;
+    let host = Host::start(&format!("pool-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let runtime = format!("base-{}", scope.scope);
+    let scale = |n: u32| {
+        let out = std::process::Command::new(sandboxd_tests::kubectl())
+            .args([
+                "scale",
+                &format!("rt/{runtime}"),
+                &format!("--replicas={n}"),
+            ])
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    scale(2);
+    pool_ready(&scope, &runtime, 2, 90).await;
+    let pooled = host.containers();
+    assert_eq!(pooled.len(), 2, "{pooled:?}");
+
+    scope.kubectl_apply_session("xc-warm", serde_json::json!({}));
+    let running = scope
+        .wait_session("xc-warm", "Running", 60, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let status = running.status.expect("status");
+    assert_eq!(status.launch, Some(Launch::Warm));
+    let id = status.session_id.expect("session id");
+    let secret = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .get(&status.credentials_secret.expect("credentials secret"))
+        .await
+        .expect("the token Secret");
+    let run = sandboxd_api::client::Client::new(&host.endpoint(), &token_of(&secret))
+        .run(
+            &id,
+            "echo warm > note.txt && cat note.txt",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("a run in the warm session");
+    assert_eq!(run.stdout, "warm\n");
+    assert_eq!(
+        std::fs::read_to_string(host.workspace(&id).join("note.txt")).expect("the file on disk"),
+        "warm\n"
+    );
+    let wide = std::process::Command::new(sandboxd_tests::kubectl())
+        .args(["get", "sbx", "xc-warm", "-n", &scope.ns, "-o", "wide"])
+        .output()
+        .expect("kubectl runs");
+    let wide = String::from_utf8_lossy(&wide.stdout);
+    assert!(wide.contains("LAUNCH") && wide.contains("warm"), "{wide}");
+    // The pool refills beside the session.
+    pool_ready(&scope, &runtime, 2, 60).await;
+
+    // Scaled to 0: drained, and the next session opens cold.
+    scale(0);
+    pool_ready(&scope, &runtime, 0, 60).await;
+    let left = host.containers();
+    assert_eq!(left.len(), 1, "only the session's container: {left:?}");
+    scope.kubectl_apply_session("xc-cold", serde_json::json!({}));
+    let cold = scope
+        .wait_session("xc-cold", "Running", 60, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(cold.status.and_then(|s| s.launch), Some(Launch::Cold));
+
+    for name in ["xc-warm", "xc-cold"] {
+        scope
+            .sessions()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete the session");
+        wait_gone(scope.sessions(), name, 30).await;
+    }
     scope.delete().await;
 }

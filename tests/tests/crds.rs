@@ -109,7 +109,12 @@ async fn runtime_validation_rules_are_enforced_by_the_api_server() {
         (
             "pool",
             json!({"image": "busybox", "warmPool": {"size": -1}}),
-            "spec.warmPool.size in body should be greater than or equal to 0",
+            "spec.warmPool.size must be between 0 and 1000 containers per host",
+        ),
+        (
+            "bigpool",
+            json!({"image": "busybox", "warmPool": {"size": 5000}}),
+            "spec.warmPool.size must be between 0 and 1000 containers per host",
         ),
     ];
     for (name, spec, want) in cases {

@@ -88,20 +88,20 @@ pub struct RuntimeSpec {
     pub default: bool,
 
     /// Started containers of this runtime kept ready on each host, so an open takes one instead
-    /// of starting a container. Absent: no pool. The scale subresource sets its size
-    /// (`kubectl scale rt/NAME --replicas=N`), so an autoscaler can too. Not yet acted on: the
-    /// hosts have no warm pool, and every open starts its container.
+    /// of starting a container (the session's status says `launch: warm`). Absent: no pool. The
+    /// scale subresource sets its size (`kubectl scale rt/NAME --replicas=N`), so an autoscaler
+    /// can too. Each pooled container counts against its host's session capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<WarmPool>,
 }
 
 /// The warm pool of a runtime.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WarmPool {
     /// Containers kept ready per host; 0 keeps none.
     #[serde(default)]
-    #[schemars(range(min = 0))]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 1000").message("spec.warmPool.size must be between 0 and 1000 containers per host"))]
     pub size: i32,
 }
 
@@ -109,7 +109,8 @@ pub struct WarmPool {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WarmPoolStatus {
-    /// Containers ready in the pools of the ready hosts.
+    /// The fewest ready pooled containers on any ready host: equal to `spec.warmPool.size` once
+    /// every host's pool is full.
     #[serde(default)]
     pub ready: i32,
 }

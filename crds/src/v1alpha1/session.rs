@@ -80,6 +80,12 @@ impl std::fmt::Display for Scope {
         priority = "1"
     ),
     printcolumn(
+        name = "Launch",
+        type_ = "string",
+        json_path = ".status.launch",
+        priority = "1"
+    ),
+    printcolumn(
         name = "Message",
         type_ = "string",
         json_path = ".status.message",
@@ -157,6 +163,16 @@ pub struct SessionResources {
     pub workspace_size: Option<String>,
 }
 
+/// How a session's container was started.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Launch {
+    /// Taken from its Runtime's warm pool: started before the session asked.
+    Warm,
+    /// Created and started for the session.
+    Cold,
+}
+
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 pub enum SessionPhase {
@@ -215,6 +231,10 @@ pub struct SandboxSessionStatus {
     /// Running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleeps_at: Option<Time>,
+    /// How the session's current container was started, as its host says: `warm` (taken from
+    /// its Runtime's warm pool, already started) or `cold` (created and started for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launch>,
     /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub briefing: Option<String>,

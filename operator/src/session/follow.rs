@@ -13,7 +13,7 @@ use sandboxd_api::SessionState;
 use sandboxd_api::client::{Client as HostClient, ClientError};
 use sandboxd_api::session::SessionView;
 use sandboxd_crds::v1alpha1::condition::{HOST_UNREACHABLE, READY, session_reason};
-use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus};
 
 use super::{Step, add, host_err, lost_at, parse_time, set_phase, start_over, until};
@@ -194,6 +194,10 @@ pub fn decide(
     conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
     let last = last_activity(&view, now);
     status.last_activity_at = Some(Time(last));
+    status.launch = Some(match view.launch {
+        sandboxd_api::Launch::Warm => Launch::Warm,
+        sandboxd_api::Launch::Cold => Launch::Cold,
+    });
     let follow = cfg.follow;
     let idle = cfg.idle;
 
