@@ -368,10 +368,14 @@ fn publish(core: &Core) {
 /// run (the start-up reconcile removed its containers). The task ends with the core.
 pub fn spawn(core: &Arc<Core>) {
     let dir = core.pool().dir.clone();
-    match core.trash().discard(&dir, POOL_FOLDER) {
-        Ok(true) => info!("the warm pool folder of an earlier run was removed"),
-        Ok(false) => {}
-        Err(e) => warn!(error = %e, "cannot remove the warm pool folder of an earlier run"),
+    // Only when there is one: a discard makes the trash folder, and a host that never kept a
+    // pool has no business making it at start (nor failing to, when it cannot be made).
+    if std::fs::symlink_metadata(&dir).is_ok() {
+        match core.trash().discard(&dir, POOL_FOLDER) {
+            Ok(true) => info!("the warm pool folder of an earlier run was removed"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "cannot remove the warm pool folder of an earlier run"),
+        }
     }
     let changed = core.pool().changed.clone();
     let weak = Arc::downgrade(core);
