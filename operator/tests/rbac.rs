@@ -125,6 +125,28 @@ fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(e)) if e.code == 403)
 }
 
+/// Starts a host and registers it as a cluster under the chart's RBAC does: its admin token in
+/// a Secret of the chart's name for `release`, in the operator's namespace (the Role lets it
+/// read that one Secret there), and a default Runtime.
+async fn chart_host(scope: &Scope, release: &str, name: &str) -> Host {
+    let host = Host::start(&format!("{name}-{}", scope.scope), &[]);
+    let admin_secret = format!("{release}-sandboxd-admin-token");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": admin_secret, "labels": scope.labels()},
+        "stringData": {"token": host.token},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the admin-token Secret");
+    scope
+        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
+        .await;
+    scope.default_runtime().await;
+    host
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     let mut scope = Scope::new("rbac").await;
@@ -148,23 +170,8 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
             .await
     ));
 
-    // The host's admin token under the chart's name, in the operator's namespace (the Role
-    // lets it read that one Secret there).
-    let host = Host::start(&format!("rbac-host-{}", scope.scope), &[]);
-    let admin_secret = format!("{release}-sandboxd-admin-token");
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": admin_secret, "labels": scope.labels()},
-        "stringData": {"token": host.token},
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("the admin-token Secret");
-    scope
-        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
-        .await;
-    scope.default_runtime().await;
+    // The host's admin token under the chart's name, in the operator's namespace.
+    let host = chart_host(&scope, &release, "rbac-host").await;
     // Token Secrets asked after at every reconcile (by default a found one is taken as there
     // for 300 s), so the one deleted below is missed at the next.
     scope.start_operator_with(
@@ -495,21 +502,7 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
     let service_account = format!("system:serviceaccount:{}:{}", scope.ns, rbac.name);
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = impersonating(&service_account, dir.path());
-    let host = Host::start(&format!("orphan-host-{}", scope.scope), &[]);
-    let admin_secret = format!("{release}-sandboxd-admin-token");
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": admin_secret, "labels": scope.labels()},
-        "stringData": {"token": host.token},
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("the admin-token Secret");
-    scope
-        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
-        .await;
-    scope.default_runtime().await;
+    let host = chart_host(&scope, &release, "orphan-host").await;
     let first = scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
 
     // One session in each of two namespaces, running, with a file in its workspace.
@@ -539,7 +532,11 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
             .create(&PostParams::default(), &session_doc(&name))
             .await
             .expect("the session");
-        let running = running_in(&sessions, "left", 90).await;
+        let running = scope
+            .wait_session_in(&name, "left", "Running", 90, |s| {
+                phase(s) == Some(SessionPhase::Running)
+            })
+            .await;
         let id = running
             .status
             .as_ref()
@@ -610,7 +607,11 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
         .create(&PostParams::default(), &session_doc(&remade))
         .await
         .expect("the session made again");
-    let running = running_in(&sessions, "left", 90).await;
+    let running = scope
+        .wait_session_in(&remade, "left", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
     assert_ne!(running.uid(), Some(left[1].2.clone()));
     let token = Api::<Secret>::namespaced(scope.client.clone(), &remade)
         .get("left-token")
@@ -634,27 +635,4 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
     let _ = namespaces.delete(&remade, &DeleteParams::default()).await;
     scope.delete().await;
     drop(rbac);
-}
-
-/// Waits (watching) up to `secs` for session `name` to be Running.
-async fn running_in(sessions: &Api<SandboxSession>, name: &str, secs: u64) -> SandboxSession {
-    let found = tokio::time::timeout(
-        Duration::from_secs(secs),
-        await_condition(sessions.clone(), name, |s: Option<&SandboxSession>| {
-            s.is_some_and(|s| phase(s) == Some(SessionPhase::Running))
-        }),
-    )
-    .await;
-    match found {
-        Ok(Ok(Some(s))) => s,
-        _ => panic!(
-            "session {name} was not Running within {secs} s: {:?}",
-            sessions
-                .get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|s| s.status)
-        ),
-    }
 }

@@ -252,7 +252,19 @@ impl Scope {
         secs: u64,
         cond: impl Fn(&SandboxSession) -> bool,
     ) -> SandboxSession {
-        let api = self.sessions();
+        self.wait_session_in(&self.ns, name, what, secs, cond).await
+    }
+
+    /// [`Scope::wait_session`] for a session of namespace `ns`.
+    pub async fn wait_session_in(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        secs: u64,
+        cond: impl Fn(&SandboxSession) -> bool,
+    ) -> SandboxSession {
+        let api = Api::<SandboxSession>::namespaced(self.client.clone(), ns);
         let found = tokio::time::timeout(
             Duration::from_secs(secs),
             await_condition(api.clone(), name, move |s: Option<&SandboxSession>| {
