@@ -2,7 +2,8 @@
 //! exactly one session and the pool refills; a runtime without a pool, or limits the pool's
 //! containers do not have, open cold; a runtime change drains the old pool; a pool never takes
 //! the host past its capacity; after a restart the pool's containers are removed, never leaked;
-//! a warm session's files are on disk in its own folder, and survive a sleep and a wake.
+//! a warm session's files are on disk in its own folder, and survive a sleep and a wake; on a
+//! host of workspace disks, the pool's containers come with disks of the sessions' size.
 
 mod common;
 
@@ -469,6 +470,128 @@ async fn after_a_restart_the_pools_containers_are_removed_never_leaked() {
         "{folders:?} {now:?}"
     );
     assert!(waiting(&d).is_disjoint(&unclaimed));
+}
+
+/// On a host whose workspaces are disks of their own (`SANDBOXD_WORKSPACE_QUOTA=loop`, the
+/// chart's default), pooled containers come with theirs: a warm session's workspace is a disk
+/// of its runtime's size that its sandbox cannot write past, a session asking for another
+/// size opens cold on a disk of that size, a destroy unmounts the warm disk, and a restart
+/// unmounts the unclaimed pool's disks before their folders go.
+#[tokio::test]
+async fn a_pool_on_a_host_of_workspace_disks_hands_out_disks_of_the_sessions_size() {
+    let mut d = start(
+        Backend::Agent,
+        1,
+        &[
+            ("SANDBOXD_WORKSPACE_QUOTA", "loop"),
+            ("SANDBOXD_WORKSPACE_SIZE", "64m"),
+        ],
+    );
+    ready(&d, "base", 1).await;
+    let pool_root = d.workspace_root().join(".pool");
+    let pooled_disk = |d: &Daemon| -> Vec<std::path::PathBuf> {
+        d.mounts()
+            .into_iter()
+            .filter(|m| m.starts_with(&pool_root))
+            .collect()
+    };
+    assert_eq!(
+        pooled_disk(&d).len(),
+        1,
+        "the pooled container's workspace is a disk: {:?}",
+        d.mounts()
+    );
+
+    let admin = d.admin();
+    let warm = admin
+        .open("disk-warm", "org", None, None)
+        .await
+        .expect("open");
+    assert_eq!(warm.session.launch, Launch::Warm);
+    // The disk came along with the folder: mounted at the session's path, its image there.
+    assert!(
+        d.mounts().contains(&d.workspace("disk-warm")),
+        "{:?}",
+        d.mounts()
+    );
+    assert_eq!(
+        std::fs::metadata(d.workspace_root().join("disk-warm/workspace.img"))
+            .expect("the disk image")
+            .len(),
+        64 << 20
+    );
+    let dd = admin
+        .run(
+            "disk-warm",
+            "dd if=/dev/zero of=/workspace/x bs=1M count=100; echo \"dd exit $?\"; echo kept > f.txt",
+            Some(120),
+            None,
+            None,
+        )
+        .await
+        .expect("the run answers");
+    assert!(
+        dd.stderr.contains("No space left on device"),
+        "dd must fail on the session's own disk: {dd:?}"
+    );
+    assert!(!dd.stdout.contains("dd exit 0"), "{dd:?}");
+    assert!(
+        std::fs::metadata(d.workspace("disk-warm").join("x"))
+            .expect("what dd wrote")
+            .len()
+            <= 64 << 20
+    );
+
+    // Another size is another disk: cold, of that size.
+    let small = Limits {
+        workspace_size: Some("32m".to_owned()),
+        ..Default::default()
+    };
+    ready(&d, "base", 1).await;
+    let cold = admin
+        .open("disk-cold", "org", None, Some(&small))
+        .await
+        .expect("open");
+    assert_eq!(
+        cold.session.launch,
+        Launch::Cold,
+        "the pool's disks are 64m"
+    );
+    assert_eq!(
+        std::fs::metadata(d.workspace_root().join("disk-cold/workspace.img"))
+            .expect("the disk image")
+            .len(),
+        32 << 20
+    );
+    assert_eq!(
+        pool_of(&d, "base").await,
+        (1, 1),
+        "the pool was not touched"
+    );
+
+    assert!(admin.destroy("disk-warm").await.expect("destroy").destroyed);
+    assert!(
+        !d.mounts().contains(&d.workspace("disk-warm")),
+        "the warm disk is unmounted with its session: {:?}",
+        d.mounts()
+    );
+
+    // A restart removes the unclaimed pool: its disks unmounted, never left behind.
+    let before = pooled_disk(&d);
+    assert_eq!(before.len(), 1);
+    d.kill9();
+    d.spawn();
+    ready(&d, "base", 1).await;
+    let after = pooled_disk(&d);
+    assert_eq!(after.len(), 1, "one disk for the refilled pool: {after:?}");
+    assert!(
+        before.iter().all(|m| !after.contains(m)),
+        "the earlier run's pooled disk was unmounted: {before:?} {after:?}"
+    );
+    assert!(
+        d.mounts().contains(&d.workspace("disk-cold")),
+        "the cold session keeps its disk"
+    );
 }
 
 async fn a_warm_session_that_sleeps_and_wakes_keeps_its_files(backend: Backend) {

@@ -18,9 +18,13 @@
 //! - Capacity: pooled containers are counted with the sessions that hold a slot (opening,
 //!   running, stopped) against `max_sessions`. A pool fills only into free capacity, one
 //!   container at a time, in the background; a cold open that would take the host past
-//!   `max_sessions` removes pooled containers first. A host that gives each workspace a disk
-//!   of its own (`SANDBOXD_WORKSPACE_QUOTA=loop`) keeps no pool: none of its opens could take
-//!   one.
+//!   `max_sessions` removes pooled containers first.
+//! - Disks: on a host that gives each workspace a disk of its own
+//!   (`SANDBOXD_WORKSPACE_QUOTA=loop`), a pooled container's `workspace/` is such a disk, made
+//!   and mounted before the container starts, of the size a session of its runtime opened with
+//!   no `workspace_size` gets. An open takes it only when its own size is that size; the
+//!   claim's rename carries the disk along (its image is in the folder, its mount point moves
+//!   with its parent). Pooled disks are unmounted before their folders are discarded.
 //! - A runtime whose definition changes, or that leaves the allowlist, loses its pooled
 //!   containers (and their folders); a pool larger than its size is cut down. At start, the
 //!   reconcile removes every pooled container of this instance that no session holds, and the
@@ -42,6 +46,7 @@ use crate::runtimes::RuntimeImage;
 use crate::service::{Core, Limits};
 use crate::storage::store::Store;
 use crate::workspace::Workspace;
+use crate::workspace::disk::Disks;
 
 pub use crate::container::docker::LABEL_POOL;
 
@@ -68,6 +73,8 @@ struct Pooled {
     runtime: RuntimeImage,
     /// Its CPUs, memory and processes.
     shape: Shape,
+    /// The size of its workspace disk; `None` on a host whose workspaces have none.
+    disk: Option<u64>,
 }
 
 /// The warm pools of one sandboxd.
@@ -121,13 +128,13 @@ impl Pool {
         self.lock().is_empty()
     }
 
-    /// Takes a container of `runtime` with `shape` out of its pool: from here on it is the
-    /// caller's alone.
-    fn take(&self, runtime: &RuntimeImage, shape: Shape) -> Option<Pooled> {
+    /// Takes a container of `runtime` with `shape` and a workspace disk of `disk` out of its
+    /// pool: from here on it is the caller's alone.
+    fn take(&self, runtime: &RuntimeImage, shape: Shape, disk: Option<u64>) -> Option<Pooled> {
         let mut ready = self.lock();
         let i = ready
             .iter()
-            .position(|p| p.runtime == *runtime && p.shape == shape)?;
+            .position(|p| p.runtime == *runtime && p.shape == shape && p.disk == disk)?;
         Some(ready.swap_remove(i))
     }
 
@@ -141,6 +148,11 @@ impl Pool {
 
     fn folder(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// The workspace disks of the pooled containers' folders.
+    fn disks(&self, uid: u32) -> Disks {
+        Disks::new(&self.dir, uid)
     }
 }
 
@@ -166,9 +178,10 @@ pub(crate) async fn open(
     runtime: &RuntimeImage,
     limits: &Limits,
 ) -> Result<(), ApiError> {
-    if limits.workspace_size.is_none() {
+    {
         let shape = core.shape(runtime, limits);
-        while let Some(pooled) = core.pool().take(runtime, shape) {
+        let disk = core.workspace_size_of(runtime, limits);
+        while let Some(pooled) = core.pool().take(runtime, shape, disk) {
             // The refill starts once the claim is done: it would hold dockerd meanwhile.
             let claimed = claim(core, id, &pooled).await;
             core.pool().changed();
@@ -246,7 +259,11 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
         }
         Err(failure) => {
             discard(core, pooled).await;
-            if matches!(failure, Claimed::Failed(_)) {
+            if matches!(failure, Claimed::Failed(_)) && std::fs::symlink_metadata(&target).is_ok() {
+                // The folder took the session's place: its disk, if it has one, goes first.
+                if let Err(e) = core.disks.unmount(id) {
+                    warn!(session = id, error = %e, "cannot unmount a failed claim's disk");
+                }
                 let _ = core
                     .trash()
                     .discard(&target, &format!("{}-claim", pooled.name));
@@ -286,16 +303,21 @@ async fn rename(engine: Engine, store: Store, id: String, container: String) {
     }
 }
 
-/// Removes a pooled container and its folder.
+/// Removes a pooled container and its folder (its disk unmounted first).
 async fn discard(core: &Core, pooled: &Pooled) {
     if let Err(e) = core.engine().remove(&pooled.container).await {
         warn!(container = %pooled.name, error = %e, "cannot remove a pooled container");
     }
-    if let Err(e) = core
-        .trash()
-        .discard(&core.pool().folder(&pooled.name), &pooled.name)
-    {
-        warn!(container = %pooled.name, error = %e, "cannot remove a pooled container's folder");
+    discard_folder(core, &pooled.name);
+}
+
+/// Removes a pooled container's folder, unmounting its workspace disk first.
+fn discard_folder(core: &Core, name: &str) {
+    if let Err(e) = core.pool().disks(core.settings().uid).unmount(name) {
+        warn!(container = %name, error = %e, "cannot unmount a pooled container's disk");
+    }
+    if let Err(e) = core.trash().discard(&core.pool().folder(name), name) {
+        warn!(container = %name, error = %e, "cannot remove a pooled container's folder");
     }
 }
 
@@ -365,12 +387,20 @@ fn publish(core: &Core) {
 }
 
 /// Starts filling the pools in the background, after clearing the pool folder of an earlier
-/// run (the start-up reconcile removed its containers). The task ends with the core.
+/// run (the start-up reconcile removed its containers; their disks are unmounted here). The
+/// task ends with the core.
 pub fn spawn(core: &Arc<Core>) {
     let dir = core.pool().dir.clone();
     // Only when there is one: a discard makes the trash folder, and a host that never kept a
     // pool has no business making it at start (nor failing to, when it cannot be made).
     if std::fs::symlink_metadata(&dir).is_ok() {
+        let disks = core.pool().disks(core.settings().uid);
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Err(e) = disks.unmount(&name) {
+                warn!(container = %name, error = %e, "cannot unmount the disk of an earlier run's pooled container");
+            }
+        }
         match core.trash().discard(&dir, POOL_FOLDER) {
             Ok(true) => info!("the warm pool folder of an earlier run was removed"),
             Ok(false) => {}
@@ -423,17 +453,17 @@ async fn fill_once(core: &Core) -> Result<bool, String> {
         .into_iter()
         .map(|(alias, size, image)| (alias, (size, image)))
         .collect();
-    let no_pool = core.settings().workspace_size.is_some();
     let default_shape = |rt: &RuntimeImage| core.shape(rt, &Limits::default());
+    let default_disk = |rt: &RuntimeImage| core.workspace_size_of(rt, &Limits::default());
     // Drain: runtimes gone or changed, pools above their size.
     let mut kept: HashMap<String, u32> = HashMap::new();
     let stale = core.pool().take_where(|p| {
-        let fits = !no_pool
-            && wanted.get(&p.runtime.alias).is_some_and(|(size, image)| {
-                image.as_ref() == Some(&p.runtime)
-                    && p.shape == default_shape(&p.runtime)
-                    && kept.get(&p.runtime.alias).copied().unwrap_or(0) < *size
-            });
+        let fits = wanted.get(&p.runtime.alias).is_some_and(|(size, image)| {
+            image.as_ref() == Some(&p.runtime)
+                && p.shape == default_shape(&p.runtime)
+                && p.disk == default_disk(&p.runtime)
+                && kept.get(&p.runtime.alias).copied().unwrap_or(0) < *size
+        });
         if fits {
             *kept.entry(p.runtime.alias.clone()).or_default() += 1;
         }
@@ -444,9 +474,6 @@ async fn fill_once(core: &Core) -> Result<bool, String> {
         discard(core, pooled).await;
     }
     publish(core);
-    if no_pool {
-        return Ok(false);
-    }
     // A host whose max_sessions went down (PUT /v1/policy) keeps only what fits.
     make_room(core).await;
     // Fill: one container of the first runtime short of its size, within the capacity.
@@ -496,7 +523,16 @@ async fn fill_once(core: &Core) -> Result<bool, String> {
 async fn start(core: &Core, runtime: &RuntimeImage) -> Result<Pooled, String> {
     let name = format!("warm-{}", hex::encode(rand::random::<[u8; 12]>()));
     let folder = core.pool().folder(&name);
+    let disk = core.workspace_size_of(runtime, &Limits::default());
     let made = async {
+        if let Some(size) = disk {
+            let disks = core.pool().disks(core.settings().uid);
+            let name = name.clone();
+            tokio::task::spawn_blocking(move || disks.create(&name, size))
+                .await
+                .map_err(|e| format!("the disk task failed: {e}"))?
+                .map_err(|e| format!("cannot make its workspace disk: {e}"))?;
+        }
         let workspace = Workspace::new(
             folder.join("workspace"),
             core.settings().uid,
@@ -527,11 +563,12 @@ async fn start(core: &Core, runtime: &RuntimeImage) -> Result<Pooled, String> {
             container,
             runtime: runtime.clone(),
             shape: (spec.cpus, spec.memory, spec.pids_limit),
+            disk,
         })
     }
     .await;
     if made.is_err() {
-        let _ = core.trash().discard(&folder, &name);
+        discard_folder(core, &name);
     }
     made.map_err(|e| format!("runtime '{}': {e}", runtime.alias))
 }
