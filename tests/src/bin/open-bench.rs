@@ -14,8 +14,12 @@
 //!   create → the first command's output (`echo hi` through the session's sandboxd with the
 //!   token from the session's Secret, through the `sandboxd-api` client).
 //!
-//! Every open is cold: sandboxd has no warm pool yet, so the warm rows say "no pool yet". Each
-//! row begins with one untimed open (connections, caches). With `--driver noop` (sandboxd's
+//! Each of sandboxd's and the operator's rows is measured cold (the runtime keeps no warm pool)
+//! and warm: before a warm row the runtime's pool is set to the row's opens plus one (through
+//! `PUT /v1/runtimes` for sandboxd's rows, `spec.warmPool.size` on the Runtime for the
+//! operator's) and the bench waits until the host reports it full, so every open of the row can
+//! take a pooled container; the launch column says how many did (`warm 30/30`). The pool is set
+//! back to 0 after the row. Each row begins with one untimed open (connections, caches). With `--driver noop` (sandboxd's
 //! engine of records, nothing runs) the docker and first-output rows are left out.
 //!
 //! The host is sandboxd itself, started in this process (`sandboxd::server::start_on`) and
@@ -69,7 +73,7 @@ struct Args {
     /// The image the sessions run (the docker driver needs it on the project's dockerd).
     #[arg(long, env = "SANDBOXD_BASE_IMAGE")]
     image: Option<String>,
-    /// Rows to leave out: any of docker, sandboxd, floor, operator.
+    /// Rows to leave out: any of docker, sandboxd, floor, operator, cold, warm.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
 }
@@ -87,9 +91,33 @@ impl Args {
 /// One line of the table.
 struct Row {
     path: &'static str,
-    launch: &'static str,
+    launch: String,
     concurrency: usize,
     samples: Vec<Duration>,
+}
+
+/// How a row's opens started its sandboxes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    Cold,
+    Warm,
+}
+
+impl Launch {
+    fn name(self) -> &'static str {
+        match self {
+            Launch::Cold => "cold",
+            Launch::Warm => "warm",
+        }
+    }
+
+    /// The launch column: a warm row says how many of its opens took a pooled container.
+    fn column(self, warm: usize, opens: usize) -> String {
+        match self {
+            Launch::Cold => "cold".to_owned(),
+            Launch::Warm => format!("warm {warm}/{opens}"),
+        }
+    }
 }
 
 /// The names of this run's objects.
@@ -192,13 +220,6 @@ fn print_table(rows: &[Row]) {
             r.samples.len()
         );
     }
-    for path in [
-        "sandboxd open",
-        "operator: create → Running",
-        "operator: create → first output",
-    ] {
-        println!("| {path} | warm | — | — | no pool yet | no pool yet | no pool yet |");
-    }
 }
 
 /// Runs `n` timed operations, `concurrency` at a time, after one untimed (index `n`) that
@@ -232,7 +253,7 @@ async fn measure(
                 docker_create_start(&docker, &names.scope, image, args.runs(c), c).await?;
             rows.push(Row {
                 path: "docker create+start",
-                launch: "cold",
+                launch: "cold".to_owned(),
                 concurrency: c,
                 samples,
             });
@@ -241,43 +262,9 @@ async fn measure(
     // The no-op engine runs nothing: no first output to time.
     let runs_commands = args.driver == Driver::Docker;
     if args.wants("sandboxd") {
-        let admin = host.admin();
-        for &c in &args.concurrency {
-            let timed = sample(args.runs(c), c, |i| {
-                let admin = admin.clone();
-                let runtime = names.runtime.clone();
-                async move {
-                    let started = Instant::now();
-                    let id = format!("direct-{c}-{i}");
-                    let opened = admin
-                        .open(&id, &format!("org-{}", i % 50), Some(&runtime), None)
-                        .await
-                        .with_context(|| format!("opening {id} on sandboxd"))?;
-                    let open = started.elapsed();
-                    if runs_commands {
-                        let token = opened.token.context("the open answered without a token")?;
-                        let session = sandboxd_api::client::Client::new(&host.endpoint, &token);
-                        first_output(&session, &opened.session.id).await?;
-                    }
-                    anyhow::Ok((open, started.elapsed()))
-                }
-            })
-            .await;
-            host.destroy_sessions(c).await?;
-            let (open, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
-            rows.push(Row {
-                path: "sandboxd open",
-                launch: "cold",
-                concurrency: c,
-                samples: open,
-            });
-            if runs_commands {
-                rows.push(Row {
-                    path: "sandboxd open → first output",
-                    launch: "cold",
-                    concurrency: c,
-                    samples: output,
-                });
+        for launch in launches(args) {
+            for &c in &args.concurrency {
+                sandboxd_row(args, host, names, image, launch, c, rows).await?;
             }
         }
     }
@@ -293,6 +280,107 @@ async fn measure(
         through_operator(args, client, bin, names, &opened, rows).await?;
     }
     Ok(())
+}
+
+/// The launches the rows are measured with.
+fn launches(args: &Args) -> Vec<Launch> {
+    [Launch::Cold, Launch::Warm]
+        .into_iter()
+        .filter(|l| args.wants(l.name()))
+        .collect()
+}
+
+/// sandboxd's own open at `concurrency`, `launch`: open and open → first output.
+async fn sandboxd_row(
+    args: &Args,
+    host: &Host,
+    names: &Names,
+    image: &str,
+    launch: Launch,
+    c: usize,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    let admin = host.admin();
+    let runs_commands = args.driver == Driver::Docker;
+    let n = args.runs(c);
+    if launch == Launch::Warm {
+        set_host_pool(host, &names.runtime, image, n + 1).await?;
+    }
+    let timed = sample(n, c, |i| {
+        let admin = admin.clone();
+        let runtime = names.runtime.clone();
+        async move {
+            let started = Instant::now();
+            let id = format!("direct-{}-{c}-{i}", launch.name());
+            let opened = admin
+                .open(&id, &format!("org-{}", i % 50), Some(&runtime), None)
+                .await
+                .with_context(|| format!("opening {id} on sandboxd"))?;
+            let open = started.elapsed();
+            if runs_commands {
+                let token = opened.token.context("the open answered without a token")?;
+                let session = sandboxd_api::client::Client::new(&host.endpoint, &token);
+                first_output(&session, &opened.session.id).await?;
+            }
+            let warm = opened.session.launch == sandboxd_api::session::Launch::Warm;
+            anyhow::Ok((open, started.elapsed(), warm))
+        }
+    })
+    .await;
+    host.destroy_sessions(c).await?;
+    if launch == Launch::Warm {
+        set_host_pool(host, &names.runtime, image, 0).await?;
+    }
+    let timed = timed?;
+    let warm = timed.iter().filter(|t| t.2).count();
+    let (open, output): (Vec<_>, Vec<_>) = timed.into_iter().map(|t| (t.0, t.1)).unzip();
+    rows.push(Row {
+        path: "sandboxd open",
+        launch: launch.column(warm, open.len()),
+        concurrency: c,
+        samples: open,
+    });
+    if runs_commands {
+        rows.push(Row {
+            path: "sandboxd open → first output",
+            launch: launch.column(warm, output.len()),
+            concurrency: c,
+            samples: output,
+        });
+    }
+    Ok(())
+}
+
+/// Sets runtime `alias`'s warm pool on the host to `size` through `PUT /v1/runtimes` and waits
+/// until the host reports that many ready.
+async fn set_host_pool(host: &Host, alias: &str, image: &str, size: usize) -> Result<()> {
+    let entry: sandboxd_catalog::CatalogEntry =
+        serde_json::from_value(json!({"alias": alias, "image": image, "warm_pool": size}))?;
+    host.admin()
+        .put_runtimes(&[entry])
+        .await
+        .context("setting the warm pool")?;
+    pool_filled(host, alias, size).await
+}
+
+/// Waits until the host reports `size` pooled containers of `alias` ready.
+async fn pool_filled(host: &Host, alias: &str, size: usize) -> Result<()> {
+    let by = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = host.admin().runtimes().await?;
+        let ready = list
+            .runtimes
+            .iter()
+            .find(|r| r.alias == alias)
+            .map_or(0, |r| r.warm_pool.ready as usize);
+        if ready == size {
+            return Ok(());
+        }
+        if Instant::now() > by {
+            bail!("the warm pool of {alias} holds {ready}, not {size}, after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Plain create+start of `image`, `n` times, `concurrency` at a time; the containers are
@@ -512,7 +600,7 @@ async fn api_floor(args: &Args, client: &Client, names: &Names, rows: &mut Vec<R
                 .await?;
                 rows.push(Row {
                     path,
-                    launch: "—",
+                    launch: "—".to_owned(),
                     concurrency: c,
                     samples: timed,
                 });
@@ -592,8 +680,15 @@ async fn through_operator(
     let sessions = Api::<SandboxSession>::namespaced(client.clone(), ns);
     let secrets = Api::<Secret>::namespaced(client.clone(), ns);
     let (waiters, watch) = watch_running(sessions.clone()).await?;
+    let runtimes = Api::<Runtime>::all(client.clone());
     let result = async {
-        for &c in &args.concurrency {
+        for (launch, &c) in launches(args)
+            .into_iter()
+            .flat_map(|l| args.concurrency.iter().map(move |c| (l, c)))
+        {
+            if launch == Launch::Warm {
+                set_runtime_pool(&runtimes, host, runtime, args.runs(c) + 1).await?;
+            }
             let timed = sample(args.runs(c), c, |i| {
                 let (sessions, secrets, waiters, labels) = (
                     sessions.clone(),
@@ -602,7 +697,7 @@ async fn through_operator(
                     labels.clone(),
                 );
                 async move {
-                    let name = format!("op-{c}-{i}");
+                    let name = format!("op-{}-{c}-{i}", launch.name());
                     let s = session(&name, i, labels)?;
                     let seen = wait_for(&waiters, &name);
                     let started = Instant::now();
@@ -627,19 +722,34 @@ async fn through_operator(
                 }
             })
             .await;
+            // How each session's sandbox was started, as its status says.
+            let warm = sessions
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|s| {
+                    s.status.as_ref().and_then(|st| st.launch)
+                        == Some(sandboxd_crds::v1alpha1::session::Launch::Warm)
+                })
+                .count()
+                .min(args.runs(c));
             let deleted = delete_sessions(&sessions).await;
+            if launch == Launch::Warm {
+                set_runtime_pool(&runtimes, host, runtime, 0).await?;
+            }
             let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
             deleted?;
             rows.push(Row {
                 path: "operator: create → Running",
-                launch: "cold",
+                launch: launch.column(warm, running.len()),
                 concurrency: c,
                 samples: running,
             });
             if runs_commands {
                 rows.push(Row {
                     path: "operator: create → first output",
-                    launch: "cold",
+                    launch: launch.column(warm, output.len()),
                     concurrency: c,
                     samples: output,
                 });
@@ -650,6 +760,25 @@ async fn through_operator(
     .await;
     watch.abort();
     result
+}
+
+/// Sets the Runtime's `spec.warmPool.size` to `size`, as `kubectl scale` would, and waits until
+/// the host reports that many ready (the operator carries the size to it).
+async fn set_runtime_pool(
+    runtimes: &Api<Runtime>,
+    host: &Host,
+    runtime: &str,
+    size: usize,
+) -> Result<()> {
+    runtimes
+        .patch(
+            runtime,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"warmPool": {"size": size}}})),
+        )
+        .await
+        .context("setting the Runtime's warm pool")?;
+    pool_filled(host, runtime, size).await
 }
 
 /// Deletes the sessions of `api` as a platform does and waits until the operator has let them
