@@ -172,6 +172,8 @@ pub struct Caches {
     pub hosts: kube::runtime::reflector::Store<SandboxHost>,
     /// Runtimes.
     pub runtimes: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::Runtime>,
+    /// Tombstones: an open looks in them for a destroy still owed under its id.
+    pub tombstones: kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::Tombstone>,
 }
 
 /// Parses `k=v,k2=v2`.

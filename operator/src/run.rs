@@ -62,6 +62,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let caches = crate::context::Caches {
         hosts: cache::<sandboxd_crds::v1alpha1::SandboxHost>(&client, &ctx).await,
         runtimes: cache::<sandboxd_crds::v1alpha1::Runtime>(&client, &ctx).await,
+        tombstones: cache::<sandboxd_crds::v1alpha1::Tombstone>(&client, &ctx).await,
     };
     let _ = ctx.caches.set(caches);
     let renew = tokio::spawn(async move {

@@ -1363,6 +1363,99 @@ async fn a_recreated_session_waits_for_the_pending_tombstone_of_the_deleted_one(
     scope.delete().await;
 }
 
+/// The look for a Tombstone is made in the operator's cache, which may lag one written a moment
+/// before. What then keeps a new object from a deleted one's sandbox is its host: the id is held
+/// for another owner (the deleted object's uid), so the open is refused and the session waits,
+/// saying why, until that sandbox is gone; then it opens on an empty workspace. The deleted
+/// object is played here by a sandbox opened on the host for another owner, with no Tombstone
+/// anywhere: exactly what the operator meets when its cache has not yet seen the Tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_id_its_host_holds_for_another_owner_waits_and_never_gets_that_workspace() {
+    let mut scope = Scope::new("ownerwait").await;
+    let host = Host::start(&format!("ow-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let id = sandboxd_crds::key::host_session_id(&scope.ns, "xc-held");
+    let admin = host.client();
+    let held = admin
+        .open_as(&id, "org-1", Some("uid-of-a-deleted-object"), None, None)
+        .await
+        .expect("the host opens the other owner's session");
+    let other = sandboxd_api::client::Client::new(
+        &host.endpoint(),
+        &held.token.expect("the other owner's token"),
+    );
+    other
+        .write(&id, "old.txt", "the other owner's")
+        .await
+        .expect("write");
+
+    scope.kubectl_apply_session("xc-held", serde_json::json!({}));
+    let waiting = scope
+        .wait_session(
+            "xc-held",
+            "waiting for the other owner's sandbox",
+            60,
+            |s| {
+                phase(s) == Some(SessionPhase::Pending)
+                    && s.status.as_ref().is_some_and(|st| {
+                        st.conditions.iter().any(|c| {
+                            c.type_ == "Admitted"
+                                && c.status == "False"
+                                && c.reason == "OwnerConflict"
+                        })
+                    })
+            },
+        )
+        .await;
+    let message = waiting
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .expect("a message");
+    assert!(
+        message.starts_with(&format!(
+            "host {} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: ",
+            host.name
+        )),
+        "{message}"
+    );
+    assert!(
+        waiting
+            .status
+            .as_ref()
+            .is_some_and(|st| st.credentials_secret.is_none() && st.session_id.is_none()),
+        "nothing of the held session was handed out: {:?}",
+        waiting.status
+    );
+    let old_containers = host.container_ids(&id);
+    assert_eq!(old_containers.len(), 1, "{old_containers:?}");
+
+    // The other owner's destroy done, the session opens on an empty workspace.
+    assert!(
+        admin
+            .destroy_as(&id, Some("uid-of-a-deleted-object"))
+            .await
+            .expect("destroy")
+            .destroyed
+    );
+    let new = scope
+        .wait_session("xc-held", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let (new_id, token) = credentials(&scope.client, &new).await;
+    assert_eq!(new_id, id);
+    let run = sandboxd_api::client::Client::new(&host.endpoint(), &token)
+        .run(&id, "ls -A", None, None, None)
+        .await
+        .expect("exec");
+    assert_eq!(run.stdout, "", "the workspace was not empty");
+    assert_ne!(host.container_ids(&id), old_containers);
+    scope.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
     let mut scope = Scope::new("nodetok").await;

@@ -548,7 +548,10 @@ mod tests {
             tombstone("mine", "h1", "agents.s1", None),
             tombstone("other", "h1", "agents.s2", None),
             tombstone("old", "h1", "agents.s1", None),
-        ];
+        ]
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect::<Vec<_>>();
         let found = owed_destroy(&ts, "h1", "agents.s1", Some("mine")).expect("owed");
         assert_eq!(
             (found.spec.host.as_str(), found.spec.source.uid.as_str()),

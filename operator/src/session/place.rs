@@ -10,9 +10,7 @@ use sandboxd_crds::v1alpha1::condition::{
     HOST_UNREACHABLE, PLACED, READY, RUNTIME_READY, session_reason,
 };
 use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{
-    Runtime, SandboxHost, SandboxSession, SandboxSessionStatus, Tombstone,
-};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
 
 use super::{
     Flow, RUNTIME_NOT_FOUND, backoff, claim, has_finalizer, missing_runtime_message, placed_host,
@@ -32,9 +30,6 @@ pub(super) struct Placed {
     pub client: HostClient,
     /// The runtime alias the session opens with, if any.
     pub alias: Option<String>,
-    /// The Tombstones, when they were listed together with the claim (step 2 looks in them
-    /// for a destroy still owed under the session's id, rather than list them again).
-    pub tombstones: Option<Vec<Tombstone>>,
 }
 
 /// Places the session (or finds where it is placed) and records the placement in `status`.
@@ -70,7 +65,6 @@ pub(super) async fn place(
         .map(|r| r.name_any())
         .or_else(|| (!s.spec.runtime.is_empty()).then(|| s.spec.runtime.clone()));
     let all_hosts = hosts(ctx).await?;
-    let mut tombstones = None;
     let host_name = match placed_host(s) {
         Some(h) => {
             if !has_finalizer(s) {
@@ -125,12 +119,7 @@ pub(super) async fn place(
                 .collect();
             match choose(&candidates, s.spec.host.as_deref()) {
                 Ok(h) => {
-                    // The claim and the list of the Tombstones step 2 looks in are independent
-                    // (both come before the open): one round trip to the API server, not two.
-                    let (claimed, listed) =
-                        tokio::join!(claim(s, &h, ctx), super::open::tombstones(ctx));
-                    claimed?;
-                    tombstones = Some(listed?);
+                    claim(s, &h, ctx).await?;
                     h
                 }
                 Err(e) => {
@@ -181,7 +170,6 @@ pub(super) async fn place(
         host: host.clone(),
         client,
         alias,
-        tombstones,
     }))
 }
 
