@@ -8,10 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use futures::StreamExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use sandboxd::docker::Engine;
-use sandboxd_crds::v1alpha1::SandboxSession;
+use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -248,6 +249,159 @@ pub fn operator_bin() -> Result<PathBuf> {
         );
     }
     Ok(bin)
+}
+
+/// What every bench starts with: sandboxd's crypto provider, logs on stderr (`RUST_LOG`,
+/// errors only by default), a client of the cluster, the release operator binary beside the
+/// bench, and the image the sessions run (`noop` on the no-op engine).
+pub async fn setup(driver: Driver, image: Option<&str>) -> Result<(Client, PathBuf, String)> {
+    // reqwest finds the one crypto provider (ring) sandboxd's clients use.
+    sandboxd::tls::install_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let client = Client::try_default()
+        .await
+        .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
+    let bin = operator_bin()?;
+    let image = match (driver, image) {
+        (_, Some(image)) => image.to_owned(),
+        (Driver::Noop, None) => "noop".to_owned(),
+        (Driver::Docker, None) => bail!(
+            "the docker driver needs an image: SANDBOXD_BASE_IMAGE (eval \"$(make -s env)\") or --image"
+        ),
+    };
+    Ok((client, bin, image))
+}
+
+/// The cluster objects of one bench run, all labelled `bench=<scope>`.
+pub struct Objects {
+    /// The run's label value, and the operator's selector.
+    pub scope: String,
+    /// The namespace of the sessions, the host's admin-token Secret and the operator's Lease.
+    pub ns: String,
+    /// The SandboxHost's name.
+    pub host: String,
+    /// The default Runtime's name (the host's runtime alias).
+    pub runtime: String,
+}
+
+impl Objects {
+    /// The label every object of the run carries.
+    pub fn labels(&self) -> serde_json::Value {
+        json!({"bench": self.scope})
+    }
+
+    /// Creates the namespace, the admin-token Secret of `host`, the SandboxHost and the default
+    /// Runtime of `image`.
+    pub async fn create(&self, client: &Client, host: &Host, image: &str) -> Result<()> {
+        let labels = self.labels();
+        create_namespace(client, &self.ns).await?;
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &self.ns)
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
+            .await?;
+        Api::<SandboxHost>::all(client.clone())
+            .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
+                "metadata": {"name": self.host, "labels": labels},
+                "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": self.ns, "name": "admin", "key": "token"}}}))?)
+            .await?;
+        Api::<Runtime>::all(client.clone())
+            .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+                "metadata": {"name": self.runtime, "labels": labels}, "spec": {"image": image, "default": true}}))?)
+            .await?;
+        Ok(())
+    }
+
+    /// Waits (60 s at most) until the operator has found the SandboxHost Ready: a bench's clock
+    /// starts then, so its figures are of opening, not of starting up.
+    pub async fn host_ready(&self, client: &Client) -> Result<()> {
+        let ready_by = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let host = Api::<SandboxHost>::all(client.clone())
+                .get(&self.host)
+                .await?;
+            let ready = host.status.as_ref().is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            if ready {
+                return Ok(());
+            }
+            if std::time::Instant::now() > ready_by {
+                bail!("SandboxHost {} was not Ready within 60 s", self.host);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Deletes the run's objects, and the namespaces in `also`, releasing their sessions from
+    /// their finalizers first (the operator is stopped by then). Best effort: it runs after a
+    /// failed run too.
+    pub async fn delete(&self, client: &Client, also: &[&str]) {
+        for ns in std::iter::once(self.ns.as_str()).chain(also.iter().copied()) {
+            let _ = drop_finalizers(&Api::<SandboxSession>::namespaced(client.clone(), ns)).await;
+            let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                .delete(ns, &DeleteParams::default())
+                .await;
+        }
+        let _ = Api::<SandboxHost>::all(client.clone())
+            .delete(&self.host, &DeleteParams::default())
+            .await;
+        let _ = Api::<Runtime>::all(client.clone())
+            .delete(&self.runtime, &DeleteParams::default())
+            .await;
+        let _ = Api::<Tombstone>::all(client.clone())
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("bench={}", self.scope)),
+            )
+            .await;
+    }
+}
+
+/// The SandboxSession a bench creates as its session `i` (one of 50 tenants), labelled with
+/// `labels`.
+pub fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSession> {
+    Ok(serde_json::from_value(
+        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
+    )?)
+}
+
+/// The two writes the API floor makes between a session's create and its status, as the
+/// operator makes them: the claim (finalizer and host annotation, one JSON patch tested against
+/// the created object's resourceVersion) and the token Secret owned by the session.
+pub async fn claim_and_secret(
+    sessions: &Api<SandboxSession>,
+    secrets: &Api<k8s_openapi::api::core::v1::Secret>,
+    s: &SandboxSession,
+) -> Result<()> {
+    let name = s.name_any();
+    let claim: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["sandboxd.dev/session"]},
+        {"op": "add", "path": "/metadata/annotations", "value": {"sandboxd.dev/host": "floor"}},
+    ]))?;
+    sessions
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(claim))
+        .await?;
+    secrets
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}-token"),
+            "ownerReferences": [{"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "uid": s.uid(), "controller": true}]},
+            "type": "sandboxd.dev/session-token", "stringData": {"token": "sbx_floor", "endpoint": "http://127.0.0.1:1", "session": name}}))?)
+        .await?;
+    Ok(())
+}
+
+/// Whether the session's status says Running.
+pub fn running(s: &SandboxSession) -> bool {
+    s.status.as_ref().and_then(|st| st.phase) == Some(SessionPhase::Running)
 }
 
 /// Creates namespace `ns`.

@@ -430,3 +430,31 @@ pub fn hack_path(script: &str) -> String {
         .trim()
         .to_owned()
 }
+
+/// Runs `dd` in session `id` to write `mib` MiB into /workspace/x, more than its disk holds,
+/// then `then`; asserts that dd failed with "No space left on device" and returns the run.
+pub async fn write_past_its_disk(
+    client: &Client,
+    id: &str,
+    mib: u32,
+    then: &str,
+) -> sandboxd_api::run::RunOutcome {
+    let dd = client
+        .run(
+            id,
+            &format!(
+                "dd if=/dev/zero of=/workspace/x bs=1M count={mib}; echo \"dd exit $?\"; {then}"
+            ),
+            Some(120),
+            None,
+            None,
+        )
+        .await
+        .expect("the run answers");
+    assert!(
+        dd.stderr.contains("No space left on device"),
+        "dd must fail on the session's own disk: {dd:?}"
+    );
+    assert!(!dd.stdout.contains("dd exit 0"), "{dd:?}");
+    dd
+}

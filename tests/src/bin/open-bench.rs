@@ -50,10 +50,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
 use sandboxd_tests::bench::{
-    Driver, Host, Operator, create_namespace, drop_finalizers, operator_bin, percentiles,
+    Driver, Host, Objects, Operator, claim_and_secret, create_namespace, drop_finalizers,
+    percentiles, running, session, setup,
 };
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -122,11 +122,10 @@ impl Launch {
 
 /// The names of this run's objects.
 struct Names {
-    scope: String,
-    ns: String,
+    /// The operator's namespace, host and Runtime.
+    objects: Objects,
+    /// The namespace of the API floor's sessions (no operator sees them).
     floor_ns: String,
-    host: String,
-    runtime: String,
 }
 
 /// What the command prints, and what the bench checks it printed.
@@ -135,36 +134,19 @@ const COMMAND: &str = "echo hi";
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    // reqwest finds the one crypto provider (ring) sandboxd's clients use.
-    sandboxd::tls::install_provider();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     if args.runs == 0 || args.concurrency.contains(&0) {
         bail!("--runs and every --concurrency must be at least 1");
     }
-    let client = Client::try_default()
-        .await
-        .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
-    let bin = operator_bin()?;
-    let image = match (args.driver, &args.image) {
-        (_, Some(image)) => image.clone(),
-        (Driver::Noop, None) => "noop".to_owned(),
-        (Driver::Docker, None) => bail!(
-            "the docker driver needs an image: SANDBOXD_BASE_IMAGE (eval \"$(make -s env)\") or --image"
-        ),
-    };
+    let (client, bin, image) = setup(args.driver, args.image.as_deref()).await?;
     let scope = format!("o{}", std::process::id());
     let names = Names {
-        ns: format!("sbx-openbench-{scope}"),
         floor_ns: format!("sbx-openfloor-{scope}"),
-        host: format!("host-{scope}"),
-        runtime: format!("bench-{scope}"),
-        scope,
+        objects: Objects {
+            ns: format!("sbx-openbench-{scope}"),
+            host: format!("host-{scope}"),
+            runtime: format!("bench-{scope}"),
+            scope,
+        },
     };
     // Room for every row's sessions at once, should a row's deletes lag.
     let cap = args
@@ -176,8 +158,8 @@ async fn main() -> Result<()> {
     let host = Host::start(
         args.driver,
         cap,
-        &format!("openbench-{}", names.scope),
-        &names.runtime,
+        &format!("openbench-{}", names.objects.scope),
+        &names.objects.runtime,
         &image,
     )
     .await?;
@@ -250,7 +232,7 @@ async fn measure(
         let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
         for &c in &args.concurrency {
             let samples =
-                docker_create_start(&docker, &names.scope, image, args.runs(c), c).await?;
+                docker_create_start(&docker, &names.objects.scope, image, args.runs(c), c).await?;
             rows.push(Row {
                 path: "docker create+start",
                 launch: "cold".to_owned(),
@@ -304,11 +286,11 @@ async fn sandboxd_row(
     let runs_commands = args.driver == Driver::Docker;
     let n = args.runs(c);
     if launch == Launch::Warm {
-        set_host_pool(host, &names.runtime, image, n + 1).await?;
+        set_host_pool(host, &names.objects.runtime, image, n + 1).await?;
     }
     let timed = sample(n, c, |i| {
         let admin = admin.clone();
-        let runtime = names.runtime.clone();
+        let runtime = names.objects.runtime.clone();
         async move {
             let started = Instant::now();
             let id = format!("direct-{}-{c}-{i}", launch.name());
@@ -329,26 +311,34 @@ async fn sandboxd_row(
     .await;
     host.destroy_sessions(c).await?;
     if launch == Launch::Warm {
-        set_host_pool(host, &names.runtime, image, 0).await?;
+        set_host_pool(host, &names.objects.runtime, image, 0).await?;
     }
     let timed = timed?;
     let warm = timed.iter().filter(|t| t.2).count();
     let (open, output): (Vec<_>, Vec<_>) = timed.into_iter().map(|t| (t.0, t.1)).unzip();
-    rows.push(Row {
-        path: "sandboxd open",
-        launch: launch.column(warm, open.len()),
-        concurrency: c,
-        samples: open,
-    });
-    if runs_commands {
+    let with_output = runs_commands.then_some(("sandboxd open → first output", output));
+    push_rows(rows, launch, warm, c, ("sandboxd open", open), with_output);
+    Ok(())
+}
+
+/// A row of opens (`open`) and, when the sessions ran a command, its row of first outputs; the
+/// launch column says how many of them were `warm`.
+fn push_rows(
+    rows: &mut Vec<Row>,
+    launch: Launch,
+    warm: usize,
+    c: usize,
+    open: (&'static str, Vec<Duration>),
+    output: Option<(&'static str, Vec<Duration>)>,
+) {
+    for (path, samples) in std::iter::once(open).chain(output) {
         rows.push(Row {
-            path: "sandboxd open → first output",
-            launch: launch.column(warm, output.len()),
+            path,
+            launch: launch.column(warm, samples.len()),
             concurrency: c,
-            samples: output,
+            samples,
         });
     }
-    Ok(())
 }
 
 /// Sets runtime `alias`'s warm pool on the host to `size` through `PUT /v1/runtimes` and waits
@@ -462,10 +452,6 @@ async fn first_output(session: &sandboxd_api::client::Client, id: &str) -> Resul
 /// Who waits for which session to be Running: the watch sends the instant it saw it.
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Instant>>>>;
 
-fn running(s: &SandboxSession) -> bool {
-    s.status.as_ref().and_then(|st| st.phase) == Some(SessionPhase::Running)
-}
-
 /// Watches the sessions of `api` and tells each waiter when its session is first seen Running;
 /// returns once the watch has listed what is there.
 async fn watch_running(api: Api<SandboxSession>) -> Result<(Waiters, JoinHandle<()>)> {
@@ -522,15 +508,6 @@ async fn until_running(rx: oneshot::Receiver<Instant>, name: &str) -> Result<Ins
         .context("the watch of the sessions ended")
 }
 
-/// The SandboxSession `name` the bench creates, labelled with `labels`.
-fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSession> {
-    Ok(serde_json::from_value(
-        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
-    )?)
-}
-
 /// The status the floor's client writes, as the operator writes a Running session's.
 fn running_status(name: &str) -> Result<serde_json::Value> {
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -572,19 +549,7 @@ async fn api_floor(args: &Args, client: &Client, names: &Names, rows: &mut Vec<R
                         let started = Instant::now();
                         let s = sessions.create(&PostParams::default(), &s).await?;
                         if full {
-                            let claim: json_patch::Patch = serde_json::from_value(json!([
-                                {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
-                                {"op": "add", "path": "/metadata/finalizers", "value": ["sandboxd.dev/session"]},
-                                {"op": "add", "path": "/metadata/annotations", "value": {"sandboxd.dev/host": "floor"}},
-                            ]))?;
-                            sessions
-                                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(claim))
-                                .await?;
-                            secrets
-                                .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}-token"),
-                                    "ownerReferences": [{"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "uid": s.uid(), "controller": true}]},
-                                    "type": "sandboxd.dev/session-token", "stringData": {"token": "sbx_floor", "endpoint": "http://127.0.0.1:1", "session": name}}))?)
-                                .await?;
+                            claim_and_secret(&sessions, &secrets, &s).await?;
                         }
                         sessions
                             .patch_status(
@@ -640,43 +605,15 @@ async fn through_operator(
         image,
         runs_commands,
     } = *opened;
-    let Names {
+    let objects = &names.objects;
+    let Objects {
         scope, ns, runtime, ..
-    } = names;
-    let labels = json!({"bench": scope});
-    create_namespace(client, ns).await?;
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
-        .await?;
-    Api::<SandboxHost>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
-            "metadata": {"name": names.host, "labels": labels},
-            "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": ns, "name": "admin", "key": "token"}}}))?)
-        .await?;
-    Api::<Runtime>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-            "metadata": {"name": runtime, "labels": labels}, "spec": {"image": image, "default": true}}))?)
-        .await?;
+    } = objects;
+    let labels = objects.labels();
+    objects.create(client, host, image).await?;
     let _operator = Operator::start(bin, ns, scope)?;
     // The clock starts once the operator leads and has found the host ready.
-    let ready_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let host = Api::<SandboxHost>::all(client.clone())
-            .get(&names.host)
-            .await?;
-        let ready = host.status.as_ref().is_some_and(|st| {
-            st.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        });
-        if ready {
-            break;
-        }
-        if Instant::now() > ready_by {
-            bail!("SandboxHost {} was not Ready within 60 s", names.host);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    objects.host_ready(client).await?;
     let sessions = Api::<SandboxSession>::namespaced(client.clone(), ns);
     let secrets = Api::<Secret>::namespaced(client.clone(), ns);
     let (waiters, watch) = watch_running(sessions.clone()).await?;
@@ -740,20 +677,15 @@ async fn through_operator(
             }
             let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
             deleted?;
-            rows.push(Row {
-                path: "operator: create → Running",
-                launch: launch.column(warm, running.len()),
-                concurrency: c,
-                samples: running,
-            });
-            if runs_commands {
-                rows.push(Row {
-                    path: "operator: create → first output",
-                    launch: launch.column(warm, output.len()),
-                    concurrency: c,
-                    samples: output,
-                });
-            }
+            let with_output = runs_commands.then_some(("operator: create → first output", output));
+            push_rows(
+                rows,
+                launch,
+                warm,
+                c,
+                ("operator: create → Running", running),
+                with_output,
+            );
         }
         anyhow::Ok(())
     }
@@ -800,24 +732,7 @@ async fn delete_sessions(api: &Api<SandboxSession>) -> Result<()> {
 /// happened before, so nothing outlives a failed run.
 async fn cleanup(client: &Client, names: &Names, host: Host) -> Result<()> {
     let destroyed = host.destroy_all(16).await;
-    for ns in [&names.ns, &names.floor_ns] {
-        let _ = drop_finalizers(&Api::<SandboxSession>::namespaced(client.clone(), ns)).await;
-        let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-            .delete(ns, &DeleteParams::default())
-            .await;
-    }
-    let _ = Api::<SandboxHost>::all(client.clone())
-        .delete(&names.host, &DeleteParams::default())
-        .await;
-    let _ = Api::<Runtime>::all(client.clone())
-        .delete(&names.runtime, &DeleteParams::default())
-        .await;
-    let _ = Api::<Tombstone>::all(client.clone())
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("bench={}", names.scope)),
-        )
-        .await;
+    names.objects.delete(client, &[&names.floor_ns]).await;
     let (sessions, swept) = destroyed?;
     println!(
         "cleanup: {sessions} sessions destroyed through sandboxd, {swept} stray containers swept, none left"

@@ -40,10 +40,10 @@ use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_crds::v1alpha1::SandboxSession;
 use sandboxd_tests::bench::{
-    Driver, Host, Operator, create_namespace, drop_finalizers, operator_bin,
+    Driver, Host, Objects, Operator, claim_and_secret, create_namespace, drop_finalizers, running,
+    session, setup,
 };
 use serde_json::json;
 
@@ -81,46 +81,15 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn running(s: &SandboxSession) -> bool {
-    s.status.as_ref().and_then(|st| st.phase) == Some(SessionPhase::Running)
-}
-
-/// The names of this run's objects.
-struct Names {
-    scope: String,
-    ns: String,
-    host: String,
-    runtime: String,
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    // reqwest finds the one crypto provider (ring) sandboxd's clients use.
-    sandboxd::tls::install_provider();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     if args.sessions == 0 {
         bail!("--sessions must be at least 1");
     }
-    let client = Client::try_default()
-        .await
-        .context("KUBECONFIG: run make up and eval \"$(make -s env)\"")?;
-    let bin = operator_bin()?;
-    let image = match (args.driver, &args.image) {
-        (_, Some(image)) => image.clone(),
-        (Driver::Noop, None) => "noop".to_owned(),
-        (Driver::Docker, None) => bail!(
-            "the docker driver needs an image: SANDBOXD_BASE_IMAGE (eval \"$(make -s env)\") or --image"
-        ),
-    };
+    let (client, bin, image) = setup(args.driver, args.image.as_deref()).await?;
     let scope = format!("b{}", std::process::id());
-    let names = Names {
+    let names = Objects {
         ns: format!("sbx-bench-{scope}"),
         host: format!("host-{scope}"),
         runtime: format!("bench-{scope}"),
@@ -140,15 +109,6 @@ async fn main() -> Result<()> {
         eprintln!("cleanup failed too: {e:#}");
     }
     measured.and(cleaned)
-}
-
-/// The SandboxSession the bench creates as session `i`, labelled with `labels`.
-fn session(name: &str, i: usize, labels: serde_json::Value) -> Result<SandboxSession> {
-    Ok(serde_json::from_value(
-        json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"scope": "conversation", "tenant": format!("org-{}", i % 50), "subject": name}}),
-    )?)
 }
 
 /// The API server's own ceiling for opening sessions, measured in the same run: the five writes
@@ -173,19 +133,7 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
                 let name = format!("xc-floor-{i:05}");
                 let s = session(&name, i, json!({}))?;
                 let s = sessions.create(&PostParams::default(), &s).await?;
-                let claim: json_patch::Patch = serde_json::from_value(json!([
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": s.resource_version()},
-                    {"op": "add", "path": "/metadata/finalizers", "value": ["sandboxd.dev/session"]},
-                    {"op": "add", "path": "/metadata/annotations", "value": {"sandboxd.dev/host": "floor"}},
-                ]))?;
-                sessions
-                    .patch(&name, &PatchParams::default(), &Patch::<()>::Json(claim))
-                    .await?;
-                secrets
-                    .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("{name}-token"),
-                        "ownerReferences": [{"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "name": name, "uid": s.uid(), "controller": true}]},
-                        "type": "sandboxd.dev/session-token", "stringData": {"token": "sbx_floor", "endpoint": "http://127.0.0.1:1", "session": name}}))?)
-                    .await?;
+                claim_and_secret(&sessions, &secrets, &s).await?;
                 let now = k8s_openapi::jiff::Timestamp::now();
                 let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second())?.to_string();
                 let cond = |t: &str, r: &str| json!({"type": t, "status": "True", "reason": r, "message": format!("{t} on host floor"), "lastTransitionTime": at, "observedGeneration": 1});
@@ -229,54 +177,23 @@ async fn measure(
     args: &Args,
     client: &Client,
     bin: &Path,
-    names: &Names,
+    names: &Objects,
     host: &Host,
     image: &str,
 ) -> Result<()> {
-    let Names {
-        scope, ns, runtime, ..
-    } = names;
+    let Objects { scope, ns, .. } = names;
     let floor = if args.no_floor {
         None
     } else {
         Some(api_floor(client, scope, args.sessions, args.concurrency).await?)
     };
-    let labels = json!({"bench": scope});
-    create_namespace(client, ns).await?;
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "admin", "labels": labels}, "stringData": {"token": host.admin_token}}))?)
-        .await?;
-    Api::<SandboxHost>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
-            "metadata": {"name": names.host, "labels": labels},
-            "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": ns, "name": "admin", "key": "token"}}}))?)
-        .await?;
-    Api::<Runtime>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-            "metadata": {"name": runtime, "labels": labels}, "spec": {"image": image, "default": true}}))?)
-        .await?;
+    let labels = names.labels();
+    names.create(client, host, image).await?;
     let mut op = Operator::start(bin, ns, scope)?;
     let api = Api::<SandboxSession>::namespaced(client.clone(), ns);
     // The clock starts once the operator leads and has found the host ready: opens per second
     // is the rate of opening, not of starting up.
-    let ready_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let host = Api::<SandboxHost>::all(client.clone())
-            .get(&names.host)
-            .await?;
-        let ready = host.status.as_ref().is_some_and(|st| {
-            st.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        });
-        if ready {
-            break;
-        }
-        if Instant::now() > ready_by {
-            bail!("SandboxHost {} was not Ready within 60 s", names.host);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    names.host_ready(client).await?;
 
     // Watch for Running while creating.
     let created_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -406,29 +323,10 @@ async fn measure(
 
 /// Destroys the sessions through sandboxd (the operator is stopped by then) and deletes this
 /// run's objects. Runs whatever happened before, so nothing outlives a failed run.
-async fn cleanup(args: &Args, client: &Client, names: &Names, host: Host) -> Result<()> {
+async fn cleanup(args: &Args, client: &Client, names: &Objects, host: Host) -> Result<()> {
     let started = Instant::now();
     let destroyed = host.destroy_all(args.concurrency).await;
-    let _ = drop_finalizers(&Api::<SandboxSession>::namespaced(
-        client.clone(),
-        &names.ns,
-    ))
-    .await;
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .delete(&names.ns, &DeleteParams::default())
-        .await;
-    let _ = Api::<SandboxHost>::all(client.clone())
-        .delete(&names.host, &DeleteParams::default())
-        .await;
-    let _ = Api::<Runtime>::all(client.clone())
-        .delete(&names.runtime, &DeleteParams::default())
-        .await;
-    let _ = Api::<Tombstone>::all(client.clone())
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("bench={}", names.scope)),
-        )
-        .await;
+    names.delete(client, &[]).await;
     let (sessions, swept) = destroyed?;
     println!(
         "cleanup: {sessions} sessions destroyed through sandboxd in {:.1} s, {swept} stray containers swept; {} containers of the bench left: 0",
