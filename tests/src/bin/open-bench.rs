@@ -677,6 +677,12 @@ async fn through_operator(
             }
             let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
             deleted?;
+            // What a client waits after it saw Running: the read of the token Secret and the run.
+            let after: Vec<Duration> = running
+                .iter()
+                .zip(&output)
+                .map(|(r, o)| o.saturating_sub(*r))
+                .collect();
             let with_output = runs_commands.then_some(("operator: create → first output", output));
             push_rows(
                 rows,
@@ -686,6 +692,14 @@ async fn through_operator(
                 ("operator: create → Running", running),
                 with_output,
             );
+            if runs_commands {
+                rows.push(Row {
+                    path: "operator: Running → first output",
+                    launch: launch.column(warm, after.len()),
+                    concurrency: c,
+                    samples: after,
+                });
+            }
         }
         anyhow::Ok(())
     }
