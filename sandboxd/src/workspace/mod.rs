@@ -44,7 +44,7 @@ pub use error::FileError;
 pub use operations::{ReadResult, RemoveResult};
 use paths::*;
 use tree::*;
-pub use tree::{EXCLUDED_NAMES, EXCLUDED_PREFIXES, TreeLimits};
+pub use tree::{EXCLUDED_NAMES, EXCLUDED_PREFIXES, ListRules, TreeLimits, TreeOptions};
 pub use writes::{PendingWrite, WriteResult};
 
 use std::os::unix::fs::{PermissionsExt as _, fchown};

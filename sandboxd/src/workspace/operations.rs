@@ -160,7 +160,18 @@ impl Workspace {
     /// and prefixes ([`EXCLUDED_NAMES`], [`EXCLUDED_PREFIXES`]): at most `max_entries`
     /// entries, the listing marked truncated when there were more.
     pub fn list(&self, path: &str, max_entries: usize) -> Result<Listing, FileError> {
-        if let Some(hop) = self.hop(|| self.list(path, max_entries)) {
+        self.list_as(path, max_entries, ListRules::EXCLUDING)
+    }
+
+    /// Lists the directory at `path` (one level) as `rules` say: at most `max_entries` entries
+    /// read, the listing marked truncated when there were more.
+    pub fn list_as(
+        &self,
+        path: &str,
+        max_entries: usize,
+        rules: ListRules,
+    ) -> Result<Listing, FileError> {
+        if let Some(hop) = self.hop(|| self.list_as(path, max_entries, rules)) {
             return hop;
         }
         let comps = normalize(path)?;
@@ -168,13 +179,12 @@ impl Workspace {
         let root = self.open_root()?;
         let dir = self.open_dir_followed(&root, &comps, path)?;
         let (listed, truncated) =
-            list_dir(&dir, &rel, &rel, max_entries).map_err(|e| map_io(path, e))?;
+            list_dir(&dir, &rel, &rel, max_entries, rules).map_err(|e| map_io(path, e))?;
         Ok(Listing {
             entries: listed.into_iter().map(|item| item.entry).collect(),
             truncated,
         })
     }
-
     /// Describes what `path` leads to, following symlinks that stay inside the workspace (one
     /// that leads out is [`FileError::OutsideWorkspace`], a dangling one
     /// [`FileError::NotFound`]).
@@ -198,19 +208,7 @@ impl Workspace {
     /// `ls -A`); a symlink is listed as itself. At most `max_entries` entries, the listing
     /// marked truncated when there were more.
     pub fn list_all(&self, path: &str, max_entries: usize) -> Result<Listing, FileError> {
-        if let Some(hop) = self.hop(|| self.list_all(path, max_entries)) {
-            return hop;
-        }
-        let comps = normalize(path)?;
-        let rel = comps.join("/");
-        let root = self.open_root()?;
-        let dir = self.open_dir_followed(&root, &comps, path)?;
-        let (listed, truncated) =
-            read_dir_bounded(&dir, &rel, max_entries, |_, _| false).map_err(|e| map_io(path, e))?;
-        Ok(Listing {
-            entries: listed.into_iter().map(|item| item.entry).collect(),
-            truncated,
-        })
+        self.list_as(path, max_entries, ListRules::ALL)
     }
 
     /// The real path of `path` below the workspace root (`/`-separated, empty for the root),

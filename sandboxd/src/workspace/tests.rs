@@ -963,7 +963,7 @@ fn tree_skips_an_unreadable_subdirectory() {
         }
     };
     let tree =
-        f.ws.tree_with("", TreeLimits::default(), &failing)
+        f.ws.tree_with("", TreeOptions::excluding(TreeLimits::default()), &failing)
             .expect("tree");
     assert_eq!(names(&tree.entries), ["a", "b", "c", "a/1.txt", "c/4.txt"]);
     assert_eq!(tree.skipped, ["b"]);
@@ -976,7 +976,7 @@ fn tree_skips_an_unreadable_subdirectory() {
         root.open_dir(rel)
     };
     let tree =
-        f.ws.tree_with("", TreeLimits::default(), &removing)
+        f.ws.tree_with("", TreeOptions::excluding(TreeLimits::default()), &removing)
             .expect("tree");
     assert_eq!(tree.skipped, ["c"]);
     // Only the starting directory is an error.
@@ -1002,6 +1002,80 @@ fn tree_does_not_descend_into_symlinks() {
     let json = serde_json::to_value(&tree).expect("json");
     assert_eq!(json["entries"][0]["kind"], "symlink");
     assert_eq!(json["incomplete"], false);
+}
+
+/// The walk of a stored workspace ([`TreeOptions::archive`], the wire protocol's `tree`): links
+/// left out, each folder's directories first, nothing excluded, any directory at the depth limit
+/// and any listing cut at its budget making the walk incomplete, and only the starting directory
+/// an error.
+#[test]
+fn archive_tree_keeps_the_archive_rules() {
+    let f = fixture();
+    f.file("b.txt", b"");
+    f.file("a/1.txt", b"");
+    f.file("node_modules/x.js", b"");
+    f.link("alias", "a");
+    fs::create_dir_all(f.dir.join("only/empty")).expect("mkdir");
+    f.own("only/empty");
+    let archive = |max_depth, max_entries| {
+        TreeOptions::archive(TreeLimits {
+            max_depth,
+            max_entries,
+        })
+    };
+    let tree = f.ws.tree_as("", archive(6, 100)).expect("tree");
+    assert_eq!(
+        names(&tree.entries),
+        [
+            "a",
+            "node_modules",
+            "only",
+            "b.txt",
+            "a/1.txt",
+            "node_modules/x.js",
+            "only/empty"
+        ]
+    );
+    assert!(!tree.incomplete);
+    // An empty directory at the depth limit is cut off too (not so for `/v1`'s tree).
+    let tree = f.ws.tree_as("only", archive(1, 100)).expect("tree");
+    assert_eq!(names(&tree.entries), ["only/empty"]);
+    assert!(tree.incomplete && tree.depth_limit_reached);
+    let tree = f.ws.tree(
+        "only",
+        TreeLimits {
+            max_depth: 1,
+            max_entries: 100,
+        },
+    );
+    assert!(!tree.expect("tree").incomplete);
+    // A listing cut at its budget is incomplete even when the links it read are left out.
+    f.file("links/f.txt", b"");
+    for i in 0..3 {
+        f.link(&format!("links/l{i}"), "../a");
+    }
+    let tree = f.ws.tree_as("links", archive(6, 2)).expect("tree");
+    assert!(tree.incomplete && !tree.entry_limit_reached);
+    let listed = f.ws.list_as("links", 10, ListRules::ARCHIVE).expect("list");
+    assert_eq!(
+        (names(&listed.entries), listed.truncated),
+        (vec!["links/f.txt"], false)
+    );
+    // Below the start, an unreadable directory is left out; the start itself is an error.
+    let failing = |root: &Dir, rel: &str| {
+        if rel == "a" {
+            Err(io::Error::from(io::ErrorKind::PermissionDenied))
+        } else {
+            root.open_dir(rel)
+        }
+    };
+    let tree = f.ws.tree_with("", archive(6, 100), &failing).expect("tree");
+    assert_eq!(tree.skipped, ["a"]);
+    assert!(tree.incomplete);
+    assert!(matches!(
+        f.ws.tree_as("nope", archive(6, 100)),
+        Err(FileError::NotFound { .. })
+    ));
 }
 
 #[test]

@@ -32,6 +32,76 @@ pub const EXCLUDED_NAMES: &[&str] = &[
 /// the listing was asked for that directory (or something under it) explicitly.
 pub const EXCLUDED_PREFIXES: &[&str] = &["skills/", ".spill/", ".agenticos/"];
 
+/// What a listing shows of each directory it reads, and in which order: the rules of
+/// [`Workspace::list_as`] and of every directory a [`Workspace::tree_as`] walk reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListRules {
+    /// Leave out [`EXCLUDED_NAMES`] and [`EXCLUDED_PREFIXES`] (before they count against the
+    /// listing's bound).
+    pub exclude: bool,
+    /// Show only files and directories: a symlink, FIFO, socket or device is read (it counts
+    /// against the listing's bound) and then left out.
+    pub files_and_dirs_only: bool,
+    /// Directories first, then files, each by name; otherwise all by name.
+    pub dirs_first: bool,
+}
+
+impl ListRules {
+    /// `/v1`'s listing and tree: the excluded names and prefixes left out, the rest by name.
+    pub const EXCLUDING: Self = Self {
+        exclude: true,
+        files_and_dirs_only: false,
+        dirs_first: false,
+    };
+    /// Everything, each symlink as itself, by name (as `ls -A`).
+    pub const ALL: Self = Self {
+        exclude: false,
+        files_and_dirs_only: false,
+        dirs_first: false,
+    };
+    /// The reads of a stored workspace (the wire protocol's `/workspaces` routes): nothing
+    /// excluded, only files and directories, directories first.
+    pub const ARCHIVE: Self = Self {
+        exclude: false,
+        files_and_dirs_only: true,
+        dirs_first: true,
+    };
+}
+
+/// How a [`Workspace::tree_as`] walk reads and bounds the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeOptions {
+    /// Its bounds.
+    pub limits: TreeLimits,
+    /// What it shows of each directory.
+    pub rules: ListRules,
+    /// A directory met at the depth limit makes the walk incomplete even when it is empty (the
+    /// archive reads' rule); otherwise only one that holds something the walk would list.
+    pub any_dir_at_depth_limit: bool,
+}
+
+impl TreeOptions {
+    /// `/v1`'s tree ([`Workspace::tree`]): [`ListRules::EXCLUDING`], and only a directory that
+    /// holds something counts as cut off at the depth limit.
+    pub fn excluding(limits: TreeLimits) -> Self {
+        Self {
+            limits,
+            rules: ListRules::EXCLUDING,
+            any_dir_at_depth_limit: false,
+        }
+    }
+
+    /// The walk of a stored workspace (the wire protocol's `tree`): [`ListRules::ARCHIVE`], and
+    /// any directory at the depth limit counts as cut off.
+    pub fn archive(limits: TreeLimits) -> Self {
+        Self {
+            limits,
+            rules: ListRules::ARCHIVE,
+            any_dir_at_depth_limit: true,
+        }
+    }
+}
+
 /// Bounds of a [`Workspace::tree`] walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeLimits {
@@ -56,20 +126,34 @@ impl Workspace {
     /// descending into symlinked directories. A subdirectory that cannot be read is skipped and
     /// reported in [`Tree::skipped`]; only an unreadable starting directory is an error.
     pub fn tree(&self, path: &str, limits: TreeLimits) -> Result<Tree, FileError> {
-        if let Some(hop) = self.hop(|| self.tree(path, limits)) {
-            return hop;
-        }
-        self.tree_with(path, limits, &|root: &Dir, rel: &str| root.open_dir(rel))
+        self.tree_as(path, TreeOptions::excluding(limits))
     }
 
-    /// [`Workspace::tree`], with the opening of subdirectories (by their path relative to the
-    /// workspace root) given, so that tests can make one fail.
+    /// [`Workspace::tree`] with the rules of `options`: what each directory shows, in which
+    /// order, and what counts as cut off at the depth limit. The one walk of a workspace's tree:
+    /// its entries breadth-first, each directory's in the order of `options.rules`; it is
+    /// [`Tree::incomplete`] when a bound was reached, a directory's listing was cut (its entries
+    /// read up to what the walk could still list), or a subdirectory could not be read.
+    pub fn tree_as(&self, path: &str, options: TreeOptions) -> Result<Tree, FileError> {
+        if let Some(hop) = self.hop(|| self.tree_as(path, options)) {
+            return hop;
+        }
+        self.tree_with(path, options, &|root: &Dir, rel: &str| root.open_dir(rel))
+    }
+
+    /// [`Workspace::tree_as`], with the opening of subdirectories (by their path relative to
+    /// the workspace root) given, so that tests can make one fail.
     pub(super) fn tree_with(
         &self,
         path: &str,
-        limits: TreeLimits,
+        options: TreeOptions,
         open_subdir: &dyn Fn(&Dir, &str) -> io::Result<Dir>,
     ) -> Result<Tree, FileError> {
+        let TreeOptions {
+            limits,
+            rules,
+            any_dir_at_depth_limit,
+        } = options;
         let comps = normalize(path)?;
         let start_rel = comps.join("/");
         let root = self.open_root()?;
@@ -77,8 +161,8 @@ impl Workspace {
         // Each folder is read only as far as the entries still to list (and one more, to know
         // whether the limit was reached): a huge folder costs no more than the limit.
         let budget = limits.max_entries.saturating_add(1);
-        let (first, _) =
-            list_dir(&start, &start_rel, &start_rel, budget).map_err(|e| map_io(path, e))?;
+        let (first, mut cut) =
+            list_dir(&start, &start_rel, &start_rel, budget, rules).map_err(|e| map_io(path, e))?;
         drop(start);
 
         let mut tree = Tree {
@@ -108,9 +192,12 @@ impl Workspace {
                         .saturating_add(1);
                     let read = open_subdir(&root, &rel)
                         .and_then(|dir| same_dir(dir, id))
-                        .and_then(|dir| list_dir(&dir, &rel, &start_rel, budget));
+                        .and_then(|dir| list_dir(&dir, &rel, &start_rel, budget, rules));
                     match read {
-                        Ok((listed, _)) => listed,
+                        Ok((listed, more)) => {
+                            cut |= more;
+                            listed
+                        }
                         Err(_) => {
                             tree.skipped.push(rel);
                             continue;
@@ -132,8 +219,9 @@ impl Workspace {
                             },
                             depth + 1,
                         ));
-                    } else if !tree.depth_limit_reached
-                        && has_entries(&root, &item.entry.path, &start_rel, open_subdir)
+                    } else if any_dir_at_depth_limit
+                        || !tree.depth_limit_reached
+                            && has_entries(&root, &item.entry.path, &start_rel, rules, open_subdir)
                     {
                         tree.depth_limit_reached = true;
                     }
@@ -141,8 +229,11 @@ impl Workspace {
                 tree.entries.push(item.entry);
             }
         }
+        // A listing cut at its budget with nothing left out of it fills the budget, so the
+        // entry limit is reached too; only a listing that left entries out (links, with
+        // [`ListRules::files_and_dirs_only`]) is cut without it.
         tree.incomplete =
-            tree.depth_limit_reached || tree.entry_limit_reached || !tree.skipped.is_empty();
+            tree.depth_limit_reached || tree.entry_limit_reached || !tree.skipped.is_empty() || cut;
         Ok(tree)
     }
 }
@@ -174,11 +265,12 @@ pub(super) fn same_dir(dir: Dir, id: (u64, u64)) -> io::Result<Dir> {
     }
 }
 
-/// Whether the directory at `rel` has any entry that would be listed.
+/// Whether the directory at `rel` has any entry that `rules` would not exclude.
 pub(super) fn has_entries(
     root: &Dir,
     rel: &str,
     start_rel: &str,
+    rules: ListRules,
     open_subdir: &dyn Fn(&Dir, &str) -> io::Result<Dir>,
 ) -> bool {
     let Ok(dir) = open_subdir(root, rel) else {
@@ -189,22 +281,30 @@ pub(super) fn has_entries(
     };
     entries.flatten().any(|item| {
         let name = item.file_name().to_string_lossy().into_owned();
-        !is_excluded(start_rel, &child_path(rel, &name), &name)
+        !(rules.exclude && is_excluded(start_rel, &child_path(rel, &name), &name))
     })
 }
 
-/// Lists `dir` (at `dir_rel` below the workspace root), sorted by name, leaving out what is
-/// excluded for a listing asked for at `start_rel`: at most `max` entries, and whether there
-/// were more.
+/// Lists `dir` (at `dir_rel` below the workspace root) as `rules` say, for a listing asked for
+/// at `start_rel`: at most `max` entries read, and whether there were more.
 pub(super) fn list_dir(
     dir: &Dir,
     dir_rel: &str,
     start_rel: &str,
     max: usize,
+    rules: ListRules,
 ) -> io::Result<(Vec<Listed>, bool)> {
-    read_dir_bounded(dir, dir_rel, max, |path, name| {
-        is_excluded(start_rel, path, name)
-    })
+    let (mut listed, more) = read_dir_bounded(dir, dir_rel, max, |path, name| {
+        rules.exclude && is_excluded(start_rel, path, name)
+    })?;
+    if rules.files_and_dirs_only {
+        listed.retain(|item| matches!(item.entry.kind, EntryKind::Dir | EntryKind::File));
+    }
+    if rules.dirs_first {
+        // Stable: each kind stays in the order of its names.
+        listed.sort_by_key(|item| item.entry.kind != EntryKind::Dir);
+    }
+    Ok((listed, more))
 }
 
 /// Reads `dir` (at `dir_rel`) lazily, leaving out what `skip(path, name)` says: at most `max`

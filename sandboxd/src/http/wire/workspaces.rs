@@ -2,7 +2,6 @@
 //! read_bytes.
 
 use super::*;
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use axum::Json;
@@ -16,7 +15,9 @@ use utoipa::ToSchema;
 
 use crate::http::v1::AppState;
 use crate::storage::audit::Op;
-use crate::workspace::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
+use crate::workspace::{
+    Entry, EntryKind, FileError, ListRules, MAX_LIST_ENTRIES, TreeLimits, TreeOptions, Workspace,
+};
 
 /// A path of an archive request relative to the workspace: `/workspace/x` is `x`, any other
 /// absolute path is read inside the workspace (`/etc/passwd` is `etc/passwd`), and a `..`
@@ -100,62 +101,6 @@ pub(super) fn archive_entry(e: &Entry) -> FileEntry {
     }
 }
 
-/// One directory of a stored workspace, at most `max` of its entries read: links left out,
-/// directories first, then by name; and whether it held more.
-pub(super) fn scan(ws: &Workspace, rel: &str, max: usize) -> Result<(Vec<Entry>, bool), FileError> {
-    let listing = ws.list_all(rel, max)?;
-    let mut entries: Vec<Entry> = listing
-        .entries
-        .into_iter()
-        .filter(|e| matches!(e.kind, EntryKind::Dir | EntryKind::File))
-        .collect();
-    entries.sort_by(|a, b| {
-        (a.kind != EntryKind::Dir, &a.name).cmp(&(b.kind != EntryKind::Dir, &b.name))
-    });
-    Ok((entries, listing.truncated))
-}
-
-/// A breadth-first walk as the protocol's `tree`: entries, and whether anything was left out.
-pub(super) fn walk(
-    ws: &Workspace,
-    rel: &str,
-    max_depth: u32,
-    max_entries: usize,
-) -> Result<(Vec<Entry>, bool), FileError> {
-    let mut found = Vec::new();
-    let mut truncated = false;
-    let mut queue: VecDeque<(String, u32)> = VecDeque::from([(rel.to_owned(), 1)]);
-    while let Some((dir, depth)) = queue.pop_front() {
-        // Read only as far as the entries still to list, and one more.
-        let budget = max_entries.saturating_sub(found.len()).saturating_add(1);
-        let entries = match scan(ws, &dir, budget) {
-            Ok((entries, more)) => {
-                truncated |= more;
-                entries
-            }
-            Err(e) if depth == 1 => return Err(e),
-            Err(_) => {
-                truncated = true;
-                continue;
-            }
-        };
-        for e in entries {
-            if found.len() == max_entries {
-                return Ok((found, true));
-            }
-            if e.kind == EntryKind::Dir {
-                if depth < max_depth {
-                    queue.push_back((e.path.clone(), depth + 1));
-                } else {
-                    truncated = true;
-                }
-            }
-            found.push(e);
-        }
-    }
-    Ok((found, truncated))
-}
-
 /// `TreeRequest`: the body of `POST /workspaces/{session_id}/tree`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TreeBody {
@@ -227,7 +172,7 @@ pub(super) fn two_thousand() -> i64 {
     2000
 }
 
-pub(super) fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<(u32, usize)> {
+pub(super) fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<TreeLimits> {
     if !(1..=64).contains(&max_depth) {
         return Err(WireError::invalid(
             &["body", "max_depth"],
@@ -242,7 +187,10 @@ pub(super) fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<(u32, 
             "max_entries must be between 1 and 100000",
         ));
     }
-    Ok((max_depth as u32, max_entries as usize))
+    Ok(TreeLimits {
+        max_depth: max_depth as usize,
+        max_entries: max_entries as usize,
+    })
 }
 
 #[utoipa::path(
@@ -265,7 +213,7 @@ pub(crate) async fn archive_ls(
     let rel = archive_path(&req.path)?;
     let started = Instant::now();
     let r = rel.clone();
-    let listed = blocking(move || scan(&ws, &r, MAX_LIST_ENTRIES)).await?;
+    let listed = blocking(move || ws.list_as(&r, MAX_LIST_ENTRIES, ListRules::ARCHIVE)).await?;
     if known {
         state.core.record(
             &id,
@@ -276,10 +224,10 @@ pub(crate) async fn archive_ls(
             started,
         );
     }
-    let (listed, truncated) = listed.map_err(|e| archive_error(e, &req.path, "directory"))?;
+    let listed = listed.map_err(|e| archive_error(e, &req.path, "directory"))?;
     Ok(listing_response(
-        listed.iter().map(archive_entry).collect(),
-        truncated,
+        listed.entries.iter().map(archive_entry).collect(),
+        listed.truncated,
     ))
 }
 
@@ -288,12 +236,12 @@ pub(super) async fn tree_of(
     headers: &HeaderMap,
     id: &str,
     path: &str,
-    bounds: (u32, usize),
+    limits: TreeLimits,
 ) -> WireResult<Tree> {
     let (ws, known) = stored(state, headers, id).await?;
     let rel = archive_path(path)?;
     let started = Instant::now();
-    let walked = blocking(move || walk(&ws, &rel, bounds.0, bounds.1)).await?;
+    let walked = blocking(move || ws.tree_as(&rel, TreeOptions::archive(limits))).await?;
     if known {
         state.core.record(
             id,
@@ -304,10 +252,10 @@ pub(super) async fn tree_of(
             started,
         );
     }
-    let (entries, truncated) = walked.map_err(|e| archive_error(e, path, "directory"))?;
+    let walked = walked.map_err(|e| archive_error(e, path, "directory"))?;
     Ok(Tree {
-        entries: entries.iter().map(archive_entry).collect(),
-        truncated,
+        entries: walked.entries.iter().map(archive_entry).collect(),
+        truncated: walked.incomplete,
     })
 }
 
@@ -324,8 +272,8 @@ pub(crate) async fn archive_tree(
 ) -> WireResult {
     service(&state, &headers)?;
     let req: TreeBody = body(&raw)?;
-    let bounds = tree_bounds(req.max_depth, req.max_entries)?;
-    Ok(Json(tree_of(&state, &headers, &id, &req.path, bounds).await?).into_response())
+    let limits = tree_bounds(req.max_depth, req.max_entries)?;
+    Ok(Json(tree_of(&state, &headers, &id, &req.path, limits).await?).into_response())
 }
 
 /// `TreesRequest`: the body of `POST /workspaces/trees`.
@@ -371,11 +319,11 @@ pub(crate) async fn archive_trees(
         let index = i.to_string();
         check_id(s, &["body", "sessions", &index])?;
     }
-    let bounds = tree_bounds(req.max_depth, req.max_entries)?;
+    let limits = tree_bounds(req.max_depth, req.max_entries)?;
     let mut results = Vec::with_capacity(req.sessions.len());
     for id in &req.sessions {
         results.push(
-            match tree_of(&state, &headers, id, &req.path, bounds).await {
+            match tree_of(&state, &headers, id, &req.path, limits).await {
                 Ok(tree) => TreeResult {
                     session_id: id.clone(),
                     tree: Some(tree),
