@@ -1,39 +1,50 @@
-//! What every file operation of both HTTP surfaces does around the operation itself: the actor
-//! the request's headers name, the operation run off the async runtime, and its row in the
-//! audit log (outcome, bytes, duration). The surfaces keep what differs between them: which
-//! token opens a session, and the shape of an error.
+//! What every workspace operation of both HTTP surfaces does around the operation itself: it
+//! runs off the async runtime, is timed, leaves its row in the audit log (outcome, bytes,
+//! duration) and fails with the surface's own error. The surfaces keep what differs between
+//! them: which token reaches a session ([`crate::http::extract`]) and the shape of an error.
 
 use std::time::Instant;
 
-use axum::http::HeaderMap;
-use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 use tokio::task::JoinError;
 
+use crate::error::ApiError;
 use crate::service::{Actor, Core, Outcome};
 use crate::storage::audit::Op;
 use crate::workspace::FileError;
 
-/// The agent and run a request names in `X-Sandbox-Agent` and `X-Sandbox-Run`, for the audit
-/// log (blank values are none).
-pub(crate) fn actor(headers: &HeaderMap) -> Actor {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    Actor {
-        agent: get(AGENT_HEADER),
-        run: get(RUN_HEADER),
+/// A failure as the audit log records it: by its code.
+pub(crate) trait Coded {
+    /// The code of the audit row.
+    fn code(&self) -> String;
+}
+
+impl Coded for FileError {
+    fn code(&self) -> String {
+        FileError::code(self).to_string()
+    }
+}
+
+impl Coded for ApiError {
+    fn code(&self) -> String {
+        self.code.to_string()
+    }
+}
+
+/// A surface's error for an operation whose task did not finish (it panicked): a 500.
+pub(crate) trait Unfinished {
+    /// The error for `e`.
+    fn unfinished(e: JoinError) -> Self;
+}
+
+impl Unfinished for ApiError {
+    fn unfinished(e: JoinError) -> Self {
+        ApiError::internal(e.to_string())
     }
 }
 
 /// The audit outcome of an operation: ok with `bytes` of it, or the code it failed with.
-pub(crate) fn outcome<T, E>(
+pub(crate) fn outcome<T, E: Coded>(
     result: &Result<T, E>,
-    code: impl Fn(&E) -> String,
     bytes: impl Fn(&T) -> Option<i64>,
 ) -> Outcome {
     match result {
@@ -44,72 +55,106 @@ pub(crate) fn outcome<T, E>(
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(code(e)),
+            error: Some(e.code()),
             ..Outcome::default()
         },
     }
 }
 
-/// The audit outcome of a file operation.
-pub(crate) fn file_outcome<T>(
-    result: &Result<T, FileError>,
-    bytes: impl Fn(&T) -> Option<i64>,
-) -> Outcome {
-    outcome(result, |e| e.code().to_string(), bytes)
+/// Runs `op` on a blocking thread, its failure answered as `map` says; a task that did not
+/// finish (it panicked) is answered 500. For an operation the audit log does not record (see
+/// [`Audited::blocking`] for one it does).
+pub(crate) async fn blocking<T, E, R>(
+    op: impl FnOnce() -> Result<T, E> + Send + 'static,
+    map: impl FnOnce(E) -> R,
+) -> Result<T, R>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    R: Unfinished,
+{
+    finished(op).await?.map_err(map)
 }
 
-/// One audited file operation: `op` on `target` in session `id`, timed from `started`.
-pub(crate) struct FileOp<'a> {
-    /// The core that records it.
-    pub(crate) core: &'a Core,
-    /// The session.
-    pub(crate) id: &'a str,
-    /// The request's headers (the actor).
-    pub(crate) headers: &'a HeaderMap,
-    /// The operation.
-    pub(crate) op: Op,
-    /// Its target as the request named it.
-    pub(crate) target: &'a str,
-    /// When the surface started timing it.
-    pub(crate) started: Instant,
+/// What `op` returned on a blocking thread, or the surface's 500 when it did not finish.
+async fn finished<T: Send + 'static, R: Unfinished>(
+    op: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, R> {
+    tokio::task::spawn_blocking(op).await.map_err(R::unfinished)
 }
 
-impl<'a> FileOp<'a> {
-    /// `op` on `target` in session `id`, timed from `started`, recorded by `core`.
+/// One audited operation: `op` on `target` in session `id` by `actor`, timed from its making.
+pub(crate) struct Audited<'a> {
+    core: &'a Core,
+    id: &'a str,
+    actor: &'a Actor,
+    op: Op,
+    target: &'a str,
+    started: Instant,
+    recorded: bool,
+}
+
+impl<'a> Audited<'a> {
+    /// `op` on `target` (as the request named it) in session `id`, by `actor`; timed from now.
     pub(crate) fn new(
         core: &'a Core,
         id: &'a str,
-        headers: &'a HeaderMap,
+        actor: &'a Actor,
         op: Op,
         target: &'a str,
-        started: Instant,
     ) -> Self {
         Self {
             core,
             id,
-            headers,
+            actor,
             op,
             target,
-            started,
+            started: Instant::now(),
+            recorded: true,
         }
     }
 
-    /// Runs `op` on a blocking thread and records its outcome, with `bytes` of a success. A task
-    /// that did not finish (it panicked) is recorded nowhere: the surface answers 500.
-    pub(crate) async fn run<T: Send + 'static>(
-        self,
-        op: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+    /// The same operation, recorded only when `known` (a stored workspace without a session
+    /// row has no tenant to record it under).
+    pub(crate) fn recorded_if(mut self, known: bool) -> Self {
+        self.recorded = known;
+        self
+    }
+
+    /// Records how the operation ended, with `bytes` of a success.
+    pub(crate) fn record<T, E: Coded>(
+        &self,
+        result: &Result<T, E>,
         bytes: impl Fn(&T) -> Option<i64>,
-    ) -> Result<Result<T, FileError>, JoinError> {
-        let done = tokio::task::spawn_blocking(op).await?;
-        self.core.record(
-            self.id,
-            &actor(self.headers),
-            self.op,
-            self.target,
-            file_outcome(&done, bytes),
-            self.started,
-        );
-        Ok(done)
+    ) {
+        if self.recorded {
+            self.core.record(
+                self.id,
+                self.actor,
+                self.op,
+                self.target,
+                outcome(result, bytes),
+                self.started,
+            );
+        }
+    }
+
+    /// Runs `op` on a blocking thread, records its outcome (with `bytes` of a success) and
+    /// answers its failure as `map` says. A task that did not finish (it panicked) is recorded
+    /// nowhere and answered 500.
+    pub(crate) async fn blocking<T, E, R>(
+        self,
+        op: impl FnOnce() -> Result<T, E> + Send + 'static,
+        bytes: impl Fn(&T) -> Option<i64>,
+        map: impl FnOnce(E) -> R,
+    ) -> Result<T, R>
+    where
+        T: Send + 'static,
+        E: Coded + Send + 'static,
+        R: Unfinished,
+    {
+        let done = finished(op).await?;
+        self.record(&done, bytes);
+        done.map_err(map)
     }
 }

@@ -1,11 +1,14 @@
 //! The HTTP edge: the `/v1` API ([`v1`]) and the wire protocol of pydantic-ai-backend's sandboxd
 //! ([`wire`]), two surfaces over the one [`crate::service::Core`] that only translate; their
 //! OpenAPI documents ([`openapi`], [`wire::openapi`]); and the connections they are served on
-//! ([`connections`]). What every file operation of both surfaces does around the operation
-//! (the actor, the blocking thread, the audit row) is in one place, `audited`.
+//! ([`connections`]). What a handler of either surface asks of a request (the caller's token,
+//! the actor) is in one place, [`extract`], and what every workspace operation of both does
+//! around the operation (the blocking thread, the timer, the audit row, the error) in another,
+//! `audited`.
 
 mod audited;
 pub mod connections;
+pub(crate) mod extract;
 pub mod openapi;
 pub mod v1;
 pub mod wire;

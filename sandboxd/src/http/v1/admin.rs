@@ -6,7 +6,7 @@ use super::*;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, ErrorCode};
@@ -83,9 +83,8 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
 )]
 pub(crate) async fn runtimes(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Caller,
 ) -> Result<Response, ApiError> {
-    caller(&state, &headers).await?;
     Ok(Json(crate::service::pool::runtime_list(&state.core)).into_response())
 }
 
@@ -100,10 +99,9 @@ pub(crate) async fn runtimes(
 )]
 pub(crate) async fn put_runtimes(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Admin,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("the catalog must be UTF-8 JSON"))?;
     let entries = sandboxd_catalog::parse(text)
@@ -125,11 +123,7 @@ pub(crate) async fn put_runtimes(
     get, path = "/v1/policy", tag = "policy",
     responses((status = 200, description = "The live policy and what needs a restart", body = crate::service::policy::PolicyView))
 )]
-pub(crate) async fn policy(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
+pub(crate) async fn policy(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
     Ok(Json(state.core.policy_view()).into_response())
 }
 
@@ -140,10 +134,9 @@ pub(crate) async fn policy(
 )]
 pub(crate) async fn put_policy(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Admin,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
     let fields = crate::service::policy::fields(&body)?;
     Ok(Json(state.core.set_policy(&fields)?).into_response())
 }
@@ -155,8 +148,8 @@ pub(crate) async fn put_policy(
 )]
 pub(crate) async fn operations(
     State(state): State<AppState>,
-    headers: HeaderMap,
     RawQuery(raw): RawQuery,
+    caller: Caller,
 ) -> Result<Response, ApiError> {
     let mut q: OperationQuery = serde_urlencoded::from_str(raw.as_deref().unwrap_or_default())
         .map_err(|e| {
@@ -164,7 +157,7 @@ pub(crate) async fn operations(
                 "invalid operations query: {e}; the filters are session, tenant, agent, run, op, failed, q, cursor and limit"
             ))
         })?;
-    match caller(&state, &headers).await? {
+    match caller {
         Caller::Admin => {}
         Caller::Session(own) => match q.session.as_deref() {
             Some(other) if other != own => {

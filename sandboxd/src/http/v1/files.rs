@@ -1,8 +1,6 @@
 //! Files of a session's workspace: read, write (streamed to the disk), remove, mkdir, ls, tree.
 
 use super::*;
-use crate::http::audited::FileOp;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -13,6 +11,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::http::audited::{Unfinished as _, blocking};
 use crate::http::openapi::{Binary, FilePath, SessionId};
 use crate::storage::audit::Op;
 use crate::workspace::{MAX_LIST_ENTRIES, TreeLimits};
@@ -46,22 +45,22 @@ pub(crate) struct RemoveQuery {
 )]
 pub(crate) async fn read_file(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
     Query(q): Query<ReadQuery>,
+    _: ForSession,
+    actor: Actor,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Read, &path);
     let ws = state.core.files(&id).await?;
     let max = state.core.policy().max_read_bytes;
     let p = path.clone();
-    let read = FileOp::new(&state.core, &id, &headers, Op::Read, &path, started)
-        .run(
+    let read = audited
+        .blocking(
             move || ws.read(&p, q.offset, q.limit, max),
             |r| i64::try_from(r.data.len()).ok(),
+            ApiError::from,
         )
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .await?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -95,9 +94,10 @@ pub(crate) async fn write_file(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
+    _: ForSession,
+    actor: Actor,
     body: Body,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -105,18 +105,14 @@ pub(crate) async fn write_file(
     if announced.is_some_and(|n| n > MAX_WRITE_BYTES as u64) {
         return Err(write_too_large());
     }
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Write, &path);
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    let written = match tokio::task::spawn_blocking(move || ws.begin_write(&p)).await {
-        Ok(Ok(pending)) => stream_to(pending, body).await,
-        Ok(Err(e)) => Err(e.into()),
-        Err(e) => Err(ApiError::internal(e.to_string())),
+    let written = match blocking(move || ws.begin_write(&p), ApiError::from).await {
+        Ok(pending) => stream_to(pending, body).await,
+        Err(e) => Err(e),
     };
-    let o = outcome(&written, |w| i64::try_from(w.size).ok());
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Write, &path, o, started);
+    audited.record(&written, |w| i64::try_from(w.size).ok());
     let written = written?;
     Ok(Json(Written {
         path,
@@ -150,9 +146,7 @@ pub(super) async fn stream_to(
         })
     }
     async fn finished(writing: Writing) -> Result<crate::workspace::PendingWrite, ApiError> {
-        writing
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
+        writing.await.map_err(ApiError::unfinished)?
     }
     let mut writing = write(pending, Vec::new());
     let mut batch = Vec::new();
@@ -175,16 +169,17 @@ pub(super) async fn stream_to(
         }
     }
     let pending = finished(writing).await?;
-    tokio::task::spawn_blocking(move || {
-        let mut pending = pending;
-        for b in &batch {
-            pending.write_all(b)?;
-        }
-        pending.commit()
-    })
+    blocking(
+        move || {
+            let mut pending = pending;
+            for b in &batch {
+                pending.write_all(b)?;
+            }
+            pending.commit()
+        },
+        ApiError::from,
+    )
     .await
-    .map_err(|e| ApiError::internal(e.to_string()))?
-    .map_err(ApiError::from)
 }
 
 #[utoipa::path(
@@ -193,18 +188,17 @@ pub(super) async fn stream_to(
 )]
 pub(crate) async fn remove_file(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path((id, path)): Path<(String, String)>,
     Query(q): Query<RemoveQuery>,
+    _: ForSession,
+    actor: Actor,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Remove, &path);
     let ws = state.core.files(&id).await?;
     let p = path.clone();
-    FileOp::new(&state.core, &id, &headers, Op::Remove, &path, started)
-        .run(move || ws.remove(&p, q.recursive), |_| None)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    audited
+        .blocking(move || ws.remove(&p, q.recursive), |_| None, ApiError::from)
+        .await?;
     Ok(Json(Removed {
         path,
         removed: true,
@@ -227,20 +221,19 @@ pub(crate) struct MkdirRequest {
 )]
 pub(crate) async fn mkdir(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: ForSession,
+    actor: Actor,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let req: MkdirRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid mkdir request: {e}")))?;
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Mkdir, &req.path);
     let ws = state.core.files(&id).await?;
     let p = req.path.clone();
-    FileOp::new(&state.core, &id, &headers, Op::Mkdir, &req.path, started)
-        .run(move || ws.mkdir(&p), |_| None)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    audited
+        .blocking(move || ws.mkdir(&p), |_| None, ApiError::from)
+        .await?;
     Ok((StatusCode::CREATED, Json(Made { path: req.path })).into_response())
 }
 
@@ -259,18 +252,21 @@ pub(crate) struct PathQuery {
 )]
 pub(crate) async fn ls(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
+    _: ForSession,
+    actor: Actor,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Ls, &q.path);
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let listed = FileOp::new(&state.core, &id, &headers, Op::Ls, &q.path, started)
-        .run(move || ws.list(&p, MAX_LIST_ENTRIES), |_| None)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let listed = audited
+        .blocking(
+            move || ws.list(&p, MAX_LIST_ENTRIES),
+            |_| None,
+            ApiError::from,
+        )
+        .await?;
     Ok(Json(LsResponse {
         path: q.path,
         entries: listed.entries,
@@ -286,18 +282,21 @@ pub(crate) async fn ls(
 )]
 pub(crate) async fn tree(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
+    _: ForSession,
+    actor: Actor,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
-    let started = Instant::now();
+    let audited = Audited::new(&state.core, &id, &actor, Op::Ls, &q.path);
     let ws = state.core.files(&id).await?;
     let p = q.path.clone();
-    let tree = FileOp::new(&state.core, &id, &headers, Op::Ls, &q.path, started)
-        .run(move || ws.tree(&p, TreeLimits::default()), |_| None)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let tree = audited
+        .blocking(
+            move || ws.tree(&p, TreeLimits::default()),
+            |_| None,
+            ApiError::from,
+        )
+        .await?;
     Ok(Json(tree).into_response())
 }
 

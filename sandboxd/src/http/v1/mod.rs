@@ -11,26 +11,23 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::error::{ApiError, ErrorCode};
+use crate::http::audited::Audited;
+use crate::http::extract::{Admin, ForSession};
 use crate::metrics::Metrics;
 use crate::service::auth::{AdminToken, bearer};
-use crate::service::{Core, Outcome};
+use crate::service::{Actor, Core};
 
 mod admin;
 mod files;
 mod runs;
 mod sessions;
 
-use crate::http::audited::actor;
 pub use admin::*;
 pub use files::*;
 pub use runs::*;
 pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
-
-fn outcome<T>(result: &Result<T, ApiError>, bytes: impl Fn(&T) -> Option<i64>) -> Outcome {
-    crate::http::audited::outcome(result, |e| e.code.to_string(), bytes)
-}
 
 /// The largest body a file write accepts.
 pub const MAX_WRITE_BYTES: usize = 256 * 1024 * 1024;
@@ -56,8 +53,9 @@ pub enum Caller {
 }
 
 /// The caller of a request; 401 for a missing or wrong token, before anything is looked up
-/// about the path (no way to probe which sessions exist).
-async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+/// about the path (no way to probe which sessions exist). A handler asks for it as the
+/// extractor [`Caller`] ([`crate::http::extract`]).
+pub(crate) async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -72,14 +70,21 @@ async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiErro
     }
 }
 
-async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Only the admin token (the extractor [`crate::http::extract::Admin`]).
+pub(crate) async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match caller(state, headers).await? {
         Caller::Admin => Ok(()),
         Caller::Session(_) => Err(ApiError::forbidden("this route needs the admin token")),
     }
 }
 
-async fn for_session(state: &AppState, headers: &HeaderMap, id: &str) -> Result<(), ApiError> {
+/// The admin token or session `id`'s own (the extractor
+/// [`crate::http::extract::ForSession`]).
+pub(crate) async fn for_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(), ApiError> {
     match caller(state, headers).await? {
         Caller::Admin => Ok(()),
         Caller::Session(own) if own == id => Ok(()),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use crate::error::{ApiError, ErrorCode};
 use crate::http::openapi::{RunId, SessionId};
 use crate::run::{RunEvent, RunOutcome, RunStatus};
-use crate::service::{Actor, Core, Outcome, RunRequest};
+use crate::service::{Core, Outcome, RunRequest};
 use crate::storage::audit::Op;
 
 /// `?stream=`: whether a run answers with NDJSON events as they come.
@@ -40,15 +40,14 @@ pub(crate) struct RunQuery {
 )]
 pub(crate) async fn run(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<RunQuery>,
+    _: ForSession,
+    who: Actor,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let req: RunRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid run request: {e}")))?;
-    let who = actor(&headers);
     let command = req.command.clone();
     let started = Instant::now();
     if !q.stream {
@@ -236,10 +235,9 @@ pub(crate) fn record_run(
 )]
 pub(crate) async fn run_status(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     Ok(Json(state.core.run_status(&id, &run_id).await?).into_response())
 }
 
@@ -249,10 +247,9 @@ pub(crate) async fn run_status(
 )]
 pub(crate) async fn stop_run(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     state.core.stop_run_or_detached(&id, &run_id).await?;
     Ok(Json(RunStopping {
         run_id,

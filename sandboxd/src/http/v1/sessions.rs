@@ -6,7 +6,7 @@ use super::*;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -18,11 +18,7 @@ use crate::service::{Destroyed, OpenRequest, Opened, SessionView};
     get, path = "/v1/sessions", tag = "sessions",
     responses((status = 200, description = "Every session of this host", body = SessionList))
 )]
-pub(crate) async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
+pub(crate) async fn list(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
     Ok(Json(SessionList {
         sessions: state.core.list().await?,
     })
@@ -39,10 +35,9 @@ pub(crate) async fn list(
 )]
 pub(crate) async fn open(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Admin,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
     let req: OpenRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid open request: {e}")))?;
     let core = state.core.clone();
@@ -61,10 +56,9 @@ pub(crate) async fn open(
 )]
 pub(crate) async fn show(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     Ok(Json(state.core.get(&id).await?).into_response())
 }
 
@@ -84,11 +78,10 @@ pub(crate) struct OwnerQuery {
 )]
 pub(crate) async fn destroy(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<OwnerQuery>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let destroyed =
         crate::service::detached(async move { core.destroy_as(&id, q.owner.as_deref()).await })
@@ -102,10 +95,9 @@ pub(crate) async fn destroy(
 )]
 pub(crate) async fn stop(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let stopped = crate::service::detached(async move { core.stop(&id).await }).await?;
     Ok(Json(stopped).into_response())
@@ -117,10 +109,9 @@ pub(crate) async fn stop(
 )]
 pub(crate) async fn start(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let woken = id.clone();
     crate::service::detached(async move { core.wake(&woken).await }).await?;
@@ -133,10 +124,9 @@ pub(crate) async fn start(
 )]
 pub(crate) async fn reclaim(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: ForSession,
 ) -> Result<Response, ApiError> {
-    for_session(&state, &headers, &id).await?;
     let core = state.core.clone();
     let reclaimed = crate::service::detached(async move { core.reclaim(&id).await }).await?;
     Ok(Json(reclaimed).into_response())
@@ -148,11 +138,10 @@ pub(crate) async fn reclaim(
 )]
 pub(crate) async fn rotate_token(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<OwnerQuery>,
+    _: Admin,
 ) -> Result<Response, ApiError> {
-    admin(&state, &headers).await?;
     let token = state.core.rotate_token_as(&id, q.owner.as_deref()).await?;
     Ok(Json(TokenRotated { id, token }).into_response())
 }

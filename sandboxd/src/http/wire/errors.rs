@@ -75,7 +75,7 @@ pub struct Problem {
 }
 
 impl WireError {
-    pub(super) fn new(status: u16, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: u16, detail: impl Into<String>) -> Self {
         Self {
             status,
             detail: Detail::Message(detail.into()),
@@ -149,6 +149,12 @@ impl WireError {
             }
             (status, _) => Self::new(status, e.message),
         }
+    }
+}
+
+impl crate::http::audited::Unfinished for WireError {
+    fn unfinished(e: tokio::task::JoinError) -> Self {
+        Self::new(500, e.to_string())
     }
 }
 

@@ -1,9 +1,6 @@
 //! Native file operations of a live session, off its host directory.
 
 use super::*;
-use crate::http::audited::FileOp;
-pub(super) use crate::http::audited::file_outcome;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -13,9 +10,8 @@ use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::http::audited::Coded;
 use crate::http::v1::AppState;
-use crate::service::Outcome;
-use crate::storage::audit::Op;
 use crate::workspace::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 
 /// `PathRequest`: a body naming one path.
@@ -95,30 +91,13 @@ pub(super) fn outside_work_dir(path: &str) -> bool {
     path.starts_with('/') && path != WORK_DIR && !path.starts_with(&format!("{WORK_DIR}/"))
 }
 
-/// The session's workspace for a native operation (never wakes the container).
-pub(super) async fn workspace_for(
-    state: &AppState,
-    headers: &HeaderMap,
-    id: &str,
-) -> WireResult<Workspace> {
-    for_session(state, headers, id).await?;
+/// The workspace of session `id` for a native operation (never wakes the container).
+pub(super) async fn files(state: &AppState, id: &str) -> WireResult<Workspace> {
     state
         .core
         .files(id)
         .await
         .map_err(|e| WireError::from_core(id, e))
-}
-
-/// Runs a blocking file operation off the async runtime.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, FileError> + Send + 'static,
-) -> WireResult<Result<T, FileError>> {
-    tokio::task::spawn_blocking(f).await.map_err(unfinished)
-}
-
-/// The answer when a file operation's task did not finish (it panicked).
-pub(super) fn unfinished(e: tokio::task::JoinError) -> WireError {
-    WireError::new(500, e.to_string())
 }
 
 pub(super) fn refuse_outside(path: &str) -> WireResult<()> {
@@ -139,24 +118,23 @@ pub(super) fn refuse_outside(path: &str) -> WireResult<()> {
 )]
 pub(crate) async fn file_read(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     refuse_outside(&req.path)?;
-    let started = Instant::now();
     let max = state.core.policy().max_read_bytes;
     let p = req.path.clone();
-    let read = FileOp::new(&state.core, &id, &headers, Op::Read, &req.path, started)
-        .run(
+    let read = Audited::new(&state.core, &id, &actor, Op::Read, &req.path)
+        .blocking(
             move || ws.read(&p, 0, None, max),
             |r| i64::try_from(r.data.len()).ok(),
+            |e| file_error(e, true),
         )
-        .await
-        .map_err(unfinished)?;
-    let read = read.map_err(|e| file_error(e, true))?;
+        .await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         read.data,
@@ -183,21 +161,24 @@ pub(crate) async fn file_write(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WriteQuery>,
+    _: WireSession,
+    actor: Actor,
     body: Body,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let path = q
         .path
         .ok_or_else(|| WireError::invalid(&["query", "path"], "missing", "Field required"))?;
     refuse_outside(&path)?;
     let data = bounded_body(&headers, body, state.core.policy().max_read_bytes).await?;
-    let started = Instant::now();
     let p = path.clone();
-    let written = FileOp::new(&state.core, &id, &headers, Op::Write, &path, started)
-        .run(move || ws.write(&p, &data), |w| i64::try_from(w.size).ok())
-        .await
-        .map_err(unfinished)?;
-    written.map_err(|e| file_error(e, true))?;
+    Audited::new(&state.core, &id, &actor, Op::Write, &path)
+        .blocking(
+            move || ws.write(&p, &data),
+            |w| i64::try_from(w.size).ok(),
+            |e| file_error(e, true),
+        )
+        .await?;
     Ok(no_content())
 }
 
@@ -264,17 +245,15 @@ pub(super) fn native_entry(name: String, path: String, e: &Entry) -> FileEntry {
 )]
 pub(crate) async fn file_stat(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     refuse_outside(&req.path)?;
     let p = req.path.clone();
-    let entry = blocking(move || ws.stat_followed(&p))
-        .await?
-        .map_err(|e| file_error(e, true))?;
+    let entry = blocking(move || ws.stat_followed(&p), |e| file_error(e, true)).await?;
     if !matches!(entry.kind, EntryKind::Dir | EntryKind::File) {
         return Err(WireError::not_native(format!(
             "{} is not a regular file",
@@ -291,11 +270,11 @@ pub(crate) async fn file_stat(
 )]
 pub(crate) async fn file_realpath(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     if outside_work_dir(&req.path) {
         // Where a path outside the workspace leads is the sandbox's view, not the host's.
@@ -305,9 +284,7 @@ pub(crate) async fn file_realpath(
         )));
     }
     let p = req.path.clone();
-    let rel = blocking(move || ws.realpath(&p))
-        .await?
-        .map_err(|e| file_error(e, false))?;
+    let rel = blocking(move || ws.realpath(&p), |e| file_error(e, false)).await?;
     let path = if rel.is_empty() {
         WORK_DIR.to_owned()
     } else {
@@ -327,69 +304,60 @@ pub(crate) async fn file_realpath(
 )]
 pub(crate) async fn file_list(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     refuse_outside(&req.path)?;
-    let started = Instant::now();
     let p = req.path.clone();
     // The directory itself leading out is refused; a link out inside it makes the listing the
     // sandbox's to describe (409), as only the sandbox sees where it leads.
-    let listed = tokio::task::spawn_blocking(move || {
-        let listing = ws.list_all(&p, MAX_LIST_ENTRIES).map_err(|e| (e, true))?;
-        let mut out = Vec::with_capacity(listing.entries.len());
-        for e in listing.entries {
-            if e.kind == EntryKind::Symlink {
-                match ws.stat_followed(&e.path) {
-                    Ok(target) => out.push((e.name, target)),
-                    // Dangling, a loop, or not the sandbox user's to follow: an entry of its
-                    // own that is no directory, as `test -d` in the sandbox says.
-                    Err(
-                        FileError::NotFound { .. }
-                        | FileError::PermissionDenied { .. }
-                        | FileError::NotADirectory { .. },
-                    ) => out.push((
-                        e.name.clone(),
-                        Entry {
-                            kind: EntryKind::Other,
-                            ..e
-                        },
-                    )),
-                    Err(other) if is_loop(&other) => out.push((
-                        e.name.clone(),
-                        Entry {
-                            kind: EntryKind::Other,
-                            ..e
-                        },
-                    )),
-                    Err(other) => return Err((other, false)),
+    let (listed, truncated) = Audited::new(&state.core, &id, &actor, Op::Ls, &req.path)
+        .blocking(
+            move || {
+                let listing = ws
+                    .list_all(&p, MAX_LIST_ENTRIES)
+                    .map_err(|e| ListFailure(e, true))?;
+                let mut out = Vec::with_capacity(listing.entries.len());
+                for e in listing.entries {
+                    if e.kind == EntryKind::Symlink {
+                        match ws.stat_followed(&e.path) {
+                            Ok(target) => out.push((e.name, target)),
+                            // Dangling, a loop, or not the sandbox user's to follow: an entry
+                            // of its own that is no directory, as `test -d` in the sandbox says.
+                            Err(
+                                FileError::NotFound { .. }
+                                | FileError::PermissionDenied { .. }
+                                | FileError::NotADirectory { .. },
+                            ) => out.push((
+                                e.name.clone(),
+                                Entry {
+                                    kind: EntryKind::Other,
+                                    ..e
+                                },
+                            )),
+                            Err(other) if is_loop(&other) => out.push((
+                                e.name.clone(),
+                                Entry {
+                                    kind: EntryKind::Other,
+                                    ..e
+                                },
+                            )),
+                            Err(other) => return Err(ListFailure(other, false)),
+                        }
+                    } else {
+                        out.push((e.name.clone(), e));
+                    }
                 }
-            } else {
-                out.push((e.name.clone(), e));
-            }
-        }
-        Ok((out, listing.truncated))
-    })
-    .await
-    .map_err(|e| WireError::new(500, e.to_string()))?;
-    let outcome = match &listed {
-        Ok(_) => Outcome {
-            ok: true,
-            ..Outcome::default()
-        },
-        Err((e, _)) => Outcome {
-            ok: false,
-            error: Some(e.code().to_string()),
-            ..Outcome::default()
-        },
-    };
-    state
-        .core
-        .record(&id, &actor(&headers), Op::Ls, &req.path, outcome, started);
-    let (listed, truncated) = listed.map_err(|(e, refuse)| file_error(e, refuse))?;
+                Ok((out, listing.truncated))
+            },
+            |_| None,
+            |ListFailure(e, refuse)| file_error(e, refuse),
+        )
+        .await?;
     let base = if req.path.len() > 1 {
         req.path.trim_end_matches('/')
     } else {
@@ -419,6 +387,16 @@ pub(crate) async fn file_list(
     Ok(listing_response(rows, truncated))
 }
 
+/// A native listing's failure, and whether a path out of the workspace is refused (the
+/// directory's own) or the sandbox's to describe (an entry's link).
+pub(super) struct ListFailure(FileError, bool);
+
+impl Coded for ListFailure {
+    fn code(&self) -> String {
+        Coded::code(&self.0)
+    }
+}
+
 #[utoipa::path(
     post, path = "/sessions/{session_id}/files/mkdir", tag = "files", params(crate::http::wire::openapi::SessionIdParam),
     request_body = PathBody,
@@ -426,19 +404,20 @@ pub(crate) async fn file_list(
 )]
 pub(crate) async fn file_mkdir(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     refuse_outside(&req.path)?;
-    let started = Instant::now();
     let p = req.path.clone();
-    let made = FileOp::new(&state.core, &id, &headers, Op::Mkdir, &req.path, started)
-        .run(
+    Audited::new(&state.core, &id, &actor, Op::Mkdir, &req.path)
+        .blocking(
             move || match ws.mkdir(&p) {
-                // A file where the new directory goes is "exists"; one on the way "not a directory".
+                // A file where the new directory goes is "exists"; one on the way "not a
+                // directory".
                 Err(FileError::NotADirectory { path }) => match ws.stat(&p) {
                     Ok(e) if e.kind != EntryKind::Dir => Err(FileError::Io {
                         path,
@@ -449,22 +428,21 @@ pub(crate) async fn file_mkdir(
                 other => other,
             },
             |_| None,
+            |e| match e {
+                FileError::Io { path, source }
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    WireError::path(
+                        400,
+                        "FileExistsError",
+                        format!("'{path}' exists and is not a directory"),
+                    )
+                }
+                e => file_error(e, true),
+            },
         )
-        .await
-        .map_err(unfinished)?;
-    match made {
-        Ok(()) => Ok(no_content()),
-        Err(FileError::Io { path, source })
-            if source.kind() == std::io::ErrorKind::AlreadyExists =>
-        {
-            Err(WireError::path(
-                400,
-                "FileExistsError",
-                format!("'{path}' exists and is not a directory"),
-            ))
-        }
-        Err(e) => Err(file_error(e, true)),
-    }
+        .await?;
+    Ok(no_content())
 }
 
 #[utoipa::path(
@@ -474,19 +452,21 @@ pub(crate) async fn file_mkdir(
 )]
 pub(crate) async fn file_remove(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = workspace_for(&state, &headers, &id).await?;
+    let ws = files(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     refuse_outside(&req.path)?;
-    let started = Instant::now();
     let p = req.path.clone();
-    let removed = FileOp::new(&state.core, &id, &headers, Op::Remove, &req.path, started)
-        .run(move || ws.remove(&p, true), |_| None)
-        .await
-        .map_err(unfinished)?;
-    removed.map_err(|e| file_error(e, true))?;
+    Audited::new(&state.core, &id, &actor, Op::Remove, &req.path)
+        .blocking(
+            move || ws.remove(&p, true),
+            |_| None,
+            |e| file_error(e, true),
+        )
+        .await?;
     Ok(no_content())
 }

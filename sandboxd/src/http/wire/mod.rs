@@ -47,7 +47,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 
+use crate::http::audited::{Audited, blocking};
+use crate::http::extract::{Service, WireSession};
 use crate::http::v1::AppState;
+use crate::service::Actor;
+use crate::storage::audit::Op;
 use crate::workspace::MAX_LIST_ENTRIES;
 
 /// The Python package whose sandboxd protocol this module serves.

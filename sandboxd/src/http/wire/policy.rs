@@ -5,7 +5,6 @@ use super::*;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde::Serialize;
 use serde_json::Value;
@@ -184,8 +183,7 @@ pub(super) fn service_policy(core: &Core) -> ServicePolicy {
     get, path = "/policy", tag = "policy",
     responses((status = 200, description = "The host's policy", body = ServicePolicy))
 )]
-pub(crate) async fn get_policy(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
-    service(&state, &headers)?;
+pub(crate) async fn get_policy(State(state): State<AppState>, _: Service) -> WireResult {
     Ok(Json(service_policy(&state.core)).into_response())
 }
 
@@ -260,10 +258,9 @@ pub(super) fn check_live(key: &str, value: &Value) -> WireResult<()> {
 )]
 pub(crate) async fn put_policy(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Service,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let update: serde_json::Map<String, Value> = body(&raw)?;
     let mut live = serde_json::Map::new();
     let mut refused = Vec::new();

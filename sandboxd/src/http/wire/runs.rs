@@ -6,7 +6,6 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -82,11 +81,11 @@ pub fn sh_join(argv: &[String]) -> String {
 )]
 pub(crate) async fn run(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: WireSession,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    for_session(&state, &headers, &id).await?;
     let req: WireRun = body(&raw)?;
     if req.argv.is_empty() {
         return Err(WireError::invalid(
@@ -131,14 +130,7 @@ pub(crate) async fn run(
             None,
         )
         .await;
-    crate::http::v1::record_run(
-        &state.core,
-        &id,
-        &actor(&headers),
-        &target,
-        &result,
-        started,
-    );
+    crate::http::v1::record_run(&state.core, &id, &actor, &target, &result, started);
     let o = result.map_err(|e| WireError::from_core(&id, e))?;
     let limited = o.truncated && !o.timed_out;
     let limit = state.core.policy().max_output_bytes;
@@ -164,10 +156,9 @@ pub(crate) async fn run(
 )]
 pub(crate) async fn stop_run(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path((id, run_id)): Path<(String, String)>,
+    _: WireSession,
 ) -> WireResult {
-    for_session(&state, &headers, &id).await?;
     if !valid_run_id(&run_id) {
         return Err(WireError::invalid(
             &["path", "run_id"],

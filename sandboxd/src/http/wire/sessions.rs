@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -169,10 +169,9 @@ pub(super) async fn attach(
 )]
 pub(crate) async fn create_session(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Service,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let req: CreateSession = body(&raw)?;
     if let Some(id) = &req.session_id {
         check_id(id, &["body", "session_id"])?;
@@ -276,8 +275,7 @@ pub(crate) async fn create_session(
     get, path = "/sessions", tag = "sessions",
     responses((status = 200, description = "The sessions of this host", body = SessionList))
 )]
-pub(crate) async fn list_sessions(State(state): State<AppState>, headers: HeaderMap) -> WireResult {
-    service(&state, &headers)?;
+pub(crate) async fn list_sessions(State(state): State<AppState>, _: Service) -> WireResult {
     let rows = state
         .core
         .store()
@@ -305,10 +303,9 @@ pub(crate) async fn list_sessions(State(state): State<AppState>, headers: Header
 )]
 pub(crate) async fn get_session(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    WireSession(row): WireSession,
 ) -> WireResult {
-    let row = for_session(&state, &headers, &id).await?;
     if row.state == SessionState::Lost || !state.core.workspace(&id).exists() {
         return Err(WireError::gone(&id));
     }
@@ -347,11 +344,10 @@ pub(super) fn query_bool(v: Option<&str>, name: &str) -> WireResult<bool> {
 )]
 pub(crate) async fn delete_session(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<PurgeQuery>,
+    _: WireSession,
 ) -> WireResult {
-    for_session(&state, &headers, &id).await?;
     let purge = query_bool(q.purge.as_deref(), "purge")?;
     let core = &state.core;
     if purge {

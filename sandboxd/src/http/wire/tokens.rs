@@ -1,8 +1,8 @@
-//! Tokens: `X-Sandbox-Token`, the service (admin) token or a session's own, and the actor
-//! headers.
+//! Tokens: `X-Sandbox-Token`, the service (admin) token or a session's own. Handlers ask for
+//! them as the extractors [`crate::http::extract::Service`] and
+//! [`crate::http::extract::WireSession`].
 
 use super::*;
-pub(crate) use crate::http::audited::actor;
 
 use axum::http::HeaderMap;
 
@@ -31,7 +31,7 @@ pub(crate) async fn authenticate(state: &AppState, headers: &HeaderMap) -> WireR
 }
 
 /// Only the service (admin) token.
-pub(super) fn service(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
+pub(crate) fn service(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
     match token(headers) {
         Some(t) if state.admin.matches(t) => Ok(()),
         _ => Err(WireError::unauthorized()),
@@ -39,7 +39,7 @@ pub(super) fn service(state: &AppState, headers: &HeaderMap) -> WireResult<()> {
 }
 
 /// The service token or session `id`'s own; the token is checked before existence is told.
-pub(super) async fn for_session(
+pub(crate) async fn for_session(
     state: &AppState,
     headers: &HeaderMap,
     id: &str,

@@ -2,19 +2,16 @@
 //! read_bytes.
 
 use super::*;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::http::v1::AppState;
-use crate::storage::audit::Op;
 use crate::workspace::{
     Entry, EntryKind, FileError, ListRules, MAX_LIST_ENTRIES, TreeLimits, TreeOptions, Workspace,
 };
@@ -46,12 +43,7 @@ pub(super) fn archive_path(path: &str) -> WireResult<String> {
 }
 
 /// The stored workspace of session `id`, and whether a session row exists for the audit log.
-pub(super) async fn stored(
-    state: &AppState,
-    headers: &HeaderMap,
-    id: &str,
-) -> WireResult<(Workspace, bool)> {
-    service(state, headers)?;
+pub(super) async fn stored(state: &AppState, id: &str) -> WireResult<(Workspace, bool)> {
     check_id(id, &["path", "session_id"])?;
     // A session the core knows is read through it (its row names the tenant for the audit
     // log); a workspace without one is read as it is on disk.
@@ -204,55 +196,46 @@ pub(super) fn tree_bounds(max_depth: i64, max_entries: i64) -> WireResult<TreeLi
 )]
 pub(crate) async fn archive_ls(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: Service,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let (ws, known) = stored(&state, &headers, &id).await?;
+    let (ws, known) = stored(&state, &id).await?;
     let req: PathBody = body(&raw)?;
     let rel = archive_path(&req.path)?;
-    let started = Instant::now();
-    let r = rel.clone();
-    let listed = blocking(move || ws.list_as(&r, MAX_LIST_ENTRIES, ListRules::ARCHIVE)).await?;
-    if known {
-        state.core.record(
-            &id,
-            &actor(&headers),
-            Op::Ls,
-            &req.path,
-            file_outcome(&listed, |_| None),
-            started,
-        );
-    }
-    let listed = listed.map_err(|e| archive_error(e, &req.path, "directory"))?;
+    let listed = Audited::new(&state.core, &id, &actor, Op::Ls, &req.path)
+        .recorded_if(known)
+        .blocking(
+            move || ws.list_as(&rel, MAX_LIST_ENTRIES, ListRules::ARCHIVE),
+            |_| None,
+            |e| archive_error(e, &req.path, "directory"),
+        )
+        .await?;
     Ok(listing_response(
         listed.entries.iter().map(archive_entry).collect(),
         listed.truncated,
     ))
 }
 
+/// The walk of session `id`'s stored workspace from `path`, as the protocol's `tree` answers it.
 pub(super) async fn tree_of(
     state: &AppState,
-    headers: &HeaderMap,
+    actor: &Actor,
     id: &str,
     path: &str,
     limits: TreeLimits,
 ) -> WireResult<Tree> {
-    let (ws, known) = stored(state, headers, id).await?;
+    let (ws, known) = stored(state, id).await?;
     let rel = archive_path(path)?;
-    let started = Instant::now();
-    let walked = blocking(move || ws.tree_as(&rel, TreeOptions::archive(limits))).await?;
-    if known {
-        state.core.record(
-            id,
-            &actor(headers),
-            Op::Ls,
-            path,
-            file_outcome(&walked, |_| None),
-            started,
-        );
-    }
-    let walked = walked.map_err(|e| archive_error(e, path, "directory"))?;
+    let walked = Audited::new(&state.core, id, actor, Op::Ls, path)
+        .recorded_if(known)
+        .blocking(
+            move || ws.tree_as(&rel, TreeOptions::archive(limits)),
+            |_| None,
+            |e| archive_error(e, path, "directory"),
+        )
+        .await?;
     Ok(Tree {
         entries: walked.entries.iter().map(archive_entry).collect(),
         truncated: walked.incomplete,
@@ -266,14 +249,14 @@ pub(super) async fn tree_of(
 )]
 pub(crate) async fn archive_tree(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: Service,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let req: TreeBody = body(&raw)?;
     let limits = tree_bounds(req.max_depth, req.max_entries)?;
-    Ok(Json(tree_of(&state, &headers, &id, &req.path, limits).await?).into_response())
+    Ok(Json(tree_of(&state, &actor, &id, &req.path, limits).await?).into_response())
 }
 
 /// `TreesRequest`: the body of `POST /workspaces/trees`.
@@ -303,10 +286,10 @@ pub struct TreesBody {
 )]
 pub(crate) async fn archive_trees(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _: Service,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let req: TreesBody = body(&raw)?;
     if req.sessions.is_empty() || req.sessions.len() > 100 {
         return Err(WireError::invalid(
@@ -322,22 +305,20 @@ pub(crate) async fn archive_trees(
     let limits = tree_bounds(req.max_depth, req.max_entries)?;
     let mut results = Vec::with_capacity(req.sessions.len());
     for id in &req.sessions {
-        results.push(
-            match tree_of(&state, &headers, id, &req.path, limits).await {
-                Ok(tree) => TreeResult {
-                    session_id: id.clone(),
-                    tree: Some(tree),
-                    error: None,
-                    status_code: None,
-                },
-                Err(e) => TreeResult {
-                    session_id: id.clone(),
-                    tree: None,
-                    error: Some(e.detail.to_string()),
-                    status_code: Some(e.status),
-                },
+        results.push(match tree_of(&state, &actor, id, &req.path, limits).await {
+            Ok(tree) => TreeResult {
+                session_id: id.clone(),
+                tree: Some(tree),
+                error: None,
+                status_code: None,
             },
-        );
+            Err(e) => TreeResult {
+                session_id: id.clone(),
+                tree: None,
+                error: Some(e.detail.to_string()),
+                status_code: Some(e.status),
+            },
+        });
     }
     Ok(Json(Trees { results }).into_response())
 }
@@ -372,33 +353,25 @@ pub fn text_slice(text: &str, offset: usize, limit: usize) -> String {
     format!("{chunk}\n\n[... {remaining} more lines. Use offset={end} to read more.]")
 }
 
+/// The whole of the file at `path` of session `id`'s stored workspace.
 pub(super) async fn read_stored(
     state: &AppState,
-    headers: &HeaderMap,
+    actor: &Actor,
     id: &str,
     path: &str,
 ) -> WireResult<Vec<u8>> {
-    let (ws, known) = stored(state, headers, id).await?;
+    let (ws, known) = stored(state, id).await?;
     let rel = archive_path(path)?;
     let max = state.core.policy().max_read_bytes;
-    let started = Instant::now();
-    let read = blocking(move || {
-        // The whole file or nothing: its size, not a slice, is held against the limit.
-        let r = ws.read(&rel, 0, None, max)?;
-        Ok(r.data)
-    })
-    .await?;
-    if known {
-        state.core.record(
-            id,
-            &actor(headers),
-            Op::Read,
-            path,
-            file_outcome(&read, |d| i64::try_from(d.len()).ok()),
-            started,
-        );
-    }
-    read.map_err(|e| archive_error(e, path, "file"))
+    Audited::new(&state.core, id, actor, Op::Read, path)
+        .recorded_if(known)
+        .blocking(
+            // The whole file or nothing: its size, not a slice, is held against the limit.
+            move || ws.read(&rel, 0, None, max).map(|r| r.data),
+            |d| i64::try_from(d.len()).ok(),
+            |e| archive_error(e, path, "file"),
+        )
+        .await
 }
 
 #[utoipa::path(
@@ -408,11 +381,11 @@ pub(super) async fn read_stored(
 )]
 pub(crate) async fn archive_read(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: Service,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let req: ReadBody = body(&raw)?;
     if req.offset < 0 {
         return Err(WireError::invalid(
@@ -428,7 +401,7 @@ pub(crate) async fn archive_read(
             "Input should be greater than or equal to 1",
         ));
     }
-    let data = read_stored(&state, &headers, &id, &req.path).await?;
+    let data = read_stored(&state, &actor, &id, &req.path).await?;
     let text = String::from_utf8(data).map_err(|_| {
         WireError::new(
             400,
@@ -449,13 +422,13 @@ pub(crate) async fn archive_read(
 )]
 pub(crate) async fn archive_read_bytes(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    _: Service,
+    actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    service(&state, &headers)?;
     let req: PathBody = body(&raw)?;
-    let data = read_stored(&state, &headers, &id, &req.path).await?;
+    let data = read_stored(&state, &actor, &id, &req.path).await?;
     let encoded = base64::engine::general_purpose::STANDARD.encode(data);
     Ok(Json(ContentB64 {
         content_b64: encoded,

@@ -1,0 +1,140 @@
+//! What a handler of either surface asks of a request before it acts, as axum extractors, so
+//! that its signature says what its route needs: who acts ([`Actor`], from `X-Sandbox-Agent`
+//! and `X-Sandbox-Run`) and what the caller's token reaches.
+//!
+//! `/v1` reads `Authorization: Bearer` and answers `{"code", "message"}` ([`Caller`], [`Admin`],
+//! [`ForSession`]); the wire protocol reads `X-Sandbox-Token` and answers `{"detail"}`
+//! ([`Service`], [`WireSession`]). The rules themselves are each surface's (`v1::caller`,
+//! `wire::for_session`, …). The router's middleware has refused a token this host does not
+//! know before any handler runs; these decide what a known one reaches. A handler lists them
+//! after its `Path` and `Query`, so a malformed path or query is answered first, as before.
+
+use std::convert::Infallible;
+
+use axum::extract::{FromRequestParts, RawPathParams};
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
+
+use crate::error::ApiError;
+use crate::http::v1::{self, AppState, Caller};
+use crate::http::wire::{self, WireError};
+use crate::service::Actor;
+use crate::storage::store::SessionRow;
+
+/// The agent and run a request names in `X-Sandbox-Agent` and `X-Sandbox-Run`, for the audit
+/// log (blank values are none).
+pub(crate) fn actor(headers: &HeaderMap) -> Actor {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Actor {
+        agent: get(AGENT_HEADER),
+        run: get(RUN_HEADER),
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(actor(&parts.headers))
+    }
+}
+
+/// The path parameter `name` of the route, as it was matched.
+async fn path_param(parts: &mut Parts, state: &AppState, name: &str) -> Result<String, String> {
+    let params = RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|e| e.body_text())?;
+    params
+        .iter()
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.to_owned())
+        .ok_or_else(|| format!("the route has no path parameter {name}"))
+}
+
+/// `/v1`: who calls, by any token this host knows (401 otherwise).
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        v1::caller(state, &parts.headers).await
+    }
+}
+
+/// `/v1`: the admin token; a session token is 403.
+pub(crate) struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        v1::admin(state, &parts.headers).await?;
+        Ok(Self)
+    }
+}
+
+/// `/v1`: the admin token or the own token of the session `{id}` of the path; another
+/// session's token is 403.
+pub(crate) struct ForSession;
+
+impl FromRequestParts<AppState> for ForSession {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let id = path_param(parts, state, "id")
+            .await
+            .map_err(ApiError::bad_request)?;
+        v1::for_session(state, &parts.headers, &id).await?;
+        Ok(Self)
+    }
+}
+
+/// The wire protocol: the service (admin) token in `X-Sandbox-Token` (401 otherwise).
+pub(crate) struct Service;
+
+impl FromRequestParts<AppState> for Service {
+    type Rejection = WireError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        wire::service(state, &parts.headers)?;
+        Ok(Self)
+    }
+}
+
+/// The wire protocol: the service token or the own token of the session `{session_id}` of the
+/// path, and that session's row (422 for an id off the protocol's pattern, 401 for another
+/// token, 404 for no such session).
+pub(crate) struct WireSession(pub(crate) SessionRow);
+
+impl FromRequestParts<AppState> for WireSession {
+    type Rejection = WireError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let id = path_param(parts, state, "session_id")
+            .await
+            .map_err(|e| WireError::new(400, e))?;
+        Ok(Self(wire::for_session(state, &parts.headers, &id).await?))
+    }
+}
