@@ -1,5 +1,6 @@
 //! The routes of the `/v1` API and the index that lists them. sandboxd's router is checked
-//! against [`ROUTES`] (a test in sandboxd reads the router), so a client may trust the list.
+//! against [`ROUTES`] (a test in sandboxd sends every method of every path the router is built
+//! from through it), so a client may trust the list.
 
 use serde::{Deserialize, Serialize};
 

@@ -10,5 +10,7 @@ mod audited;
 pub mod connections;
 pub(crate) mod extract;
 pub mod openapi;
+#[cfg(test)]
+mod tests;
 pub mod v1;
 pub mod wire;

@@ -553,7 +553,7 @@ pub(crate) async fn openapi_json() -> axum::response::Response {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
@@ -592,63 +592,6 @@ pub(crate) mod tests {
             Vec::<&String>::new(),
             "routes the document describes that api::ROUTES does not list"
         );
-    }
-
-    /// The routes a router assembles, read from its source: each `.route("path", …)` between
-    /// `start` and `end` and the methods chained in it.
-    pub(crate) fn served(source: &str, start: &str, end: &str) -> BTreeSet<String> {
-        let start = source.find(start).expect("the router");
-        let end = start + source[start..].find(end).expect("the router's end");
-        let mut served = BTreeSet::new();
-        for part in source[start..end].split(".route(").skip(1) {
-            let path = part
-                .split('"')
-                .nth(1)
-                .expect("a route's path literal")
-                .replace("{*path}", "{path}");
-            let rest = &part[path.len()..];
-            for (call, method) in [
-                ("get(", "GET"),
-                ("post(", "POST"),
-                ("put(", "PUT"),
-                ("delete(", "DELETE"),
-                ("patch(", "PATCH"),
-            ] {
-                let found = rest.match_indices(call).any(|(i, _)| {
-                    i == 0
-                        || !rest.as_bytes()[i - 1].is_ascii_alphanumeric()
-                            && rest.as_bytes()[i - 1] != b'_'
-                });
-                if found {
-                    served.insert(format!("{method} {path}"));
-                }
-            }
-        }
-        served
-    }
-
-    /// The routes `api::router` assembles, read from its source. A route added there and not
-    /// to the document (and `sandboxd_api::routes::ROUTES`) fails here.
-    #[test]
-    fn the_router_serves_exactly_the_documented_routes() {
-        let served = served(include_str!("v1/mod.rs"), "pub fn router(", ".merge(");
-        assert_eq!(served, documented());
-    }
-
-    /// The wire protocol's router serves exactly the routes `wire::ROUTES` lists (the index
-    /// shows them), and nothing else.
-    #[test]
-    fn the_wire_router_serves_exactly_its_listed_routes() {
-        let served = served(
-            include_str!("wire/mod.rs"),
-            "pub fn router() -> Router<AppState> {",
-            "\n}\n",
-        );
-        let listed: BTreeSet<String> = crate::http::wire::ROUTES
-            .iter()
-            .map(|r| (*r).to_owned())
-            .collect();
-        assert_eq!(served, listed);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
@@ -94,36 +94,50 @@ pub(crate) async fn for_session(
     }
 }
 
-/// The router of the `/v1` API, the index, health and metrics.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/", get(index))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(crate::http::openapi::openapi_json))
-        .route("/v1/sessions", get(list).post(open))
-        .route("/v1/sessions/{id}", get(show).delete(destroy))
-        .route("/v1/sessions/{id}/stop", post(stop))
-        .route("/v1/sessions/{id}/start", post(start))
-        .route("/v1/sessions/{id}/reclaim", post(reclaim))
-        .route("/v1/sessions/{id}/token", post(rotate_token))
-        .route("/v1/sessions/{id}/runs", post(run))
-        .route("/v1/sessions/{id}/runs/{run_id}", get(run_status))
-        .route("/v1/sessions/{id}/runs/{run_id}/stop", post(stop_run))
-        .route(
+/// Every path of the `/v1` API, the index, health and metrics, and what serves it: [`router`]
+/// is built from this table, and a test sends every method of every path of it through that
+/// router to check that it serves exactly [`ROUTES`] (the routes the index lists and the
+/// operator's version check trusts).
+pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/", get(index)),
+        ("/healthz", get(healthz)),
+        ("/metrics", get(metrics)),
+        ("/openapi.json", get(crate::http::openapi::openapi_json)),
+        ("/v1/sessions", get(list).post(open)),
+        ("/v1/sessions/{id}", get(show).delete(destroy)),
+        ("/v1/sessions/{id}/stop", post(stop)),
+        ("/v1/sessions/{id}/start", post(start)),
+        ("/v1/sessions/{id}/reclaim", post(reclaim)),
+        ("/v1/sessions/{id}/token", post(rotate_token)),
+        ("/v1/sessions/{id}/runs", post(run)),
+        ("/v1/sessions/{id}/runs/{run_id}", get(run_status)),
+        ("/v1/sessions/{id}/runs/{run_id}/stop", post(stop_run)),
+        (
             "/v1/sessions/{id}/files/{*path}",
             get(read_file)
                 .put(write_file)
                 .delete(remove_file)
                 .layer(DefaultBodyLimit::max(MAX_WRITE_BYTES)),
-        )
-        .route("/v1/sessions/{id}/mkdir", post(mkdir))
-        .route("/v1/sessions/{id}/ls", get(ls))
-        .route("/v1/sessions/{id}/tree", get(tree))
-        .route("/v1/runtimes", get(runtimes).put(put_runtimes))
-        .route("/v1/policy", get(policy).put(put_policy))
-        .route("/v1/operations", get(operations))
-        .merge(crate::http::wire::router())
+        ),
+        ("/v1/sessions/{id}/mkdir", post(mkdir)),
+        ("/v1/sessions/{id}/ls", get(ls)),
+        ("/v1/sessions/{id}/tree", get(tree)),
+        ("/v1/runtimes", get(runtimes).put(put_runtimes)),
+        ("/v1/policy", get(policy).put(put_policy)),
+        ("/v1/operations", get(operations)),
+    ]
+}
+
+/// The router of the `/v1` API, the index, health and metrics ([`paths`]), and of the wire
+/// protocol ([`crate::http::wire::paths`]).
+pub fn router(state: AppState) -> Router {
+    paths()
+        .into_iter()
+        .chain(crate::http::wire::paths())
+        .fold(Router::new(), |router, (path, methods)| {
+            router.route(path, methods)
+        })
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,

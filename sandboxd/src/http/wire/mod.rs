@@ -40,11 +40,10 @@ pub(crate) use tokens::*;
 pub use workspaces::*;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use serde::de::DeserializeOwned;
 
 use crate::http::audited::{Audited, blocking};
@@ -102,7 +101,7 @@ const UNTENANTED: &str = "untenanted:";
 const PREPARE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The routes of the protocol, as the index lists them (`GET /` and `GET /healthz` are shared
-/// with `/v1` and listed there).
+/// with `/v1` and listed there); a test holds them to the router ([`paths`]).
 pub const ROUTES: &[&str] = &[
     "GET /policy",
     "PUT /policy",
@@ -139,37 +138,40 @@ pub fn release() -> &'static str {
         .map_or("unknown", str::trim)
 }
 
-/// The router of the protocol's routes, merged into the `/v1` router (the index and health are
-/// `/v1`'s, which carry the protocol's fields too).
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/policy", get(get_policy).put(put_policy))
-        .route("/sessions", get(list_sessions).post(create_session))
-        .route(
+/// Every path of the protocol and what serves it, from which [`crate::http::v1::router`] builds
+/// the protocol's routes beside `/v1`'s (the index and health are `/v1`'s, which carry the
+/// protocol's fields too). A test sends every method of every path of it through that router
+/// to check that it serves exactly [`ROUTES`].
+pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/policy", get(get_policy).put(put_policy)),
+        ("/sessions", get(list_sessions).post(create_session)),
+        (
             "/sessions/{session_id}",
             get(get_session).delete(delete_session),
-        )
-        .route("/sessions/{session_id}/run", post(run))
-        .route("/sessions/{session_id}/runs/{run_id}/stop", post(stop_run))
-        .route("/sessions/{session_id}/files/read", post(file_read))
-        .route("/sessions/{session_id}/files/write", post(file_write))
-        .route("/sessions/{session_id}/files/stat", post(file_stat))
-        .route("/sessions/{session_id}/files/realpath", post(file_realpath))
-        .route("/sessions/{session_id}/files/list", post(file_list))
-        .route("/sessions/{session_id}/files/mkdir", post(file_mkdir))
-        .route("/sessions/{session_id}/files/remove", post(file_remove))
-        .route("/workspaces/trees", post(archive_trees))
-        .route("/workspaces/{session_id}/ls", post(archive_ls))
-        .route("/workspaces/{session_id}/tree", post(archive_tree))
-        .route("/workspaces/{session_id}/read", post(archive_read))
-        .route(
+        ),
+        ("/sessions/{session_id}/run", post(run)),
+        ("/sessions/{session_id}/runs/{run_id}/stop", post(stop_run)),
+        ("/sessions/{session_id}/files/read", post(file_read)),
+        ("/sessions/{session_id}/files/write", post(file_write)),
+        ("/sessions/{session_id}/files/stat", post(file_stat)),
+        ("/sessions/{session_id}/files/realpath", post(file_realpath)),
+        ("/sessions/{session_id}/files/list", post(file_list)),
+        ("/sessions/{session_id}/files/mkdir", post(file_mkdir)),
+        ("/sessions/{session_id}/files/remove", post(file_remove)),
+        ("/workspaces/trees", post(archive_trees)),
+        ("/workspaces/{session_id}/ls", post(archive_ls)),
+        ("/workspaces/{session_id}/tree", post(archive_tree)),
+        ("/workspaces/{session_id}/read", post(archive_read)),
+        (
             "/workspaces/{session_id}/read_bytes",
             post(archive_read_bytes),
-        )
-        .route(
+        ),
+        (
             "/wire/openapi.json",
             get(crate::http::wire::openapi::openapi_json),
-        )
+        ),
+    ]
 }
 
 fn no_content() -> Response {
