@@ -134,17 +134,18 @@ async fn served<S>(router: &Router, paths: Vec<(&str, S)>) -> BTreeSet<String> {
     served
 }
 
-fn listed(routes: &[&str]) -> BTreeSet<String> {
+/// The routes of a route list, as a set.
+pub(crate) fn listed(routes: &[&str]) -> BTreeSet<String> {
     routes.iter().map(|r| (*r).to_owned()).collect()
 }
 
-/// Fails naming what `served` and `listed` do not share.
-fn same(served: &BTreeSet<String>, listed: &BTreeSet<String>, what: &str) {
-    let unlisted: Vec<&String> = served.difference(listed).collect();
-    let unserved: Vec<&String> = listed.difference(served).collect();
+/// Fails naming what the routes `a` (named `a_name`) and `b` (named `b_name`) do not share.
+pub(crate) fn same(a: &BTreeSet<String>, a_name: &str, b: &BTreeSet<String>, b_name: &str) {
+    let only_a: Vec<&String> = a.difference(b).collect();
+    let only_b: Vec<&String> = b.difference(a).collect();
     assert!(
-        unlisted.is_empty() && unserved.is_empty(),
-        "{what}: served and not listed {unlisted:?}; listed and not served {unserved:?}"
+        only_a.is_empty() && only_b.is_empty(),
+        "in {a_name} and not in {b_name}: {only_a:?}; in {b_name} and not in {a_name}: {only_b:?}"
     );
 }
 
@@ -154,13 +155,15 @@ async fn the_routers_serve_exactly_the_listed_routes() {
     let router = v1::router(state(dir.path()).await);
     same(
         &served(&router, v1::paths()).await,
+        "what the /v1 router serves",
         &listed(v1::ROUTES),
-        "the /v1 router and sandboxd_api::routes::ROUTES",
+        "sandboxd_api::routes::ROUTES",
     );
     same(
         &served(&router, wire::paths()).await,
+        "what the wire protocol's router serves",
         &listed(wire::ROUTES),
-        "the wire protocol's router and wire::ROUTES",
+        "wire::ROUTES",
     );
     // Each listed route, as the list spells it, is served by the router itself.
     for route in v1::ROUTES.iter().chain(wire::ROUTES) {

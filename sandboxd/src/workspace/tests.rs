@@ -948,6 +948,17 @@ fn listings_stop_at_their_limit() {
     assert!(none.entries.is_empty() && none.truncated);
 }
 
+/// Opens a subdirectory as a walk does, but the one at `at` is unreadable.
+fn unreadable(at: &'static str) -> impl Fn(&Dir, &str) -> io::Result<Dir> {
+    move |root, rel| {
+        if rel == at {
+            Err(io::Error::from(io::ErrorKind::PermissionDenied))
+        } else {
+            root.open_dir(rel)
+        }
+    }
+}
+
 #[test]
 fn tree_skips_an_unreadable_subdirectory() {
     let f = fixture();
@@ -955,16 +966,13 @@ fn tree_skips_an_unreadable_subdirectory() {
     f.file("b/2.txt", b"");
     f.file("b/deep/3.txt", b"");
     f.file("c/4.txt", b"");
-    let failing = |root: &Dir, rel: &str| {
-        if rel == "b" {
-            Err(io::Error::from(io::ErrorKind::PermissionDenied))
-        } else {
-            root.open_dir(rel)
-        }
-    };
     let tree =
-        f.ws.tree_with("", TreeOptions::excluding(TreeLimits::default()), &failing)
-            .expect("tree");
+        f.ws.tree_with(
+            "",
+            TreeOptions::excluding(TreeLimits::default()),
+            &unreadable("b"),
+        )
+        .expect("tree");
     assert_eq!(names(&tree.entries), ["a", "b", "c", "a/1.txt", "c/4.txt"]);
     assert_eq!(tree.skipped, ["b"]);
     assert!(tree.incomplete && !tree.depth_limit_reached && !tree.entry_limit_reached);
@@ -1062,14 +1070,9 @@ fn archive_tree_keeps_the_archive_rules() {
         (vec!["links/f.txt"], false)
     );
     // Below the start, an unreadable directory is left out; the start itself is an error.
-    let failing = |root: &Dir, rel: &str| {
-        if rel == "a" {
-            Err(io::Error::from(io::ErrorKind::PermissionDenied))
-        } else {
-            root.open_dir(rel)
-        }
-    };
-    let tree = f.ws.tree_with("", archive(6, 100), &failing).expect("tree");
+    let tree =
+        f.ws.tree_with("", archive(6, 100), &unreadable("a"))
+            .expect("tree");
     assert_eq!(tree.skipped, ["a"]);
     assert!(tree.incomplete);
     assert!(matches!(

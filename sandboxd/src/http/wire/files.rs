@@ -100,6 +100,19 @@ pub(super) async fn files(state: &AppState, id: &str) -> WireResult<Workspace> {
         .map_err(|e| WireError::from_core(id, e))
 }
 
+/// The workspace of a native operation on session `id` and the path its body names; a path
+/// that leads out of the work directory is refused.
+pub(super) async fn native(
+    state: &AppState,
+    id: &str,
+    raw: &Bytes,
+) -> WireResult<(Workspace, String)> {
+    let ws = files(state, id).await?;
+    let req: PathBody = body(raw)?;
+    refuse_outside(&req.path)?;
+    Ok((ws, req.path))
+}
+
 pub(super) fn refuse_outside(path: &str) -> WireResult<()> {
     if outside_work_dir(path) {
         return Err(WireError::path(
@@ -123,12 +136,10 @@ pub(crate) async fn file_read(
     actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = files(&state, &id).await?;
-    let req: PathBody = body(&raw)?;
-    refuse_outside(&req.path)?;
+    let (ws, path) = native(&state, &id, &raw).await?;
     let max = state.core.policy().max_read_bytes;
-    let p = req.path.clone();
-    let read = Audited::new(&state.core, &id, &actor, Op::Read, &req.path)
+    let p = path.clone();
+    let read = Audited::new(&state.core, &id, &actor, Op::Read, &path)
         .blocking(
             move || ws.read(&p, 0, None, max),
             |r| i64::try_from(r.data.len()).ok(),
@@ -249,18 +260,16 @@ pub(crate) async fn file_stat(
     _: WireSession,
     raw: Bytes,
 ) -> WireResult {
-    let ws = files(&state, &id).await?;
-    let req: PathBody = body(&raw)?;
-    refuse_outside(&req.path)?;
-    let p = req.path.clone();
+    let (ws, path) = native(&state, &id, &raw).await?;
+    let p = path.clone();
     let entry = blocking(move || ws.stat_followed(&p), |e| file_error(e, true)).await?;
     if !matches!(entry.kind, EntryKind::Dir | EntryKind::File) {
         return Err(WireError::not_native(format!(
             "{} is not a regular file",
-            req.path
+            path
         )));
     }
-    Ok(Json(native_entry(base_name(&req.path), req.path.clone(), &entry)).into_response())
+    Ok(Json(native_entry(base_name(&path), path, &entry)).into_response())
 }
 
 #[utoipa::path(
@@ -309,13 +318,11 @@ pub(crate) async fn file_list(
     actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = files(&state, &id).await?;
-    let req: PathBody = body(&raw)?;
-    refuse_outside(&req.path)?;
-    let p = req.path.clone();
+    let (ws, path) = native(&state, &id, &raw).await?;
+    let p = path.clone();
     // The directory itself leading out is refused; a link out inside it makes the listing the
     // sandbox's to describe (409), as only the sandbox sees where it leads.
-    let (listed, truncated) = Audited::new(&state.core, &id, &actor, Op::Ls, &req.path)
+    let (listed, truncated) = Audited::new(&state.core, &id, &actor, Op::Ls, &path)
         .blocking(
             move || {
                 let listing = ws
@@ -358,10 +365,10 @@ pub(crate) async fn file_list(
             |ListFailure(e, refuse)| file_error(e, refuse),
         )
         .await?;
-    let base = if req.path.len() > 1 {
-        req.path.trim_end_matches('/')
+    let base = if path.len() > 1 {
+        path.trim_end_matches('/')
     } else {
-        req.path.as_str()
+        path.as_str()
     };
     let rows: Vec<FileEntry> = listed
         .into_iter()
@@ -409,11 +416,9 @@ pub(crate) async fn file_mkdir(
     actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = files(&state, &id).await?;
-    let req: PathBody = body(&raw)?;
-    refuse_outside(&req.path)?;
-    let p = req.path.clone();
-    Audited::new(&state.core, &id, &actor, Op::Mkdir, &req.path)
+    let (ws, path) = native(&state, &id, &raw).await?;
+    let p = path.clone();
+    Audited::new(&state.core, &id, &actor, Op::Mkdir, &path)
         .blocking(
             move || match ws.mkdir(&p) {
                 // A file where the new directory goes is "exists"; one on the way "not a
@@ -457,11 +462,9 @@ pub(crate) async fn file_remove(
     actor: Actor,
     raw: Bytes,
 ) -> WireResult {
-    let ws = files(&state, &id).await?;
-    let req: PathBody = body(&raw)?;
-    refuse_outside(&req.path)?;
-    let p = req.path.clone();
-    Audited::new(&state.core, &id, &actor, Op::Remove, &req.path)
+    let (ws, path) = native(&state, &id, &raw).await?;
+    let p = path.clone();
+    Audited::new(&state.core, &id, &actor, Op::Remove, &path)
         .blocking(
             move || ws.remove(&p, true),
             |_| None,

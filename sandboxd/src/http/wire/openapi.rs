@@ -384,20 +384,11 @@ mod tests {
 
     #[test]
     fn the_document_lists_exactly_the_routes() {
-        let listed: BTreeSet<String> = crate::http::wire::ROUTES
-            .iter()
-            .map(|r| (*r).to_owned())
-            .collect();
-        let documented = documented();
-        assert_eq!(
-            listed.difference(&documented).collect::<Vec<_>>(),
-            Vec::<&String>::new(),
-            "routes of wire::ROUTES the document does not describe"
-        );
-        assert_eq!(
-            documented.difference(&listed).collect::<Vec<_>>(),
-            Vec::<&String>::new(),
-            "routes the document describes that wire::ROUTES does not list"
+        crate::http::tests::same(
+            &crate::http::tests::listed(crate::http::wire::ROUTES),
+            "wire::ROUTES",
+            &documented(),
+            "the document",
         );
     }
 
