@@ -194,7 +194,7 @@ impl Workspace {
         }
         let comps = normalize(path)?;
         let root = self.open_root()?;
-        let place = view::walk(&root, &comps, true, None).map_err(|r| refused(path, r))?;
+        let place = view::resolve(&root, &comps, true, None).map_err(|r| refused(path, r))?;
         let meta = match &place.name {
             None => place.dir.dir_metadata(),
             Some(name) => place.dir.symlink_metadata(name),

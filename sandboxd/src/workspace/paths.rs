@@ -39,7 +39,8 @@ impl Workspace {
         path: &str,
     ) -> Result<Dir, FileError> {
         let create = |dir: &Dir, name: &str| self.create_owned_dir(dir, name);
-        let place = view::walk(root, comps, true, Some(&create)).map_err(|r| refused(path, r))?;
+        let place =
+            view::resolve(root, comps, true, Some(&create)).map_err(|r| refused(path, r))?;
         let Some(name) = place.name else {
             return Ok(place.dir);
         };
@@ -60,7 +61,7 @@ impl Workspace {
         comps: &[String],
         path: &str,
     ) -> Result<Dir, FileError> {
-        let place = view::walk(root, comps, true, None).map_err(|r| refused(path, r))?;
+        let place = view::resolve(root, comps, true, None).map_err(|r| refused(path, r))?;
         let Some(name) = place.name else {
             return Ok(place.dir);
         };
@@ -97,7 +98,7 @@ pub(super) fn open_regular(
     comps: &[String],
     path: &str,
 ) -> Result<std::fs::File, FileError> {
-    let place = view::walk(root, comps, true, None).map_err(|r| refused(path, r))?;
+    let place = view::resolve(root, comps, true, None).map_err(|r| refused(path, r))?;
     let Some(name) = place.name else {
         return Err(FileError::IsADirectory { path: shown(path) });
     };

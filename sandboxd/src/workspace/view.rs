@@ -197,13 +197,15 @@ impl<'r> Walk<'r> {
     }
 }
 
-/// Walks `comps` (below the workspace `root`; `..` allowed) as the container would, following
-/// every link on the way and, with `follow_last`, a link at the end too. A missing last
-/// component is fine (the place names it); a missing directory on the way is created with
-/// `create` when given, else a `NotFound` error. A directory missing behind a link met on the
-/// way (`dangling/sub`) is never created (as `mkdir -p` refuses it); one on the way to where a
-/// link at the end leads is (a write through a dangling link makes its target).
-pub fn walk(
+/// Resolves `comps` (below the workspace `root`; `..` allowed) to a place as the container
+/// would, one component at a time (one path: the walk of a tree is
+/// [`crate::workspace::Workspace::tree_as`]), following every link on the way and, with
+/// `follow_last`, a link at the end too. A missing last component is fine (the place names
+/// it); a missing directory on the way is created with `create` when given, else a `NotFound`
+/// error. A directory missing behind a link met on the way (`dangling/sub`) is never created
+/// (as `mkdir -p` refuses it); one on the way to where a link at the end leads is (a write
+/// through a dangling link makes its target).
+pub fn resolve(
     root: &Dir,
     comps: &[String],
     follow_last: bool,
@@ -350,20 +352,23 @@ mod tests {
         symlink("l1", ws.join("l2")).expect("link");
         let root = Dir::open_ambient_dir(&ws, ambient_authority()).expect("root");
 
-        let place = walk(&root, &comps("abs"), true, None).expect("abs");
+        let place = resolve(&root, &comps("abs"), true, None).expect("abs");
         assert_eq!(place.comps(), ["notes", "a.txt"]);
-        let place = walk(&root, &comps("absdir/a.txt"), true, None).expect("absdir");
+        let place = resolve(&root, &comps("absdir/a.txt"), true, None).expect("absdir");
         assert_eq!(place.comps(), ["notes", "a.txt"]);
-        let place = walk(&root, &comps("roundtrip"), true, None).expect("roundtrip");
+        let place = resolve(&root, &comps("roundtrip"), true, None).expect("roundtrip");
         assert_eq!(place.comps(), ["notes"]);
-        let place = walk(&root, &comps("home"), true, None).expect("home");
+        let place = resolve(&root, &comps("home"), true, None).expect("home");
         assert!(place.name.is_none() && place.dir_comps.is_empty());
         // Not followed at the end: the link itself.
-        let place = walk(&root, &comps("abs"), false, None).expect("abs itself");
+        let place = resolve(&root, &comps("abs"), false, None).expect("abs itself");
         assert_eq!(place.comps(), ["abs"]);
         for out in ["out", "up", "home/../etc"] {
             assert!(
-                matches!(walk(&root, &comps(out), true, None), Err(Refusal::Outside)),
+                matches!(
+                    resolve(&root, &comps(out), true, None),
+                    Err(Refusal::Outside)
+                ),
                 "{out}"
             );
             assert!(
@@ -372,7 +377,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            walk(&root, &comps("l1"), true, None),
+            resolve(&root, &comps("l1"), true, None),
             Err(Refusal::Loop)
         ));
 

@@ -57,7 +57,8 @@ impl Workspace {
         // Through every link, a link at the end too (written through, as open(2) does), with
         // the directories on the way created.
         let create = |dir: &Dir, name: &str| self.create_owned_dir(dir, name);
-        let place = view::walk(&root, &comps, true, Some(&create)).map_err(|r| refused(path, r))?;
+        let place =
+            view::resolve(&root, &comps, true, Some(&create)).map_err(|r| refused(path, r))?;
         let Some(name) = place.name else {
             return Err(FileError::IsADirectory { path: shown(path) });
         };
