@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -79,11 +79,14 @@ impl Core {
     }
 
     /// Runs a command, waking the session first; output also goes to `events` as it comes.
+    /// `under_way` hears once the run is in the session's table (from then on a stop of its
+    /// id reaches it); it is dropped unheard when the run ends before that.
     pub async fn run(
         &self,
         id: &str,
         req: RunRequest,
         events: Option<mpsc::Sender<RunEvent>>,
+        under_way: Option<oneshot::Sender<()>>,
     ) -> Result<RunOutcome, ApiError> {
         if req.command.trim().is_empty() {
             return Err(ApiError::bad_request("command must not be empty"));
@@ -154,6 +157,9 @@ impl Core {
                     cancel: cancel.clone(),
                 },
             );
+        }
+        if let Some(under_way) = under_way {
+            let _ = under_way.send(());
         }
         // A caller that goes away mid-run (its request dropped) stops the run: the guard
         // cancels it and forgets it, and the run itself goes on in a task of its own

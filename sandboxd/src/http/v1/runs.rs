@@ -52,7 +52,7 @@ pub(crate) async fn run(
     let command = req.command.clone();
     let started = Instant::now();
     if !q.stream {
-        let result = state.core.run(&id, req, None).await;
+        let result = state.core.run(&id, req, None, None).await;
         record_run(&state.core, &id, &who, &command, &result, started);
         return Ok(Json(result?).into_response());
     }
@@ -73,11 +73,12 @@ pub(crate) async fn run(
     let over = tokio_util::sync::CancellationToken::new();
     let cut = tokio_util::sync::CancellationToken::new();
     let (run_over, cut_off) = (over.clone(), cut.clone());
+    let (under_way_tx, under_way) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let run = tokio::spawn(async move {
             // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
             let result = tokio::select! {
-                result = core.run(&id, req, Some(events_tx)) => result,
+                result = core.run(&id, req, Some(events_tx), Some(under_way_tx)) => result,
                 () = gone.cancelled() => Err(ApiError::new(
                     499,
                     ErrorCode::RunCancelled,
@@ -154,6 +155,10 @@ pub(crate) async fn run(
             () = &mut drained => cut_off.cancel(),
         }
     });
+    // The answer starts once the run is under way (a stop of its id reaches it from then on) or
+    // over (its error is the stream's one line): a client that starts a run in the background
+    // and stops it at once is never told that no such run is running.
+    let _ = under_way.await;
     // The body: the forwarded chunks, or an error once the client is cut off (hyper then
     // closes the connection, and with the body drops what it still held).
     let stream = futures::stream::unfold((rx, Some(cut)), |(mut rx, cut)| async move {
