@@ -110,7 +110,25 @@ impl RuntimeError {
 impl FileError {
     /// The status and code the API answers this error with.
     pub fn status_and_code(&self) -> (u16, ErrorCode) {
-        (self.status(), self.code())
+        match self {
+            Self::InvalidPath { .. } => (400, ErrorCode::InvalidPath),
+            Self::OutsideWorkspace { .. } => (403, ErrorCode::OutsideWorkspace),
+            Self::NotFound { .. } => (404, ErrorCode::NotFound),
+            Self::IsADirectory { .. } => (409, ErrorCode::IsADirectory),
+            Self::NotADirectory { .. } => (409, ErrorCode::NotADirectory),
+            Self::DirectoryNotEmpty { .. } => (409, ErrorCode::DirectoryNotEmpty),
+            Self::TooLarge { .. } => (413, ErrorCode::TooLarge),
+            Self::NoSpace { .. } => (507, ErrorCode::WorkspaceFull),
+            Self::WorkspaceMissing => (410, ErrorCode::SessionLost),
+            Self::PermissionDenied { .. } => (403, ErrorCode::PermissionDenied),
+            Self::NotRegularFile { .. } => (409, ErrorCode::NotARegularFile),
+            Self::Io { .. } => (500, ErrorCode::IoError),
+        }
+    }
+
+    /// The code alone (an audit row's error).
+    pub fn code(&self) -> ErrorCode {
+        self.status_and_code().1
     }
 }
 
@@ -523,6 +541,83 @@ mod tests {
                 ApiError::new(status, code, message),
                 "{what}"
             );
+        }
+    }
+
+    #[test]
+    fn every_file_error_has_its_status_and_code() {
+        let p = || "p".to_owned();
+        let cases = [
+            (
+                FileError::InvalidPath {
+                    path: p(),
+                    reason: "r".to_owned(),
+                },
+                400,
+                ErrorCode::InvalidPath,
+            ),
+            (
+                FileError::OutsideWorkspace { path: p() },
+                403,
+                ErrorCode::OutsideWorkspace,
+            ),
+            (FileError::NotFound { path: p() }, 404, ErrorCode::NotFound),
+            (
+                FileError::IsADirectory { path: p() },
+                409,
+                ErrorCode::IsADirectory,
+            ),
+            (
+                FileError::NotADirectory { path: p() },
+                409,
+                ErrorCode::NotADirectory,
+            ),
+            (
+                FileError::DirectoryNotEmpty { path: p() },
+                409,
+                ErrorCode::DirectoryNotEmpty,
+            ),
+            (
+                FileError::TooLarge { size: 2, limit: 1 },
+                413,
+                ErrorCode::TooLarge,
+            ),
+            (
+                FileError::NoSpace {
+                    path: p(),
+                    limit: None,
+                },
+                507,
+                ErrorCode::WorkspaceFull,
+            ),
+            (FileError::WorkspaceMissing, 410, ErrorCode::SessionLost),
+            (
+                FileError::PermissionDenied { path: p() },
+                403,
+                ErrorCode::PermissionDenied,
+            ),
+            (
+                FileError::NotRegularFile { path: p() },
+                409,
+                ErrorCode::NotARegularFile,
+            ),
+            (
+                FileError::Io {
+                    path: p(),
+                    source: std::io::Error::other("x"),
+                },
+                500,
+                ErrorCode::IoError,
+            ),
+        ];
+        let variants: std::collections::HashSet<_> = cases
+            .iter()
+            .map(|(e, ..)| std::mem::discriminant(e))
+            .collect();
+        assert_eq!(variants.len(), 12, "one row per variant of FileError");
+        for (e, status, code) in cases {
+            let message = e.to_string();
+            assert_eq!(ApiError::from(e), ApiError::new(status, code, message));
         }
     }
 
