@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::http::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::service::auth::{AdminToken, bearer};
 use crate::service::{Core, Outcome};

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::http::error::ApiError;
 use crate::http::openapi::{RunId, SessionId};
 use crate::run::{RunEvent, RunOutcome, RunStatus};
-use crate::service::{Actor, Core, Outcome, RunRequest};
+use crate::service::{Actor, Core, Outcome, RunRequest, ServiceError};
 use crate::storage::audit::Op;
 
 /// `?stream=`: whether a run answers with NDJSON events as they come.
@@ -79,11 +79,7 @@ pub(crate) async fn run(
             // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
             let result = tokio::select! {
                 result = core.run(&id, req, Some(events_tx), Some(under_way_tx)) => result,
-                () = gone.cancelled() => Err(ApiError::new(
-                    499,
-                    ErrorCode::RunCancelled,
-                    "the caller went away; the run was stopped",
-                )),
+                () = gone.cancelled() => Err(ServiceError::RunCancelled),
             };
             record_run(&core, &id, &who, &command, &result, started);
             run_over.cancel();
@@ -143,7 +139,10 @@ pub(crate) async fn run(
                 v["type"] = json!("exit");
                 v
             }
-            Ok(Err(e)) => json!({"type": "error", "code": e.code, "message": e.message}),
+            Ok(Err(e)) => {
+                let e = ApiError::from(e);
+                json!({"type": "error", "code": e.code, "message": e.message})
+            }
             Err(e) => json!({"type": "error", "code": "internal", "message": e.to_string()}),
         };
         if client_gone {
@@ -208,7 +207,7 @@ pub(crate) fn record_run(
     id: &str,
     who: &Actor,
     command: &str,
-    result: &Result<crate::run::RunOutcome, ApiError>,
+    result: &Result<crate::run::RunOutcome, ServiceError>,
     started: Instant,
 ) {
     let outcome = match result {
@@ -228,7 +227,7 @@ pub(crate) fn record_run(
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code.to_string()),
+            error: Some(e.status_and_code().1.to_string()),
             ..Outcome::default()
         },
     };
