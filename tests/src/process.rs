@@ -30,27 +30,29 @@ pub const TEST_PERIODS: [(&str, &str); 5] = [
     ("--tombstone-backoff-cap-seconds", "4"),
 ];
 
-/// A workspace binary: next to the running program (a bin such as `faults`) or one folder up
-/// (a test binary, in `deps/`).
+/// A workspace binary: next to the running program (a bin such as `faults`), or next to its
+/// `deps/` folder (a test binary).
 pub fn bin(name: &str) -> io::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
+    let mut dir = exe
         .parent()
         .ok_or_else(|| io::Error::other("no target dir"))?;
-    let candidates = [Some(dir), dir.parent()];
-    for d in candidates.into_iter().flatten() {
-        let path = d.join(name);
-        if path.is_file() {
-            return Ok(path);
-        }
+    if dir.ends_with("deps")
+        && let Some(up) = dir.parent()
+    {
+        dir = up;
     }
-    Err(io::Error::new(
-        io::ErrorKind::NotFound,
-        format!(
-            "{} is missing: build it with `cargo build --workspace --bins` (make test does)",
-            dir.join(name).display()
-        ),
-    ))
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} is missing: build it with `cargo build --workspace --bins` (make test does)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(path)
 }
 
 /// A free loopback port (bound, then released).
