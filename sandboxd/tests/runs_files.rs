@@ -348,7 +348,7 @@ async fn hostile_paths_are_refused_and_nothing_outside_is_touched(backend: Backe
     let base = format!("{}/v1/sessions/hostile/files", d.base);
     let token = s.clone();
     let _ = token;
-    let admin = d.admin.clone();
+    let admin = d.token.clone();
     for path in [
         "../sentinel.txt",
         "%2e%2e/sentinel.txt",
