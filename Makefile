@@ -59,9 +59,9 @@ test: up lint wire-venv schemathesis-venv sdk-venv ## everything: up, lint, unit
 	$(MAKE) faults
 
 # kill -9 of the operator, a sandboxd, the API server, etcd and dockerd during a random workload
-# (operator/src/bin/faults.rs, docs/reliability.md). Not a cargo test: it kills what the tests
+# (tests/src/bin/faults.rs, docs/reliability.md). Not a cargo test: it kills what the tests
 # share, so it runs alone, after them. SEED=… TRIALS=… replay a run; TARGETS=operator,sandboxd
 # limits what is killed.
 faults: ## the fault harness: TRIALS trials (10) from SEED (1); exits non-zero on a broken invariant
 	$(CARGO) build --workspace --bins
-	$(ENV) && timeout --kill-after=30 1800 $(CARGO) run -q -p sandboxd-operator --bin faults -- --trials $(or $(TRIALS),10) --seed $(or $(SEED),1) $(if $(TARGETS),--targets $(TARGETS))
+	$(ENV) && timeout --kill-after=30 1800 $(CARGO) run -q -p sandboxd-tests --bin faults -- --trials $(or $(TRIALS),10) --seed $(or $(SEED),1) $(if $(TARGETS),--targets $(TARGETS))

@@ -2,31 +2,26 @@
 //! a real sandboxd on the project's dockerd and the real operator (scoped by a label, so it
 //! touches only this test's objects). Asserts what a person sees: output and exit status.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost};
 use sandboxd_tests::host::{Host, bin, free_port};
+use sandboxd_tests::process::Operator;
 use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
 use serde_json::json;
 
 const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
 
-/// A workspace binary next to this test's `deps/` folder (`make test` builds them first).
-/// The processes a test starts besides its sandboxd (the operator), killed when it ends.
-struct Processes {
-    children: Vec<Child>,
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// The operator of this test's scope (`selector`) in namespace `ns`, started; killed when
+/// dropped.
+fn operator(ns: &str, selector: &str, identity: &str) -> Operator {
+    let mut op = Operator::new(bin("sandbox-operator"), ns, selector);
+    op.identity = Some(identity.to_owned());
+    op.launch().expect("the operator starts");
+    op
 }
 
 /// Runs the plugin in the test's namespace.
@@ -72,10 +67,9 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .prefix("sandboxd-plugin-test-")
         .tempdir()
         .expect("temp dir");
-    let sandboxd = Host::start(&host_name, &[]);
-    let token = sandboxd.token.clone();
-    let mut procs = Processes { children: vec![] };
-    let endpoint = sandboxd.endpoint();
+    let sandboxd_host = Host::start(&host_name, &[]);
+    let token = sandboxd_host.sandboxd.token.clone();
+    let endpoint = sandboxd_host.endpoint();
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "host-admin", "labels": labels},
         "stringData": {"token": token},
@@ -109,16 +103,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .create(&PostParams::default(), &runtime)
         .await
         .expect("runtime created");
-    let operator = Command::new(bin("sandbox-operator"))
-        .env("RUST_LOG", "warn")
-        .env("POD_NAMESPACE", &ns)
-        .args(["--selector", &selector, "--lease-namespace", &ns])
-        .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
-        .args(["--probe-seconds", "1", "--follow-seconds", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("the operator starts");
-    procs.children.push(operator);
+    let operator = operator(&ns, &selector, &scope);
 
     // open: created, progress in words, then running with the next commands.
     let label = format!("{SCOPE_LABEL}={scope}");
@@ -305,9 +290,9 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         "kubectl sandbox: 1 of 2 SandboxHosts are unhealthy (see above)\n"
     );
 
-    // Clean up: the operator is stopped with the processes, so drop finalizers first.
-    drop(procs);
-    drop(sandboxd);
+    // Clean up: the operator is stopped first, so drop finalizers.
+    drop(operator);
+    drop(sandboxd_host);
     for name in [host_name.clone(), format!("plugin-dead-{scope}")] {
         strip_and_delete(&hosts, &name).await;
     }
@@ -367,16 +352,15 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
     let other_file = dir.path().join("other-ca.crt");
     std::fs::write(&other_file, &other.pem).expect("write the other CA");
 
-    let sandboxd = Host::start(
+    let sandboxd_host = Host::start(
         &host_name,
         &[
             ("SANDBOXD_TLS_CERT_FILE", leaf.cert.to_str().expect("utf-8")),
             ("SANDBOXD_TLS_KEY_FILE", leaf.key.to_str().expect("utf-8")),
         ],
     );
-    let token = sandboxd.token.clone();
-    let mut procs = Processes { children: vec![] };
-    let endpoint = sandboxd.endpoint();
+    let token = sandboxd_host.sandboxd.token.clone();
+    let endpoint = sandboxd_host.endpoint();
     assert!(endpoint.starts_with("https://"), "{endpoint}");
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     for (name, key, value) in [
@@ -419,16 +403,7 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
         .create(&PostParams::default(), &runtime)
         .await
         .expect("runtime created");
-    let operator = Command::new(bin("sandbox-operator"))
-        .env("RUST_LOG", "warn")
-        .env("POD_NAMESPACE", &ns)
-        .args(["--selector", &selector, "--lease-namespace", &ns])
-        .args(["--identity", &scope, "--http-addr", "127.0.0.1:0"])
-        .args(["--probe-seconds", "1", "--follow-seconds", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("the operator starts");
-    procs.children.push(operator);
+    let operator = operator(&ns, &selector, &scope);
 
     let label = format!("{SCOPE_LABEL}={scope}");
     ok(
@@ -474,8 +449,8 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
         "{out}"
     );
 
-    drop(procs);
-    drop(sandboxd);
+    drop(operator);
+    drop(sandboxd_host);
     strip_and_delete(&hosts, &host_name).await;
     strip_and_delete(&runtimes, &format!("base-{scope}")).await;
     strip_and_delete(

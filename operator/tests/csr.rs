@@ -367,13 +367,13 @@ subjects:
     let https = |name: &str| {
         reqwest::Client::builder()
             .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("CA")])
-            .resolve(name, ([127, 0, 0, 1], host.port).into())
+            .resolve(name, ([127, 0, 0, 1], host.sandboxd.port).into())
             .timeout(Duration::from_secs(10))
             .build()
             .expect("client")
     };
     for name in ["127.0.0.1", node_a.as_str()] {
-        let url = format!("https://{name}:{}/healthz", host.port);
+        let url = format!("https://{name}:{}/healthz", host.sandboxd.port);
         let resp = https(name).get(&url).send().await;
         assert!(
             resp.as_ref().is_ok_and(|r| r.status().is_success()),
@@ -381,7 +381,7 @@ subjects:
         );
     }
     let wrong = https("localhost")
-        .get(format!("https://localhost:{}/healthz", host.port))
+        .get(format!("https://localhost:{}/healthz", host.sandboxd.port))
         .send()
         .await;
     assert!(
@@ -439,7 +439,7 @@ subjects:
     );
     // Discovery: the operator keeps a host for node A's sandboxd pod, https:// at its IP, with
     // the signer's CA as the host's CA; it verifies the certificate with it and is Ready.
-    let master = host.token.clone();
+    let master = host.sandboxd.token.clone();
     let admin: Secret = serde_json::from_value(json!({
         "metadata": {"name": "admin"},
         "stringData": {"token": master},
@@ -471,7 +471,7 @@ subjects:
         "--host-pod-namespace",
         &ns,
         "--host-port",
-        &host.port.to_string(),
+        &host.sandboxd.port.to_string(),
         "--host-token-secret",
         &format!("{ns}/admin"),
     ]);
@@ -499,7 +499,7 @@ subjects:
     let discovered = discovered.expect("the discovered host");
     assert_eq!(
         discovered.spec.endpoint,
-        format!("https://127.0.0.1:{}", host.port)
+        format!("https://127.0.0.1:{}", host.sandboxd.port)
     );
     let ca_ref = discovered.spec.ca_secret.expect("spec.caSecret");
     assert_eq!(

@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, Tombstone};
+use sandboxd_tests::poll::{nothing_left, until_every};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
@@ -113,7 +114,7 @@ async fn a_session_runs_sleeps_wakes_is_reclaimed_and_lost() {
     assert!(host.containers().is_empty(), "{:?}", host.containers());
     assert!(host.workspace(&life).join("note.txt").exists());
     // The workspace deleted on the host: Lost, never recreated.
-    std::fs::remove_dir_all(host.dir.path().join("ws").join(&life)).expect("delete on the host");
+    std::fs::remove_dir_all(host.sandboxd.workspace_root.join(&life)).expect("delete on the host");
     let lost = scope
         .wait_session("xc-life", "Lost", 30, |s| {
             phase(s) == Some(SessionPhase::Lost)
@@ -155,9 +156,8 @@ async fn deleting_a_session_destroys_it_through_a_tombstone_even_across_a_host_o
     assert!(host.containers().is_empty());
     assert!(
         !host
-            .dir
-            .path()
-            .join("ws")
+            .sandboxd
+            .workspace_root
             .join(scope.host_id("xc-one"))
             .exists()
     );
@@ -200,9 +200,8 @@ async fn deleting_a_session_destroys_it_through_a_tombstone_even_across_a_host_o
     assert!(host.containers().is_empty());
     assert!(
         !host
-            .dir
-            .path()
-            .join("ws")
+            .sandboxd
+            .workspace_root
             .join(scope.host_id("xc-two"))
             .exists()
     );
@@ -468,16 +467,13 @@ async fn deleting_a_namespace_destroys_every_container() {
         120,
     )
     .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut interval = tokio::time::interval(Duration::from_millis(500));
-    while !host.containers().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "containers left: {:?}",
-            host.containers()
-        );
-        interval.tick().await;
-    }
+    until_every(
+        "no container left",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        async || nothing_left("containers left", &host.containers()),
+    )
+    .await;
     scope.delete().await;
 }
 
@@ -495,15 +491,13 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
         );
     }
     // Kill it the moment the first container exists on the host: the other opens are in flight.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    while host.containers().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no container was ever created"
-        );
-        tick.tick().await;
-    }
+    until_every(
+        "a container on the host",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        async || (!host.containers().is_empty()).then_some(()),
+    )
+    .await;
     scope.kill9_operator(first);
     scope.start_operator(&[]);
     for i in 0..3 {
@@ -552,27 +546,28 @@ async fn kill_9_of_the_operator_mid_open_and_mid_delete_leaks_and_duplicates_not
         wait_gone(api.clone(), &format!("xc-crash-{i}"), 60).await;
     }
     let tombstones = Api::<Tombstone>::all(scope.client.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = tombstones
-            .list(&kube::api::ListParams::default().labels(&format!(
-                "{}={}",
-                common::SCOPE_LABEL,
-                scope.scope
-            )))
-            .await
-            .expect("list");
-        if left.items.is_empty() && host.containers().is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "left behind: {} tombstones, containers {:?}",
-            left.items.len(),
-            host.containers()
-        );
-        tick.tick().await;
-    }
+    let labels = format!("{}={}", common::SCOPE_LABEL, scope.scope);
+    until_every(
+        "no tombstone and no container left",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        async || {
+            let left = tombstones
+                .list(&kube::api::ListParams::default().labels(&labels))
+                .await
+                .expect("list");
+            let containers = host.containers();
+            if left.items.is_empty() && containers.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "left behind: {} tombstones, containers {containers:?}",
+                    left.items.len()
+                ))
+            }
+        },
+    )
+    .await;
     scope.delete().await;
 }
 
@@ -598,7 +593,7 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
     // by hand, with the loopback address of the real sandboxd this test started).
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "sandboxd-admin-token", "labels": scope.labels()},
-        "stringData": {"token": host.token},
+        "stringData": {"token": host.sandboxd.token},
     }))
     .expect("secret");
     Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)
@@ -629,7 +624,7 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         "--host-pod-namespace",
         &ns,
         "--host-port",
-        &host.port.to_string(),
+        &host.sandboxd.port.to_string(),
         "--host-token-secret",
         &format!("{ns}/sandboxd-admin-token"),
         "--node-token-hashes",
@@ -643,7 +638,7 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         hashes,
         std::collections::BTreeMap::from([(
             node.clone(),
-            sandboxd_api::auth::hash(&sandboxd_api::auth::node_token(&host.token, &node))
+            sandboxd_api::auth::hash(&sandboxd_api::auth::node_token(&host.sandboxd.token, &node))
         )])
     );
     common::mount_config_map(mounted.path(), &hashes);
@@ -695,28 +690,26 @@ async fn sandboxd_pods_become_hosts_and_metrics_tell_the_story() {
         "sandbox_operator_reconcile_duration_seconds_count{controller=\"sandboxhost\"}",
         "sandbox_operator_tombstones_pending 0",
     ];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        let missing: Vec<&str> = wants
-            .iter()
-            .copied()
-            .filter(|w| !metrics.contains(w))
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{missing:?} missing from:\n{metrics}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    until_every(
+        "the operator's metrics",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || {
+            let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            let missing: Vec<&str> = wants
+                .iter()
+                .copied()
+                .filter(|w| !metrics.contains(w))
+                .collect();
+            nothing_left("missing", &missing).map_err(|e| format!("{e}, from:\n{metrics}"))
+        },
+    )
+    .await;
     for path in ["healthz", "readyz"] {
         let resp = reqwest::get(format!("{}/{path}", scope.health_url(0)))
             .await
@@ -938,7 +931,7 @@ async fn another_namespace_can_neither_take_over_nor_destroy_a_sandbox_of_the_sa
     wait_gone(tombstones.clone(), &format!("sbx-{attacker_uid}"), 30).await;
     assert_eq!(host.containers(), vec![(victim_id.clone(), true)]);
     assert!(host.workspace(&victim_id).join("notes/hello.txt").exists());
-    assert!(!host.dir.path().join("ws").join(&attacker_id).exists());
+    assert!(!host.sandboxd.workspace_root.join(&attacker_id).exists());
     assert_eq!(
         victim_client
             .read(&victim_id, "notes/hello.txt", 0, None)
@@ -1085,7 +1078,7 @@ async fn a_host_whose_admin_token_is_in_another_namespace_is_refused_unread() {
     let secret = |name: &str| -> Secret {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": labels},
-            "stringData": {"token": host.token},
+            "stringData": {"token": host.sandboxd.token},
         }))
         .expect("secret")
     };
@@ -1613,7 +1606,7 @@ async fn a_sandbox_destroyed_or_removed_under_its_session_is_reported_within_the
 
     // Its workspace deleted on the host: Lost, never replaced with an empty one.
     let (wiped, wiped_token) = &tokens[2];
-    std::fs::remove_dir_all(host.dir.path().join("ws").join(wiped)).expect("delete on the host");
+    std::fs::remove_dir_all(host.sandboxd.workspace_root.join(wiped)).expect("delete on the host");
     let lost = scope
         .wait_session(
             "xc-wiped",

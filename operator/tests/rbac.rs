@@ -133,7 +133,7 @@ async fn chart_host(scope: &Scope, release: &str, name: &str) -> Host {
     let admin_secret = format!("{release}-sandboxd-admin-token");
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": admin_secret, "labels": scope.labels()},
-        "stringData": {"token": host.token},
+        "stringData": {"token": host.sandboxd.token},
     }))
     .expect("secret");
     Api::<Secret>::namespaced(scope.client.clone(), &scope.ns)

@@ -52,9 +52,11 @@ mod tests {
 
     #[tokio::test]
     async fn the_servers_own_404_is_no_such_session() {
-        let base = serve(
-            Router::new().fallback(|| async { crate::error::ApiError::no_such_session("s-1") }),
-        )
+        let base = serve(Router::new().fallback(|| async {
+            crate::http::error::ApiError::from(crate::service::ServiceError::NoSuchSession {
+                id: "s-1".into(),
+            })
+        }))
         .await;
         let err = Client::new(&base, "t")
             .get("s-1")

@@ -4,9 +4,11 @@
 //! The crate is laid out in rooms, each a folder that names a part of the architecture:
 //!
 //! - [`service`]: the core below both HTTP surfaces: sessions, runs, caps, tokens and policy,
-//!   implemented once;
+//!   implemented once; what goes wrong there is a [`service::ServiceError`], which knows
+//!   nothing of HTTP;
 //! - [`http`]: the `/v1` API ([`http::v1`]) and the wire protocol of pydantic-ai-backend's
-//!   sandboxd ([`http::wire`]), two surfaces that translate to and from the service, their
+//!   sandboxd ([`http::wire`]), two surfaces that translate to and from the service, the
+//!   API's errors and the status and code of every domain error ([`http::error`]), their
 //!   OpenAPI documents and the connections they are served on;
 //! - [`workspace`]: confined file access to a session's workspace, its disk, and the trash;
 //! - [`container`]: the Docker engine and the network of sessions that need one;
@@ -16,14 +18,13 @@
 //! - [`storage`]: sandboxd's state in SQLite, and the audit log in SQLite or PostgreSQL.
 //!
 //! Beside the rooms: [`config`] (flags and variables), [`server`] (start-up), [`tls`] (HTTPS
-//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`error`] (the API's errors),
-//! [`metrics`] and [`client`] (the typed client of the `sandboxd-api` crate, re-exported).
+//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`metrics`] and [`client`] (the
+//! typed client of the `sandboxd-api` crate, re-exported).
 
 pub mod client;
 pub mod config;
 pub mod container;
 pub mod enrol;
-pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod run;

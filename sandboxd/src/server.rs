@@ -194,7 +194,7 @@ async fn start_with(
     let reconciled = core
         .reconcile()
         .await
-        .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {}", e.message))?;
+        .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {e}"))?;
     // The warm pools fill in the background from now on (what an earlier run left is gone).
     crate::service::pool::spawn(&core);
     let state = AppState {

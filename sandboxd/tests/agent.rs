@@ -358,7 +358,7 @@ async fn kill_9_of_sandboxd_mid_run_leaves_runs_finished_or_stoppable() {
         },
     )
     .await;
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     let s = d.client(&token);
     // The restarted sandboxd knows both runs from the agent; its runs in flight (for the
@@ -409,11 +409,7 @@ async fn a_dead_agent_is_reported_and_its_container_started_again() {
         .expect("write");
     let container = container_of(&d, "dead");
     let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &container]);
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    common::process::signal(pid.parse().expect("a pid"), "KILL").expect("kill -KILL");
     until(
         "the container stopped with its agent",
         Duration::from_secs(10),
@@ -446,10 +442,9 @@ async fn containers_without_the_agent_fall_back_to_exec_and_the_agent_is_reinsta
     // A session made by a sandboxd on the exec path (as by one that predates the agent).
     let mut d = Daemon::start_on(Backend::Exec, &[]);
     let old_token = token(&d, "old").await;
-    d.kill9();
-    d.extra_env.retain(|(k, _)| k != "SANDBOXD_RUN_BACKEND");
-    d.extra_env
-        .push(("SANDBOXD_RUN_BACKEND".into(), "agent".into()));
+    d.process.kill9();
+    d.env.retain(|(k, _)| k != "SANDBOXD_RUN_BACKEND");
+    d.env.push(("SANDBOXD_RUN_BACKEND".into(), "agent".into()));
     // What an older sandboxd left in the agent folder is replaced at start.
     let installed = d
         .workspace_root()

@@ -274,7 +274,7 @@ async fn suite(postgres: Option<String>) {
     let (code, body) = raw(
         Method::GET,
         &format!("{}/v1/operations?limit=5000", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         None,
     )
     .await;
@@ -288,7 +288,7 @@ async fn suite(postgres: Option<String>) {
     let (code, body) = raw(
         Method::GET,
         &format!("{}/v1/operations?colour=red", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         None,
     )
     .await;
@@ -496,7 +496,7 @@ async fn policy_caps_and_lifetimes_change_live_isolation_is_refused() {
         let (code, body) = raw(
             Method::PUT,
             &format!("{}/v1/policy", d.base),
-            Some(&d.admin),
+            Some(&d.token),
             Some(&json!({field: "x", "max_sessions": 3}).to_string()),
         )
         .await;

@@ -213,7 +213,7 @@ async fn a_cancelled_run_stops_its_process_tree(backend: Backend) {
         raw(
             Method::POST,
             &format!("{}/v1/sessions/{id}/runs", d.base),
-            Some(&d.admin),
+            Some(&d.token),
             Some(r#"{"command": "echo $$ > dropped.pid; sleep 120 & wait"}"#),
         ),
     )
@@ -233,7 +233,7 @@ async fn a_cancelled_run_stops_its_process_tree(backend: Backend) {
     // A streamed run whose client goes away, though it prints nothing more.
     let streamed = reqwest::Client::new()
         .post(format!("{}/v1/sessions/{id}/runs?stream=true", d.base))
-        .bearer_auth(&d.admin)
+        .bearer_auth(&d.token)
         .header("content-type", "application/json")
         .body(r#"{"command": "echo $$ > streamed.pid; echo begun; sleep 120 & wait"}"#)
         .send()

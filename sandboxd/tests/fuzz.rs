@@ -229,7 +229,7 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
         let (got, body) = common::raw(
             method.to_uppercase().parse().expect("a method"),
             &url,
-            Some(&d.admin),
+            Some(&d.token),
             body,
         )
         .await;
@@ -247,7 +247,7 @@ async fn schemathesis_finds_no_undocumented_answer_and_no_escape() {
         );
     }
 
-    fuzz(&st, &d, &d.admin, "fuzz", "admin");
+    fuzz(&st, &d, &d.token, "fuzz", "admin");
     // The admin run rotated the session's token (`POST /v1/sessions/{id}/token`): a fresh one.
     let token = admin.rotate_token("fuzz").await.expect("a new token");
     fuzz(&st, &d, &token, "fuzz", "session");
@@ -382,7 +382,7 @@ async fn schemathesis_on_the_wire_finds_no_undocumented_answer_and_no_escape() {
         let (got, answer) = wire(
             method.to_uppercase().parse().expect("a method"),
             &url,
-            Some(&d.admin),
+            Some(&d.token),
             Some(body),
         )
         .await;
@@ -406,7 +406,7 @@ async fn schemathesis_on_the_wire_finds_no_undocumented_answer_and_no_escape() {
         &Run {
             label: "wire-admin",
             document: "/wire/openapi.json",
-            header: format!("X-Sandbox-Token: {}", d.admin),
+            header: format!("X-Sandbox-Token: {}", d.token),
             params: params.clone(),
             filters: &["--exclude-operation-id", "delete_session"],
         },
@@ -442,7 +442,7 @@ async fn schemathesis_on_the_wire_finds_no_undocumented_answer_and_no_escape() {
     let (status, body) = wire(
         reqwest::Method::GET,
         &format!("{}/sessions/fuzz", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         None,
     )
     .await;

@@ -145,7 +145,7 @@ async fn a_sandboxd_killed_mid_deletion_finishes_after_its_restart() {
         .destroy("deep-kill")
         .await
         .expect("the destroy answers");
-    d.kill9();
+    d.process.kill9();
     let left = trash_entries(&d.workspace_root());
     assert_eq!(
         left.len(),
@@ -208,7 +208,7 @@ async fn a_destroy_that_cannot_finish_never_keeps_sandboxd_from_starting() {
     answers(&other, "other").await;
 
     // The start-up reconcile cannot finish it either: it reports it and starts all the same.
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     let (admin, other) = (d.admin(), d.client(&other_token));
     admin.index().await.expect("sandboxd started");
@@ -220,7 +220,7 @@ async fn a_destroy_that_cannot_finish_never_keeps_sandboxd_from_starting() {
 
     // Once the trash can be made, the next start finishes the destroy.
     std::fs::remove_file(&trash).expect("the file goes");
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     let (admin, other) = (d.admin(), d.client(&other_token));
     match admin.get("stuck").await {

@@ -222,7 +222,7 @@ async fn dd_fills_only_its_own_workspace() {
 
     // The disk outlives sandboxd and the mount (a node restart): mounted again at start,
     // files intact, never an empty folder in its place.
-    d.kill9();
+    d.process.kill9();
     let mount = d.workspace_root().join("disk-big/workspace");
     let status = Command::new("umount").arg(&mount).status().expect("umount");
     assert!(status.success());
@@ -379,7 +379,7 @@ async fn sizes_are_checked_and_an_unlimited_host_says_so() {
     let (status, _) = raw(
         reqwest::Method::GET,
         &format!("{}/v1/policy", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         None,
     )
     .await;

@@ -32,7 +32,7 @@ fn addr(d: &Daemon) -> String {
 
 /// VmRSS of the sandboxd process, KiB.
 fn rss_kib(d: &Daemon) -> u64 {
-    let pid = d.child.as_ref().expect("a running sandboxd").id();
+    let pid = d.process.pid().expect("a running sandboxd");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
     status
         .lines()
@@ -555,7 +555,7 @@ async fn a_policy_past_its_bounds_is_refused_and_nothing_changes() {
             let (status, body) = raw(
                 Method::PUT,
                 &url,
-                Some(&d.admin),
+                Some(&d.token),
                 Some(&json!({ field: value }).to_string()),
             )
             .await;
@@ -571,7 +571,7 @@ async fn a_policy_past_its_bounds_is_refused_and_nothing_changes() {
     let (status, body) = raw(
         Method::PUT,
         &url,
-        Some(&d.admin),
+        Some(&d.token),
         Some(&json!({"execute_timeout": u64::MAX, "max_sessions": 3}).to_string()),
     )
     .await;
@@ -581,7 +581,7 @@ async fn a_policy_past_its_bounds_is_refused_and_nothing_changes() {
     // The wire protocol's PUT /policy: a validation error in its shape.
     let resp = reqwest::Client::new()
         .put(format!("{}/policy", d.base))
-        .header("X-Sandbox-Token", &d.admin)
+        .header("X-Sandbox-Token", &d.token)
         .json(&json!({"execute_timeout": u64::MAX}))
         .send()
         .await

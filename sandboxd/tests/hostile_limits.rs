@@ -40,7 +40,7 @@ fn memory(pid: u32) -> (u64, u64) {
 }
 
 fn pid(d: &Daemon) -> u32 {
-    d.child.as_ref().expect("sandboxd runs").id()
+    d.process.pid().expect("sandboxd runs")
 }
 
 /// A run of `command` over `/v1`, answered as (status, body).
@@ -254,7 +254,7 @@ async fn a_folder_of_a_million_entries_is_listed_in_part_promptly() {
         (
             "POST /workspaces/{id}/ls",
             format!("{}/workspaces/million/ls", d.base),
-            d.admin.as_str(),
+            d.token.as_str(),
             json!({"path": "big"}),
         ),
     ] {

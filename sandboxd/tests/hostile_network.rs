@@ -314,7 +314,7 @@ async fn a_restart_installs_the_firewall_again_without_duplicates_and_remove_net
 
     // A restart (a new port: 0 picks one) sets the network up again: the same rules, once
     // each, with the new port in place of the old one.
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     d.base = d.base.replace("0.0.0.0", "127.0.0.1");
     let new_port = port_of(&d);
@@ -360,8 +360,8 @@ async fn a_restart_installs_the_firewall_again_without_duplicates_and_remove_net
     iptables(&input_jump.split_whitespace().collect::<Vec<_>>());
     iptables(&["-w", "-F", &format!("SANDBOXD-IN-{hash}")]);
     assert_ne!(mine(&iptables(&["-w", "-S"])), after);
-    d.kill9();
-    for (k, v) in d.extra_env.iter_mut() {
+    d.process.kill9();
+    for (k, v) in d.env.iter_mut() {
         if k == "SANDBOXD_RUNTIMES" {
             *v = format!("base={}", base_image());
         }

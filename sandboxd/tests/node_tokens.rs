@@ -171,11 +171,11 @@ async fn a_node_started_before_its_hash_exists_takes_its_token_once_it_is_writte
 #[tokio::test]
 async fn without_a_node_name_the_master_is_the_admin_token() {
     let d = Daemon::start(&[]);
-    let (status, body) = sessions_with(&d, &d.admin).await;
+    let (status, body) = sessions_with(&d, &d.token).await;
     assert_eq!(status, 200, "{body}");
     // A node's derived token is not the master: refused.
     assert_eq!(
-        sessions_with(&d, &node_token(&d.admin, "node-a")).await,
+        sessions_with(&d, &node_token(&d.token, "node-a")).await,
         (401, unauthorized())
     );
 }

@@ -449,7 +449,7 @@ async fn after_a_restart_the_pools_containers_are_removed_never_leaked() {
     let folders = pool_folders(&d);
     assert_eq!((unclaimed.len(), folders.len()), (2, 2));
 
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     // The start-up reconcile removed them before it listened.
     for c in &unclaimed {
@@ -565,7 +565,7 @@ async fn a_pool_on_a_host_of_workspace_disks_hands_out_disks_of_the_sessions_siz
     // A restart removes the unclaimed pool: its disks unmounted, never left behind.
     let before = pooled_disk(&d);
     assert_eq!(before.len(), 1);
-    d.kill9();
+    d.process.kill9();
     d.spawn();
     ready(&d, "base", 1).await;
     let after = pooled_disk(&d);

@@ -218,6 +218,51 @@ async fn a_run_is_stopped_by_id_from_a_second_request(backend: Backend) {
     ));
 }
 
+/// A streamed run answers only once it is under way: a client that starts one in the background
+/// (a sleeping session, so the run waits for its container to start) and stops it as soon as
+/// the answer begins always finds it, and the stream ends with the stop.
+async fn a_streamed_run_can_be_stopped_as_soon_as_its_answer_starts(backend: Backend) {
+    let d = Daemon::start_on(backend, &[]);
+    let opened = d
+        .admin()
+        .open("bg", "org-r", None, None)
+        .await
+        .expect("open");
+    let token = opened.token.expect("a token");
+    let s = d.client(&token);
+    let url = format!("{}/v1/sessions/bg/runs?stream=true", d.base);
+    for i in 0..3 {
+        s.stop("bg").await.expect("the session sleeps");
+        let run_id = format!("bg-{i}");
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"command": "sleep 600", "run_id": run_id}))
+            .send()
+            .await
+            .expect("the run answers");
+        assert_eq!(resp.status().as_u16(), 200);
+        s.stop_run("bg", &run_id)
+            .await
+            .unwrap_or_else(|e| panic!("stopping {run_id} as its answer started: {e}"));
+        let body = tokio::time::timeout(Duration::from_secs(20), resp.text())
+            .await
+            .expect("the stopped run's stream ends")
+            .expect("the stream");
+        let last: serde_json::Value =
+            serde_json::from_str(body.lines().last().expect("an outcome line")).expect("json");
+        assert_eq!(
+            (&last["type"], &last["stopped"], &last["exit_code"]),
+            (
+                &serde_json::json!("exit"),
+                &serde_json::json!(true),
+                &serde_json::json!(137)
+            ),
+            "{body}"
+        );
+    }
+}
+
 async fn files_are_read_written_and_listed_in_place(backend: Backend) {
     let d = Daemon::start_on(backend, &[("SANDBOXD_MAX_READ_BYTES", "1048576")]);
     let s = session(&d, "files").await;
@@ -303,7 +348,7 @@ async fn hostile_paths_are_refused_and_nothing_outside_is_touched(backend: Backe
     let base = format!("{}/v1/sessions/hostile/files", d.base);
     let token = s.clone();
     let _ = token;
-    let admin = d.admin.clone();
+    let admin = d.token.clone();
     for path in [
         "../sentinel.txt",
         "%2e%2e/sentinel.txt",
@@ -364,6 +409,8 @@ on_both_backends! {
     streamed_output_comes_whole_and_before_the_outcome,
     #[tokio::test]
     a_run_is_stopped_by_id_from_a_second_request,
+    #[tokio::test]
+    a_streamed_run_can_be_stopped_as_soon_as_its_answer_starts,
     #[tokio::test]
     files_are_read_written_and_listed_in_place,
     #[tokio::test]

@@ -330,7 +330,7 @@ async fn a_broken_runtime_answers_preparing_then_fails_with_its_log_tail() {
     let (code, body) = raw(
         Method::POST,
         &format!("{}/v1/sessions", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         Some(r#"{"name": "b-2", "tenant": "org-b", "runtime": "broken"}"#),
     )
     .await;
@@ -372,7 +372,7 @@ async fn put_runtimes_validates_the_whole_catalog_and_needs_the_admin_token() {
     let (code, body) = raw(
         Method::PUT,
         &format!("{}/v1/runtimes", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         Some(r#"[{"alias": "ok", "image": "x"}, {"alias": "Bad", "image": "a", "base_image": "b"}, {"alias": "ok", "packages": "six"}]"#),
     )
     .await;

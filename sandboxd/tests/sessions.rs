@@ -192,7 +192,7 @@ async fn host_cap_and_refusals_carry_their_code_and_message(backend: Backend) {
     let (status, body) = raw(
         Method::GET,
         &format!("{}/v1/nothing-here", d.base),
-        Some(&d.admin),
+        Some(&d.token),
         None,
     )
     .await;
@@ -376,7 +376,7 @@ async fn restart_after_kill_9_during_open_converges(backend: Backend) {
         wait_for("crash-", std::time::Duration::from_secs(60)),
         "no crash- container was created"
     );
-    d.kill9();
+    d.process.kill9();
     let _ = events.kill();
     let _ = events.wait();
     for t in inflight {
@@ -517,7 +517,7 @@ async fn an_open_whose_client_goes_away_still_completes() {
             .expect("client");
         let gave_up = impatient
             .post(format!("{}/v1/sessions", d.base))
-            .bearer_auth(&d.admin)
+            .bearer_auth(&d.token)
             .json(&serde_json::json!({"name": "left", "tenant": "org-gone"}))
             .send()
             .await;

@@ -40,7 +40,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
     );
 
     // With the CA: a session opened, a command run, the sessions listed.
-    let admin = Client::with_trust(&d.base, &d.admin, &trusting(&ca));
+    let admin = Client::with_trust(&d.base, &d.token, &trusting(&ca));
     let opened = admin
         .open("tls-1", "org", None, None)
         .await
@@ -64,7 +64,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
 
     // Without the CA (the system's roots only): the certificate is not trusted, and the
     // error says so rather than "error sending request".
-    let err = Client::new(&d.base, &d.admin)
+    let err = Client::new(&d.base, &d.token)
         .list()
         .await
         .expect_err("an unknown issuer is refused");
@@ -78,7 +78,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
     );
     // Another CA: refused the same way.
     let other = Ca::new("another CA");
-    let err = Client::with_trust(&d.base, &d.admin, &trusting(&other))
+    let err = Client::with_trust(&d.base, &d.token, &trusting(&other))
         .list()
         .await
         .expect_err("a certificate of another CA is refused");
@@ -99,7 +99,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
         "the certificate for 10.9.9.9 served after SIGHUP",
         Duration::from_secs(15),
         || async {
-            Client::with_trust(&d.base, &d.admin, &trusting(&ca))
+            Client::with_trust(&d.base, &d.token, &trusting(&ca))
                 .list()
                 .await
                 .err()
@@ -123,7 +123,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
         "the rotated certificate served without a signal",
         Duration::from_secs(25),
         || async {
-            match Client::with_trust(&d.base, &d.admin, &trusting(&rotated_ca))
+            match Client::with_trust(&d.base, &d.token, &trusting(&rotated_ca))
                 .list()
                 .await
             {
@@ -160,12 +160,7 @@ async fn sandboxd_serves_https_only_to_clients_that_trust_its_ca() {
 
 /// SIGHUP: sandboxd reads its certificate files again.
 fn hup(d: &Daemon) {
-    let pid = d.child.as_ref().expect("a running sandboxd").id();
-    let status = Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .expect("kill -HUP");
-    assert!(status.success(), "kill -HUP failed");
+    d.process.signal("HUP").expect("kill -HUP");
 }
 
 /// The start-up refuses a half or broken TLS configuration, naming the variable and file.

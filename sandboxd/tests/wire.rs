@@ -41,7 +41,7 @@ async fn pydantic_ai_backend_client_drives_sandboxd() {
         .args(["-m", "pytest", "-p", "no:cacheprovider", "-ra", "-q"])
         .arg(repo().join("sandboxd/tests/python"))
         .env("SANDBOXD_URL", &d.base)
-        .env("SANDBOXD_ADMIN_TOKEN", &d.admin)
+        .env("SANDBOXD_ADMIN_TOKEN", &d.token)
         .env("SANDBOXD_TEST_WORKSPACE_ROOT", d.workspace_root())
         .env("SANDBOXD_TEST_STATE_DIR", d.state_dir())
         .env("SANDBOXD_TEST_INSTANCE", &d.instance)
@@ -73,7 +73,7 @@ async fn seed_and_ours_side_by_side() {
     let d = Daemon::start(&[]);
     let out = Command::new(&python)
         .arg(repo().join("sandboxd/tests/python/dropin_side_by_side.py"))
-        .args(["--ours", &d.base, "--ours-token", &d.admin])
+        .args(["--ours", &d.base, "--ours-token", &d.token])
         .args(["--image", &common::base_image()])
         .env("PYDANTIC_AI_BACKEND_VERSION", pin())
         .output()

@@ -2,7 +2,6 @@
 //! process and registered as a host, a child operator, and percentiles.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -194,48 +193,31 @@ impl Host {
 }
 
 /// A child operator, killed (SIGKILL) and reaped when dropped.
-pub struct Operator(Child);
+pub struct Operator(crate::process::Operator);
 
 impl Operator {
     /// Starts `bin` on the objects labelled `bench=<scope>`, leading through a Lease in `ns`
-    /// (where the host's admin-token Secret is too). Its log level is `OPERATOR_BENCH_LOG`
-    /// (error by default).
+    /// (where the host's admin-token Secret is too), and waits until it serves health. Its log
+    /// level is `OPERATOR_BENCH_LOG` (error by default); its periods are the operator's own
+    /// but for the Lease's and the probe's.
     pub fn start(bin: &Path, ns: &str, scope: &str) -> Result<Self> {
-        Ok(Self(
-            Command::new(bin)
-                .args([
-                    "--selector",
-                    &format!("bench={scope}"),
-                    "--lease-namespace",
-                    ns,
-                    "--lease-name",
-                    "bench",
-                    "--lease-seconds",
-                    "5",
-                ])
-                .args(["--http-addr", "127.0.0.1:0", "--probe-seconds", "5"])
-                // The host's admin-token Secret is in the bench's namespace.
-                .env("POD_NAMESPACE", ns)
-                .env(
-                    "RUST_LOG",
-                    std::env::var("OPERATOR_BENCH_LOG").unwrap_or_else(|_| "error".into()),
-                )
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()?,
-        ))
+        let mut op = crate::process::Operator::new(bin.to_owned(), ns, &format!("bench={scope}"));
+        op.lease_name = Some("bench".to_owned());
+        op.log = std::env::var("OPERATOR_BENCH_LOG").unwrap_or_else(|_| "error".into());
+        op.test_periods = false;
+        op.with_args(&["--lease-seconds", "5", "--probe-seconds", "5"])
+            .launch()?;
+        Ok(Self(op))
     }
 
     /// Its process id.
     pub fn id(&self) -> u32 {
-        self.0.id()
+        self.0.process.pid().unwrap_or_default()
     }
-}
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    /// Its health and metrics base URL.
+    pub fn health(&self) -> &str {
+        &self.0.health
     }
 }
 
@@ -319,24 +301,24 @@ impl Objects {
     /// Waits (60 s at most) until the operator has found the SandboxHost Ready: a bench's clock
     /// starts then, so its figures are of opening, not of starting up.
     pub async fn host_ready(&self, client: &Client) -> Result<()> {
-        let ready_by = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let host = Api::<SandboxHost>::all(client.clone())
-                .get(&self.host)
-                .await?;
-            let ready = host.status.as_ref().is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            });
-            if ready {
-                return Ok(());
-            }
-            if std::time::Instant::now() > ready_by {
-                bail!("SandboxHost {} was not Ready within 60 s", self.host);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let late = format!("SandboxHost {} was not Ready within 60 s", self.host);
+        wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            &late,
+            async || {
+                let host = Api::<SandboxHost>::all(client.clone())
+                    .get(&self.host)
+                    .await?;
+                let ready = host.status.as_ref().is_some_and(|st| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                });
+                Ok(ready.then_some(()))
+            },
+        )
+        .await
     }
 
     /// Deletes the run's objects, and the namespaces in `also`, releasing their sessions from
@@ -362,6 +344,19 @@ impl Objects {
             )
             .await;
     }
+}
+
+/// Asks `attempt` again every `every` until it gives a value (`Ok(Some)`) or fails (`Err`, which
+/// ends the wait at once), for `deadline` at the most: then the error says `late`.
+pub async fn wait_until<T>(
+    deadline: Duration,
+    every: Duration,
+    late: &str,
+    mut attempt: impl AsyncFnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    crate::poll::poll(deadline, every, async || attempt().await.transpose())
+        .await
+        .map_err(|_| anyhow::anyhow!("{late}"))?
 }
 
 /// The SandboxSession a bench creates as its session `i` (one of 50 tenants), labelled with

@@ -20,6 +20,7 @@ pub mod bench;
 pub mod host;
 pub mod pki;
 pub mod poll;
+pub mod process;
 
 pub use poll::until;
 

@@ -3,7 +3,6 @@
 //! as a file by sandboxd's tests, which do not depend on this crate, like `pki.rs`.
 
 use std::fmt::Display;
-use std::future::Future;
 use std::time::Duration;
 
 /// How often [`until`] asks.
@@ -31,24 +30,52 @@ impl<T, E: Display> Attempt for Result<T, E> {
     }
 }
 
-/// Runs `attempt` every [`EVERY`] until it gives a value (`Some`, `Ok`), and fails the test
-/// once `deadline` has passed, naming `what` it waited for and the last thing it saw.
-pub async fn until<A, F, Fut>(what: &str, deadline: Duration, mut attempt: F) -> A::Value
-where
-    A: Attempt,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = A>,
-{
+/// The outcome of an attempt that waits until nothing is left: `Ok` when `left` is empty, else
+/// `what` and what is left.
+pub fn nothing_left<T: std::fmt::Debug>(what: &str, left: &[T]) -> Result<(), String> {
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{what}: {left:?}"))
+    }
+}
+
+/// Runs `attempt`, then again `every` after each miss, until it gives a value (`Some`, `Ok`): that value, or once
+/// `deadline` has passed, the last thing it saw instead. For waits that go on, or fail in their
+/// own words, when the deadline passes; [`until`] fails the test.
+pub async fn poll<A: Attempt>(
+    deadline: Duration,
+    every: Duration,
+    mut attempt: impl AsyncFnMut() -> A,
+) -> Result<A::Value, String> {
     let end = tokio::time::Instant::now() + deadline;
-    let mut tick = tokio::time::interval(EVERY);
     loop {
-        tick.tick().await;
         match attempt().await.outcome() {
-            Ok(value) => return value,
-            Err(last) if tokio::time::Instant::now() >= end => {
-                panic!("{what}: not within {deadline:?}; last seen: {last}")
-            }
-            Err(_) => {}
+            Ok(value) => return Ok(value),
+            Err(last) if tokio::time::Instant::now() >= end => return Err(last),
+            Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
+
+/// Runs `attempt` every [`EVERY`] until it gives a value (`Some`, `Ok`), and fails the test
+/// once `deadline` has passed, naming `what` it waited for and the last thing it saw.
+pub async fn until<A: Attempt>(
+    what: &str,
+    deadline: Duration,
+    attempt: impl AsyncFnMut() -> A,
+) -> A::Value {
+    until_every(what, deadline, EVERY, attempt).await
+}
+
+/// [`until`], asking every `every`.
+pub async fn until_every<A: Attempt>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
+    attempt: impl AsyncFnMut() -> A,
+) -> A::Value {
+    poll(deadline, every, attempt)
+        .await
+        .unwrap_or_else(|last| panic!("{what}: not within {deadline:?}; last seen: {last}"))
 }

@@ -536,11 +536,7 @@ async fn the_chart_runs_as_pods_on_the_local_node() {
                 .iter()
                 .map(name)
                 .collect();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("pods left: {left:?}"))
-            }
+            sandboxd_tests::poll::nothing_left("pods left", &left)
         },
     )
     .await;
@@ -611,10 +607,6 @@ fn find_file(dir: &Path, file: &str) -> Option<PathBuf> {
 }
 
 /// Waits (at most [`SLOW`]) until `attempt` gives a value, naming `what` if it does not.
-async fn within<T, F, Fut>(what: &str, attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
+async fn within<T>(what: &str, attempt: impl AsyncFnMut() -> Result<T, String>) -> T {
     sandboxd_tests::poll::until(what, SLOW, attempt).await
 }

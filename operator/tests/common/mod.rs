@@ -5,8 +5,8 @@
 #![allow(dead_code, missing_docs)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -19,6 +19,7 @@ use serde_json::json;
 
 #[allow(unused_imports)] // not every test binary uses every part
 pub use sandboxd_tests::host::{Host, bin, free_port};
+use sandboxd_tests::process::Operator;
 pub use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
 
 pub const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
@@ -29,8 +30,7 @@ pub struct Scope {
     pub ns: String,
     pub scope: String,
     namespace: Option<TestNamespace>,
-    operators: Vec<Child>,
-    health: Vec<String>,
+    operators: Vec<Operator>,
 }
 
 impl Scope {
@@ -45,7 +45,6 @@ impl Scope {
             scope,
             namespace: Some(namespace),
             operators: vec![],
-            health: vec![],
         }
     }
 
@@ -63,59 +62,27 @@ impl Scope {
     /// Starts an operator for this scope that talks to the API server through `kubeconfig`
     /// (one that impersonates a ServiceAccount runs it with that account's RBAC).
     pub fn start_operator_with(&mut self, kubeconfig: &str, extra: &[&str]) -> usize {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-operator"));
-        cmd.env("KUBECONFIG", kubeconfig)
-            .env("POD_NAMESPACE", &self.ns)
-            .env("RUST_LOG", "warn,sandboxd_operator=info")
-            .args(["--selector", &format!("{SCOPE_LABEL}={}", self.scope)])
-            .args([
-                "--lease-namespace",
-                &self.ns,
-                "--lease-name",
-                &format!("op-{}", self.scope),
-            ])
-            .args([
-                "--identity",
-                &format!("op-{}-{}", self.scope, self.operators.len()),
-            ])
-            .args(["--http-addr", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // Short periods for tests, unless the test sets its own.
-        for (flag, value) in [
-            ("--lease-seconds", "3"),
-            ("--probe-seconds", "1"),
-            ("--follow-seconds", "1"),
-            ("--tombstone-backoff-seconds", "1"),
-            ("--tombstone-backoff-cap-seconds", "4"),
-        ] {
-            if !extra.contains(&flag) {
-                cmd.args([flag, value]);
-            }
-        }
-        let mut child = cmd.spawn().expect("the operator starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the operator says where it serves health");
-        let addr = line
-            .trim()
-            .strip_prefix("sandbox-operator serving health on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        self.health.push(addr.to_owned());
-        self.operators.push(child);
+        let mut op = Operator::new(
+            PathBuf::from(env!("CARGO_BIN_EXE_sandbox-operator")),
+            &self.ns,
+            &format!("{SCOPE_LABEL}={}", self.scope),
+        );
+        op.kubeconfig = Some(kubeconfig.to_owned());
+        op.log = "warn,sandboxd_operator=info".to_owned();
+        op.lease_name = Some(format!("op-{}", self.scope));
+        op.identity = Some(format!("op-{}-{}", self.scope, self.operators.len()));
+        op.with_args(extra).launch().expect("the operator starts");
+        self.operators.push(op);
         self.operators.len() - 1
     }
 
     /// The health/metrics base URL of operator `i`.
     pub fn health_url(&self, i: usize) -> String {
-        self.health[i].clone()
+        self.operators[i].health.clone()
     }
 
     pub fn kill9_operator(&mut self, i: usize) {
-        let _ = self.operators[i].kill();
-        let _ = self.operators[i].wait();
+        self.operators[i].process.kill9();
     }
 
     /// Registers `host` as a SandboxHost with its admin-token Secret.
@@ -128,7 +95,7 @@ impl Scope {
     pub async fn register_on_node(&self, host: &Host, node: Option<&str>) {
         let secret: Secret = serde_json::from_value(json!({
             "metadata": {"name": format!("{}-admin", host.name), "labels": self.labels()},
-            "stringData": {"token": host.token},
+            "stringData": {"token": host.sandboxd.token},
         }))
         .expect("secret");
         Api::<Secret>::namespaced(self.client.clone(), &self.ns)
@@ -285,10 +252,7 @@ impl Scope {
     }
 
     pub async fn delete(mut self) {
-        for op in &mut self.operators {
-            let _ = op.kill();
-            let _ = op.wait();
-        }
+        self.operators.clear();
         let client = self.client.clone();
         let labels = format!("{SCOPE_LABEL}={}", self.scope);
         let lp = kube::api::ListParams::default().labels(&labels);
@@ -310,16 +274,6 @@ impl Scope {
         .await;
         if let Some(ns) = self.namespace.take() {
             ns.delete().await;
-        }
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        // A test that failed before `delete` must not leave its operators running.
-        for op in &mut self.operators {
-            let _ = op.kill();
-            let _ = op.wait();
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::task::JoinError;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::service::{Actor, Core, Outcome};
 use crate::storage::audit::Op;
 use crate::workspace::FileError;

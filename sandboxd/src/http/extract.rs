@@ -16,7 +16,7 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::http::v1::{self, AppState, Caller};
 use crate::http::wire::{self, WireError};
 use crate::service::Actor;

@@ -4,10 +4,12 @@
 //! ([`connections`]). What a handler of either surface asks of a request (the caller's token,
 //! the actor) is in one place, [`extract`], and what every workspace operation of both does
 //! around the operation (the blocking thread, the timer, the audit row, the error) in another,
-//! `audited`.
+//! `audited`. The `/v1` API's errors, and the status and code of every error of the service,
+//! the runtimes and the workspace, are [`error`]'s.
 
 mod audited;
 pub mod connections;
+pub mod error;
 pub(crate) mod extract;
 pub mod openapi;
 #[cfg(test)]

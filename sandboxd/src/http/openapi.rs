@@ -16,7 +16,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use crate::error::ErrorBody;
+use crate::http::error::ErrorBody;
 
 /// `{id}`: a session.
 #[derive(IntoParams)]

@@ -10,8 +10,8 @@
 //! Prewarm: at start every allowlisted runtime whose image is missing is built in the
 //! background, one at a time, so the service answers at once; a failed build is tried
 //! [`START_ATTEMPTS`] times with backoff, then left to be built on demand. Opening a session on
-//! a runtime still building answers 409 `runtime_preparing`; on a failed one, 503
-//! `runtime_failed` with the build's error and the tail of its log.
+//! a runtime still building is refused with [`RuntimeError::Preparing`]; on a failed one, with
+//! [`RuntimeError::Failed`], the build's error and the tail of its log.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,6 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::container::docker::Engine;
-use crate::error::{ApiError, ErrorCode};
 pub use sandboxd_api::runtimes::{RuntimeKind, RuntimeList, RuntimeStatus};
 
 mod allowlist;
@@ -31,6 +30,57 @@ mod build;
 
 pub use allowlist::*;
 pub use build::*;
+
+/// Why a runtime cannot be used, or an allowlist was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// The allowlist is empty: there is no default runtime.
+    #[error("no runtime is allowlisted")]
+    NoneAllowlisted,
+    /// The runtime asked for is not allowlisted.
+    #[error("Runtime '{alias}' is not allowed on this host; allowed: {}", .allowed.join(", "))]
+    Unknown {
+        /// The runtime asked for.
+        alias: String,
+        /// The allowlisted runtimes.
+        allowed: Vec<String>,
+    },
+    /// An allowlisted runtime without a build state (never the case once it is allowlisted).
+    #[error("runtime '{alias}' has no state")]
+    NoState {
+        /// The runtime.
+        alias: String,
+    },
+    /// The runtime's image is still being built.
+    #[error(
+        "Runtime '{alias}' is being prepared (its image {tag} is being built, attempt {attempt}); try again shortly - a first build can take minutes"
+    )]
+    Preparing {
+        /// The runtime.
+        alias: String,
+        /// The image being built.
+        tag: String,
+        /// The build attempt under way.
+        attempt: u32,
+    },
+    /// Every build of the runtime's image failed (a new attempt may be queued).
+    #[error(
+        "Runtime '{alias}' could not be built after {attempts} attempts: {error}\nLast lines of the build log:\n{log_tail}"
+    )]
+    Failed {
+        /// The runtime.
+        alias: String,
+        /// The attempts made.
+        attempts: u32,
+        /// The last build's error.
+        error: String,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+    /// A catalog that is not valid, with every error.
+    #[error(transparent)]
+    InvalidCatalog(#[from] sandboxd_catalog::CatalogErrors),
+}
 
 /// Build attempts of a runtime at start (the first and two retries).
 pub const START_ATTEMPTS: u32 = 3;
@@ -379,11 +429,11 @@ impl Runtimes {
         (s.state == BuildState::Ready).then(|| self.image_of(entry, s.tag.clone()))
     }
 
-    /// The runtime to open a session on: `alias`, or the default when absent. 400
-    /// `unknown_runtime` when it is not allowed; 409 `runtime_preparing` while its image is
-    /// built; 503 `runtime_failed` with the build's error after every attempt failed (and a new
-    /// attempt queued, at most every [`ON_DEMAND_RETRY`]).
-    pub fn resolve(&self, alias: Option<&str>) -> Result<RuntimeImage, ApiError> {
+    /// The runtime to open a session on: `alias`, or the default when absent.
+    /// [`RuntimeError::Unknown`] when it is not allowed; [`RuntimeError::Preparing`] while its
+    /// image is built; [`RuntimeError::Failed`] with the build's error after every attempt
+    /// failed (and a new attempt queued, at most every [`ON_DEMAND_RETRY`]).
+    pub fn resolve(&self, alias: Option<&str>) -> Result<RuntimeImage, RuntimeError> {
         let mut inner = self.lock();
         let entry = match alias.filter(|a| !a.is_empty()) {
             None => inner
@@ -391,43 +441,33 @@ impl Runtimes {
                 .entries
                 .first()
                 .cloned()
-                .ok_or_else(|| ApiError::internal("no runtime is allowlisted"))?,
+                .ok_or(RuntimeError::NoneAllowlisted)?,
             Some(a) => match inner.allowlist.entries.iter().find(|e| e.alias == a) {
                 Some(e) => e.clone(),
                 None => {
-                    let allowed: Vec<&str> = inner
-                        .allowlist
-                        .entries
-                        .iter()
-                        .map(|e| e.alias.as_str())
-                        .collect();
-                    return Err(ApiError::new(
-                        400,
-                        ErrorCode::UnknownRuntime,
-                        format!(
-                            "Runtime '{a}' is not allowed on this host; allowed: {}",
-                            allowed.join(", ")
-                        ),
-                    ));
+                    return Err(RuntimeError::Unknown {
+                        alias: a.to_owned(),
+                        allowed: inner
+                            .allowlist
+                            .entries
+                            .iter()
+                            .map(|e| e.alias.clone())
+                            .collect(),
+                    });
                 }
             },
         };
         let alias = entry.alias.clone();
         let Some(s) = inner.status.get(&alias).cloned() else {
-            return Err(ApiError::internal(format!(
-                "runtime '{alias}' has no state"
-            )));
+            return Err(RuntimeError::NoState { alias });
         };
         match s.state {
             BuildState::Ready => Ok(self.image_of(&entry, s.tag)),
-            BuildState::Pending | BuildState::Building => Err(ApiError::conflict(
-                ErrorCode::RuntimePreparing,
-                format!(
-                    "Runtime '{alias}' is being prepared (its image {} is being built, attempt {}); try again shortly - a first build can take minutes",
-                    s.tag,
-                    s.attempts.max(1)
-                ),
-            )),
+            BuildState::Pending | BuildState::Building => Err(RuntimeError::Preparing {
+                alias,
+                tag: s.tag,
+                attempt: s.attempts.max(1),
+            }),
             BuildState::Failed => {
                 if s.failed_at.is_none_or(|t| t.elapsed() >= ON_DEMAND_RETRY)
                     && inner.queued.insert(alias.clone())
@@ -440,16 +480,12 @@ impl Runtimes {
                         attempts: 1,
                     });
                 }
-                Err(ApiError::new(
-                    503,
-                    ErrorCode::RuntimeFailed,
-                    format!(
-                        "Runtime '{alias}' could not be built after {} attempts: {}\nLast lines of the build log:\n{}",
-                        s.attempts,
-                        s.last_error.unwrap_or_default(),
-                        s.log_tail.unwrap_or_default()
-                    ),
-                ))
+                Err(RuntimeError::Failed {
+                    alias,
+                    attempts: s.attempts,
+                    error: s.last_error.unwrap_or_default(),
+                    log_tail: s.log_tail.unwrap_or_default(),
+                })
             }
         }
     }

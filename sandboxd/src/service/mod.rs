@@ -3,9 +3,11 @@
 //! [`Core`] and its settings are here; its work is split by what it acts on: opening a session
 //! (`open`), a session after it opened (`sessions`), runs (`runs`), session tokens (`tokens`,
 //! with the token arithmetic in [`auth`]), the reconcile at start (`reconcile`), the live
-//! [`policy`]. The errors it answers with are [`crate::error::ApiError`]s.
+//! [`policy`]. What goes wrong is a [`ServiceError`], which says what happened and nothing of
+//! HTTP: the surfaces give it a status and a code (`crate::http::error`).
 
 pub mod auth;
+mod error;
 mod open;
 pub mod policy;
 pub mod pool;
@@ -14,6 +16,7 @@ mod runs;
 mod sessions;
 mod tokens;
 
+pub use error::ServiceError;
 use open::*;
 pub use reconcile::Reconciled;
 use reconcile::*;
@@ -30,7 +33,6 @@ use tracing::info;
 
 use crate::container::docker::Engine;
 use crate::container::network::SandboxNetwork;
-use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::run::Runner;
 use crate::runtimes::Runtimes;
@@ -38,7 +40,7 @@ use crate::service::policy::{Fixed, Policy, PolicyRules, PolicyView};
 use crate::storage::audit::{Audit, NewOperation, Op};
 use crate::storage::store::{Caps, Store};
 use crate::workspace::Workspace;
-use crate::workspace::disk::{DiskError, Disks};
+use crate::workspace::disk::Disks;
 use crate::workspace::trash::Trash;
 pub use sandboxd_api::run::RunRequest;
 pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
@@ -201,11 +203,11 @@ pub struct Outcome {
 /// cancel it halfway (an open left `opening`, a destroy that removed the container but not
 /// the row): the change completes, and only the answer is lost.
 pub async fn detached<T: Send + 'static>(
-    change: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
+    change: impl std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
+) -> Result<T, ServiceError> {
     tokio::spawn(change)
         .await
-        .map_err(|e| ApiError::internal(format!("the operation's task failed: {e}")))?
+        .map_err(|e| ServiceError::internal(format!("the operation's task failed: {e}")))?
 }
 
 /// Whether `owner` may name a session's owner: an object uid (or any id of at most 128 visible
@@ -214,14 +216,12 @@ pub fn valid_owner(owner: &str) -> bool {
     (1..=128).contains(&owner.len()) && owner.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// 409 `owner_mismatch`: session `id` belongs to another owner than `mine`.
-fn owner_mismatch(id: &str, mine: &str) -> ApiError {
-    ApiError::conflict(
-        ErrorCode::OwnerMismatch,
-        format!(
-            "Session '{id}' belongs to another owner than '{mine}': it was not opened, given a token or destroyed for this one"
-        ),
-    )
+/// Session `id` belongs to another owner than `mine`.
+fn owner_mismatch(id: &str, mine: &str) -> ServiceError {
+    ServiceError::OwnerMismatch {
+        id: id.to_owned(),
+        owner: mine.to_owned(),
+    }
 }
 
 /// Whether `id` may name a session: it is a folder name on the host and a container name part.
@@ -238,16 +238,8 @@ fn rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// A disk failure of session `id` as the API answers it: 507 when the node has no room.
-fn disk_error(id: &str, e: DiskError) -> ApiError {
-    match e {
-        DiskError::NoRoom { .. } => ApiError::new(507, ErrorCode::HostDiskFull, e.to_string()),
-        other => ApiError::internal(format!("the workspace disk of session '{id}': {other}")),
-    }
-}
-
-fn db(e: sqlx::Error) -> ApiError {
-    ApiError::internal(format!("sandboxd's state store failed: {e}"))
+fn db(e: sqlx::Error) -> ServiceError {
+    ServiceError::Store(e)
 }
 
 impl Core {
@@ -377,8 +369,9 @@ impl Core {
         }
     }
 
-    /// Changes caps and lifetimes live; refuses (422 naming the field) everything else.
-    pub fn set_policy(&self, body: &serde_json::Value) -> Result<PolicyView, ApiError> {
+    /// Changes caps and lifetimes live; refuses everything else
+    /// ([`ServiceError::PolicyRefused`] naming the field).
+    pub fn set_policy(&self, body: &serde_json::Value) -> Result<PolicyView, ServiceError> {
         {
             let mut p = self
                 .policy

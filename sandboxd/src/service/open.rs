@@ -7,7 +7,6 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::container::docker::SandboxSpec;
-use crate::error::{ApiError, ErrorCode};
 use crate::runtimes::RuntimeImage;
 use crate::service::parse_bytes;
 use crate::storage::store::{Claim, NewSession, SessionRow, State};
@@ -55,53 +54,46 @@ impl Core {
         Some(asked.clamp(crate::workspace::disk::MIN_SIZE, ceiling))
     }
 
-    pub(super) fn cap_error(&self, claim: &Claim, tenant: &str) -> ApiError {
+    pub(super) fn cap_error(&self, claim: &Claim, tenant: &str) -> ServiceError {
         let caps = self.caps();
         match claim {
-            Claim::TenantCap { held } => ApiError::new(
-                429,
-                ErrorCode::TenantCap,
-                format!(
-                    "Tenant '{tenant}' already holds {held} of {} sessions. Release an idle session before opening another.",
-                    caps.max_per_tenant
-                ),
-            ),
+            Claim::TenantCap { held } => ServiceError::TenantCap {
+                tenant: tenant.to_owned(),
+                held: *held,
+                max: caps.max_per_tenant,
+            },
             _ => {
                 let held = if let Claim::HostCap { held } = claim {
                     *held
                 } else {
                     caps.max_sessions
                 };
-                ApiError::new(
-                    429,
-                    ErrorCode::HostCap,
-                    format!(
-                        "This host already holds {held} of {} sessions. Release an idle session before opening another.",
-                        caps.max_sessions
-                    ),
-                )
+                ServiceError::HostCap {
+                    held,
+                    max: caps.max_sessions,
+                }
             }
         }
     }
 
     /// Opens a session by name: creates it, or finds it (waiting for a concurrent open of the
     /// same name). Concurrent opens make exactly one container.
-    pub async fn open(&self, req: OpenRequest) -> Result<Opened, ApiError> {
+    pub async fn open(&self, req: OpenRequest) -> Result<Opened, ServiceError> {
         if !valid_session_id(&req.name) {
-            return Err(ApiError::bad_request(format!(
+            return Err(ServiceError::invalid(format!(
                 "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
                 req.name
             )));
         }
         if req.tenant.trim().is_empty() {
-            return Err(ApiError::bad_request(
+            return Err(ServiceError::invalid(
                 "tenant must not be empty: send the organization id",
             ));
         }
         if let Some(owner) = &req.owner
             && !valid_owner(owner)
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(ServiceError::invalid(format!(
                 "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
             )));
         }
@@ -120,7 +112,7 @@ impl Core {
                         token: None,
                     });
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         let mut limits: Limits = req.limits.clone().map(Limits::from).unwrap_or_default();
@@ -133,7 +125,7 @@ impl Core {
         let token = auth::new_session_token();
         let hash = auth::hash(&token);
         let limits_json =
-            serde_json::to_string(&limits).map_err(|e| ApiError::internal(e.to_string()))?;
+            serde_json::to_string(&limits).map_err(|e| ServiceError::internal(e.to_string()))?;
         let new = NewSession {
             id: &req.name,
             tenant: &req.tenant,
@@ -192,7 +184,7 @@ impl Core {
                             warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
                         }
                         if !had_folder && let Err(left) = self.discard_folder(&req.name) {
-                            warn!(session = %req.name, error = %left.message, "a failed open could not remove the folder it made");
+                            warn!(session = %req.name, error = %left, "a failed open could not remove the folder it made");
                         }
                         let _ = self.store.delete(&req.name).await;
                         self.forget_tokens(&req.name);
@@ -209,10 +201,7 @@ impl Core {
                 drop(slot);
                 let row = *row;
                 if row.tenant != req.tenant {
-                    return Err(ApiError::conflict(
-                        ErrorCode::NameTaken,
-                        format!("Session name '{}' is taken by another tenant", req.name),
-                    ));
+                    return Err(ServiceError::NameTaken { name: req.name });
                 }
                 // Never attach to (nor hand a token of) a session another object owns.
                 let row = self.owned_by(row, req.owner.as_deref()).await?;
@@ -242,19 +231,19 @@ impl Core {
     }
 
     /// `row` if `owner` may act on it: it has no owner (then `owner` adopts it) or the same
-    /// one; 409 `owner_mismatch` when another owner holds it. `None` checks nothing.
+    /// one; [`ServiceError::OwnerMismatch`] when another owner holds it. `None` checks nothing.
     pub(super) async fn owned_by(
         &self,
         row: SessionRow,
         owner: Option<&str>,
-    ) -> Result<SessionRow, ApiError> {
+    ) -> Result<SessionRow, ServiceError> {
         let Some(mine) = owner else {
             return Ok(row);
         };
         let row = if row.owner.is_none() {
             let id = row.id.clone();
             let adopted = self.store.adopt(&id, mine).await.map_err(db)?;
-            let row = adopted.ok_or_else(|| ApiError::no_such_session(&id))?;
+            let row = adopted.ok_or_else(|| ServiceError::NoSuchSession { id: id.clone() })?;
             if row.owner.as_deref() == Some(mine) {
                 info!(session = %id, owner = mine, "session without an owner adopted");
             }
@@ -269,11 +258,11 @@ impl Core {
     }
 
     /// Takes the session's [`OpeningSlot`], or says who holds it.
-    pub(super) fn take_slot(&self, id: &str) -> Result<Slot<'_>, ApiError> {
+    pub(super) fn take_slot(&self, id: &str) -> Result<Slot<'_>, ServiceError> {
         let mut m = self
             .opening
             .lock()
-            .map_err(|_| ApiError::internal("open registry poisoned"))?;
+            .map_err(|_| ServiceError::internal("open registry poisoned"))?;
         if let Some(rx) = m.get(id) {
             return Ok(Slot::Busy(rx.clone()));
         }
@@ -291,26 +280,22 @@ impl Core {
         mut rx: watch::Receiver<bool>,
         deadline: tokio::time::Instant,
         id: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ServiceError> {
         match tokio::time::timeout_at(deadline, rx.wait_for(|done| *done)).await {
             // Done, or its slot dropped: either way it is over.
             Ok(_) => Ok(()),
-            Err(_) => Err(ApiError::opening(id)),
+            Err(_) => Err(ServiceError::Opening { id: id.to_owned() }),
         }
     }
 
-    pub(super) fn open_failed(id: &str) -> ApiError {
-        ApiError::new(
-            502,
-            ErrorCode::OpenFailed,
-            format!("A concurrent open of session '{id}' failed; open it again"),
-        )
+    pub(super) fn open_failed(id: &str) -> ServiceError {
+        ServiceError::OpenFailed { id: id.to_owned() }
     }
 
     /// Waits for the open or wake in flight of a session and returns its row once it has left
-    /// `opening` (running, reclaimed after a failed wake); 502 `open_failed` when the open
-    /// failed (the row is gone), 409 `session_opening` when it does not finish in time.
-    pub(super) async fn wait_opened(&self, id: &str) -> Result<SessionRow, ApiError> {
+    /// `opening` (running, reclaimed after a failed wake); [`ServiceError::OpenFailed`] when the
+    /// open failed (the row is gone), [`ServiceError::Opening`] when it does not finish in time.
+    pub(super) async fn wait_opened(&self, id: &str) -> Result<SessionRow, ServiceError> {
         let deadline = tokio::time::Instant::now() + OPEN_WAIT;
         let mut unattended = 0;
         loop {
@@ -333,7 +318,7 @@ impl Core {
             if !waited {
                 unattended += 1;
                 if unattended >= 3 {
-                    return Err(ApiError::opening(id));
+                    return Err(ServiceError::Opening { id: id.to_owned() });
                 }
                 tokio::task::yield_now().await;
             }
@@ -346,7 +331,7 @@ impl Core {
         tenant: &str,
         runtime: &RuntimeImage,
         limits: &Limits,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ServiceError> {
         let workspace = self.workspace(id);
         if let Some(size) = self.workspace_size_of(runtime, limits) {
             let disks = self.disks.clone();
@@ -355,8 +340,8 @@ impl Core {
                 move || disks.create(&id, size)
             })
             .await
-            .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?;
-            made.map_err(|e| disk_error(id, e))?;
+            .map_err(|e| ServiceError::internal(format!("the disk task failed: {e}")))?;
+            made.map_err(|e| ServiceError::disk(id, e))?;
         }
         workspace.prepare()?;
         let spec = self
@@ -368,7 +353,7 @@ impl Core {
             .engine
             .create(&spec)
             .await
-            .map_err(|e| ApiError::docker(e.to_string()))?;
+            .map_err(ServiceError::Docker)?;
         self.store
             .set_container(id, Some(&container))
             .await
@@ -380,10 +365,7 @@ impl Core {
             .map_err(db)?
         {
             let _ = self.engine.remove(&container).await;
-            return Err(ApiError::conflict(
-                ErrorCode::SessionChanged,
-                format!("Session '{id}' changed while it was opening"),
-            ));
+            return Err(ServiceError::ChangedWhileOpening { id: id.to_owned() });
         }
         info!(session = id, tenant, runtime = %runtime.alias, "session opened");
         Ok(())
@@ -401,21 +383,20 @@ impl Core {
         runtime: &RuntimeImage,
         limits: &Limits,
         workspace: &Workspace,
-    ) -> Result<SandboxSpec, ApiError> {
+    ) -> Result<SandboxSpec, ServiceError> {
         let s = &self.settings;
         let network_mode = match (&self.network, runtime.needs_network) {
             (_, false) => s.network_mode.clone(),
             (None, true) => s.runtime_network.clone(),
-            (Some(network), true) => network.ensure().await.map_err(|e| {
-                ApiError::new(
-                    503,
-                    ErrorCode::NetworkUnavailable,
-                    format!(
-                        "Runtime '{}' needs a network, and this host cannot give it one safely: {e}",
-                        runtime.alias
-                    ),
-                )
-            })?,
+            (Some(network), true) => {
+                network
+                    .ensure()
+                    .await
+                    .map_err(|source| ServiceError::NetworkUnavailable {
+                        runtime: runtime.alias.clone(),
+                        source,
+                    })?
+            }
         };
         let (cpus, memory, pids_limit) = self.shape(runtime, limits);
         Ok(SandboxSpec {
@@ -437,7 +418,7 @@ impl Core {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
             agent: self.runner.agent_mount(folder).map_err(|e| {
-                ApiError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
+                ServiceError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
             })?,
         })
     }
@@ -462,10 +443,10 @@ impl Core {
         serde_json::from_str(&row.limits).unwrap_or_default()
     }
 
-    /// Marks a session lost when its workspace vanished; returns the 410 to answer with.
-    pub(super) async fn check_workspace(&self, row: &SessionRow) -> Result<(), ApiError> {
+    /// Marks a session lost when its workspace vanished; returns [`ServiceError::Lost`] then.
+    pub(super) async fn check_workspace(&self, row: &SessionRow) -> Result<(), ServiceError> {
         if row.state == State::Lost {
-            return Err(ApiError::lost(&row.id));
+            return Err(ServiceError::Lost { id: row.id.clone() });
         }
         let has_disk = self.disks.size(&row.id).is_some();
         if !has_disk && row.state != State::Opening && Self::limits_of(row).workspace_size.is_some()
@@ -480,8 +461,8 @@ impl Core {
             let id = row.id.clone();
             tokio::task::spawn_blocking(move || disks.mount(&id))
                 .await
-                .map_err(|e| ApiError::internal(format!("the disk task failed: {e}")))?
-                .map_err(|e| disk_error(&row.id, e))?;
+                .map_err(|e| ServiceError::internal(format!("the disk task failed: {e}")))?
+                .map_err(|e| ServiceError::disk(&row.id, e))?;
         }
         if self.workspace(&row.id).exists() {
             return Ok(());
@@ -490,8 +471,8 @@ impl Core {
         self.mark_lost(row).await
     }
 
-    /// Makes a session lost (its container removed); returns the 410 to answer with.
-    pub(super) async fn mark_lost(&self, row: &SessionRow) -> Result<(), ApiError> {
+    /// Makes a session lost (its container removed); returns [`ServiceError::Lost`].
+    pub(super) async fn mark_lost(&self, row: &SessionRow) -> Result<(), ServiceError> {
         if self
             .store
             .transition(
@@ -511,6 +492,6 @@ impl Core {
             let _ = self.engine.remove(c).await;
             let _ = self.store.set_container(&row.id, None).await;
         }
-        Err(ApiError::lost(&row.id))
+        Err(ServiceError::Lost { id: row.id.clone() })
     }
 }

@@ -1,12 +1,12 @@
 //! The policy a running sandboxd can change: caps and lifetimes (`GET`/`PUT /v1/policy`). The
 //! allowlist, network mode, OCI runtime, sandbox uid, work dir, persist-containers and the
-//! per-sandbox isolation limits are refused (422 naming the field): choosing an image or an
+//! per-sandbox isolation limits are refused (naming the field): choosing an image or an
 //! isolation setting is a decision that takes a restart, and the admin token is held by an
 //! application, not by whoever runs the host.
 
 use serde_json::{Map, Value};
 
-use crate::error::{ApiError, ErrorCode};
+use crate::service::ServiceError;
 pub use sandboxd_api::policy::{Fixed, Policy, PolicyView};
 
 /// The fields that are refused, and the variable a restart would change them with.
@@ -37,7 +37,7 @@ pub const LIVE_FIELDS: [&str; 5] = [
 ];
 
 /// The bounds of every live value: field, the variable that sets it at start, the most it may
-/// be, and its unit. A value past its bound is refused (422 naming the field and the bound):
+/// be, and its unit. A value past its bound is refused (naming the field and the bound):
 /// an execute timeout near `u64::MAX` would overflow the run's deadline, and a read or output
 /// limit is memory sandboxd holds per request.
 pub const BOUNDS: [(&str, &str, u64, &str); 5] = [
@@ -83,9 +83,9 @@ pub trait PolicyRules: Sized {
     /// Whether every value is within its bounds (1 to the most of [`BOUNDS`]); the error names
     /// the variable that sets it at start.
     fn check(&self) -> Result<(), String>;
-    /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
-    /// listing every refused field (nothing is applied then).
-    fn apply(&self, body: &Value) -> Result<Self, ApiError>;
+    /// `self` with the changes of a `PUT /v1/policy` body applied, or
+    /// [`ServiceError::PolicyRefused`] listing every refused field (nothing is applied then).
+    fn apply(&self, body: &Value) -> Result<Self, ServiceError>;
 }
 
 impl PolicyRules for Policy {
@@ -112,14 +112,12 @@ impl PolicyRules for Policy {
         Ok(())
     }
 
-    /// `self` with the changes of a `PUT /v1/policy` body applied, or 422 `policy_refused`
-    /// listing every refused field (nothing is applied then).
-    fn apply(&self, body: &Value) -> Result<Policy, ApiError> {
+    /// `self` with the changes of a `PUT /v1/policy` body applied, or
+    /// [`ServiceError::PolicyRefused`] listing every refused field (nothing is applied then).
+    fn apply(&self, body: &Value) -> Result<Policy, ServiceError> {
         let Some(map) = body.as_object() else {
-            return Err(ApiError::new(
-                422,
-                ErrorCode::PolicyRefused,
-                "The policy was not changed: the body must be a JSON object of fields to change",
+            return Err(ServiceError::PolicyRefused(
+                "the body must be a JSON object of fields to change".to_owned(),
             ));
         };
         let mut next = *self;
@@ -168,20 +166,16 @@ impl PolicyRules for Policy {
         if errors.is_empty() {
             Ok(next)
         } else {
-            Err(ApiError::new(
-                422,
-                ErrorCode::PolicyRefused,
-                format!("The policy was not changed: {}", errors.join("; ")),
-            ))
+            Err(ServiceError::PolicyRefused(errors.join("; ")))
         }
     }
 }
 
 /// Parses a body into a JSON object map, for callers that build one.
-pub fn fields(body: &[u8]) -> Result<Value, ApiError> {
+pub fn fields(body: &[u8]) -> Result<Value, ServiceError> {
     serde_json::from_slice::<Map<String, Value>>(body)
         .map(Value::Object)
-        .map_err(|e| ApiError::bad_request(format!("invalid policy: {e}")))
+        .map_err(|e| ServiceError::invalid(format!("invalid policy: {e}")))
 }
 
 #[cfg(test)]
@@ -224,13 +218,9 @@ mod tests {
                 let e = P
                     .apply(&json!({ field: over }))
                     .expect_err("over the bound");
+                assert!(matches!(e, ServiceError::PolicyRefused(_)), "{field}");
                 assert_eq!(
-                    (e.status, e.code.as_str()),
-                    (422, "policy_refused"),
-                    "{field}"
-                );
-                assert_eq!(
-                    e.message,
+                    e.to_string(),
                     format!("The policy was not changed: {field} must be at most {max} {unit}")
                 );
             }
@@ -239,7 +229,7 @@ mod tests {
             .apply(&json!({"execute_timeout": u64::MAX, "max_read_bytes": u64::MAX, "max_sessions": 5}))
             .expect_err("over the bounds");
         assert_eq!(
-            e.message,
+            e.to_string(),
             "The policy was not changed: execute_timeout must be at most 86400 seconds; max_read_bytes must be at most 67108864 bytes"
         );
     }
@@ -273,9 +263,9 @@ mod tests {
         let e = P
             .apply(&json!({"max_sessions": 5, "network_mode": "bridge", "sandbox_uid": 0, "colour": 1, "max_read_bytes": 0}))
             .expect_err("refused");
-        assert_eq!((e.status, e.code.as_str()), (422, "policy_refused"));
+        assert!(matches!(e, ServiceError::PolicyRefused(_)));
         assert_eq!(
-            e.message,
+            e.to_string(),
             "The policy was not changed: colour is not a policy field; the live fields are max_sessions, max_sessions_per_tenant, execute_timeout, max_read_bytes, max_output_bytes; max_read_bytes must be a whole number of at least 1; network_mode cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_NETWORK_MODE; sandbox_uid cannot change at runtime (it is an isolation decision); restart sandboxd with SANDBOXD_SANDBOX_UID"
         );
     }

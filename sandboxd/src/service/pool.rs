@@ -40,10 +40,9 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::container::docker::Engine;
-use crate::error::{ApiError, ErrorCode};
 use crate::metrics::RuntimeLabel;
 use crate::runtimes::RuntimeImage;
-use crate::service::{Core, Limits};
+use crate::service::{Core, Limits, ServiceError};
 use crate::storage::store::Store;
 use crate::workspace::Workspace;
 use crate::workspace::disk::Disks;
@@ -177,7 +176,7 @@ pub(crate) async fn open(
     tenant: &str,
     runtime: &RuntimeImage,
     limits: &Limits,
-) -> Result<(), ApiError> {
+) -> Result<(), ServiceError> {
     {
         let shape = core.shape(runtime, limits);
         let disk = core.workspace_size_of(runtime, limits);
@@ -206,7 +205,7 @@ pub(crate) async fn open(
 /// Why a claim did not give the session its container.
 enum Claimed {
     /// The session changed while it opened: the open fails as a cold one would.
-    Changed(ApiError),
+    Changed(ServiceError),
     /// The container or its folder could not be taken (it is removed); open otherwise.
     Failed(String),
 }
@@ -237,13 +236,10 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
         }
         match core.store().set_warm_running(id, &pooled.container).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Claimed::Changed(ApiError::conflict(
-                ErrorCode::SessionChanged,
-                format!("Session '{id}' changed while it was opening"),
-            ))),
-            Err(e) => Err(Claimed::Changed(ApiError::internal(format!(
-                "sandboxd's state store failed: {e}"
-            )))),
+            Ok(false) => Err(Claimed::Changed(ServiceError::ChangedWhileOpening {
+                id: id.to_owned(),
+            })),
+            Err(e) => Err(Claimed::Changed(ServiceError::Store(e))),
         }
     }
     .await;
@@ -552,7 +548,7 @@ async fn start(core: &Core, runtime: &RuntimeImage) -> Result<Pooled, String> {
                 &workspace,
             )
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| e.to_string())?;
         let container = core
             .engine()
             .create_pooled(&spec, &runtime.alias)

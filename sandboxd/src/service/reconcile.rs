@@ -6,19 +6,14 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::container::docker::Presence;
-use crate::error::ApiError;
 use crate::storage::store::{SessionRow, State};
 
 impl Core {
     /// Brings the rows in line with what Docker reports, after a crash at any point: no
     /// orphaned container, no lost workspace, no stuck session.
-    pub async fn reconcile(&self) -> Result<Reconciled, ApiError> {
+    pub async fn reconcile(&self) -> Result<Reconciled, ServiceError> {
         let mut done = Reconciled::default();
-        let owned = self
-            .engine
-            .owned()
-            .await
-            .map_err(|e| ApiError::docker(e.to_string()))?;
+        let owned = self.engine.owned().await.map_err(ServiceError::Docker)?;
         let rows = self.store.list().await.map_err(db)?;
         for row in &rows {
             if row.state != State::Destroying
@@ -55,7 +50,7 @@ impl Core {
                     warn!(
                         session = %row.id,
                         state = ?row.state,
-                        error = %e.message,
+                        error = %e,
                         "reconcile could not fix this session; it is left as it is"
                     );
                     done.sessions_failed += 1;
@@ -77,7 +72,7 @@ impl Core {
         &self,
         row: &SessionRow,
         container: Option<&crate::container::docker::Owned>,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, ServiceError> {
         match (row.state, container) {
             (State::Opening, _) => {
                 // Interrupted open: whatever it made is gone (above); the workspace stays.

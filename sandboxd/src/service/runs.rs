@@ -6,11 +6,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::error::{ApiError, ErrorCode};
 use crate::run::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus};
 use crate::storage::store::State;
 
@@ -37,11 +36,10 @@ impl Drop for InFlight<'_> {
 }
 
 /// A run refused because its session is being destroyed: the session is gone.
-pub(super) fn gone_if_destroying(id: &str, e: ApiError) -> ApiError {
-    if e.code == ErrorCode::SessionDestroying {
-        ApiError::session_gone(id)
-    } else {
-        e
+pub(super) fn gone_if_destroying(id: &str, e: ServiceError) -> ServiceError {
+    match e {
+        ServiceError::Destroying { .. } => ServiceError::Gone { id: id.to_owned() },
+        e => e,
     }
 }
 
@@ -53,21 +51,19 @@ impl Core {
             .unwrap_or(0)
     }
 
-    /// 429 `run_cap` when session `id` already has `held` runs in flight, the most
+    /// [`ServiceError::RunCap`] when session `id` already has `held` runs in flight, the most
     /// `SANDBOXD_MAX_RUNS_PER_SESSION` allows. The count is sandboxd's own run table, never
     /// what the sandbox says.
-    pub(super) fn check_run_cap(&self, id: &str, held: usize) -> Result<(), ApiError> {
+    pub(super) fn check_run_cap(&self, id: &str, held: usize) -> Result<(), ServiceError> {
         let max = self.settings.max_runs_per_session;
         if held < max {
             return Ok(());
         }
-        Err(ApiError::new(
-            429,
-            ErrorCode::RunCap,
-            format!(
-                "Session '{id}' already has {held} of {max} runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one."
-            ),
-        ))
+        Err(ServiceError::RunCap {
+            id: id.to_owned(),
+            held,
+            max,
+        })
     }
 
     pub(super) fn cancel_runs(&self, id: &str) {
@@ -79,23 +75,26 @@ impl Core {
     }
 
     /// Runs a command, waking the session first; output also goes to `events` as it comes.
+    /// `under_way` hears once the run is in the session's table (from then on a stop of its
+    /// id reaches it); it is dropped unheard when the run ends before that.
     pub async fn run(
         &self,
         id: &str,
         req: RunRequest,
         events: Option<mpsc::Sender<RunEvent>>,
-    ) -> Result<RunOutcome, ApiError> {
+        under_way: Option<oneshot::Sender<()>>,
+    ) -> Result<RunOutcome, ServiceError> {
         if req.command.trim().is_empty() {
-            return Err(ApiError::bad_request("command must not be empty"));
+            return Err(ServiceError::invalid("command must not be empty"));
         }
         // No process takes a NUL in its arguments; refused here rather than failing to start.
         if req.command.contains('\0') {
-            return Err(ApiError::bad_request("command must not hold a NUL byte"));
+            return Err(ServiceError::invalid("command must not hold a NUL byte"));
         }
         if let Some(t) = req.timeout_seconds
             && t == 0
         {
-            return Err(ApiError::bad_request("timeout_seconds must be at least 1"));
+            return Err(ServiceError::invalid("timeout_seconds must be at least 1"));
         }
         let mut env = Vec::new();
         for (k, v) in req.env.clone().unwrap_or_default() {
@@ -105,7 +104,7 @@ impl Core {
                 .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid || v.contains('\0') {
-                return Err(ApiError::bad_request(format!(
+                return Err(ServiceError::invalid(format!(
                     "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
                 )));
             }
@@ -128,7 +127,7 @@ impl Core {
             _ => self.wake(id).await.map_err(|e| gone_if_destroying(id, e))?,
         };
         let mut container = row.container_id.clone().ok_or_else(|| {
-            ApiError::internal(format!("session '{id}' runs without a container"))
+            ServiceError::internal(format!("session '{id}' runs without a container"))
         })?;
         let run_id = req
             .run_id
@@ -139,12 +138,9 @@ impl Core {
             let mut runs = self
                 .runs
                 .lock()
-                .map_err(|_| ApiError::internal("run registry poisoned"))?;
+                .map_err(|_| ServiceError::internal("run registry poisoned"))?;
             if runs.contains_key(&run_id) {
-                return Err(ApiError::conflict(
-                    ErrorCode::RunExists,
-                    format!("Run '{run_id}' is already running"),
-                ));
+                return Err(ServiceError::RunExists { run_id });
             }
             self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
             runs.insert(
@@ -154,6 +150,9 @@ impl Core {
                     cancel: cancel.clone(),
                 },
             );
+        }
+        if let Some(under_way) = under_way {
+            let _ = under_way.send(());
         }
         // A caller that goes away mid-run (its request dropped) stops the run: the guard
         // cancels it and forgets it, and the run itself goes on in a task of its own
@@ -222,12 +221,12 @@ impl Core {
         if (result.is_err() || result.as_ref().is_ok_and(|o| o.stopped))
             && self.destroyed_or_destroying(id).await
         {
-            return Err(ApiError::session_gone(id));
+            return Err(ServiceError::Gone { id: id.to_owned() });
         }
         if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
             let _ = self.store.touch(id).await;
         }
-        let outcome = result.map_err(|e| ApiError::docker(e.to_string()))?;
+        let outcome = result?;
         self.metrics.observe_run(&outcome);
         Ok(outcome)
     }
@@ -257,34 +256,33 @@ impl Core {
     }
 
     /// Stops a running run of a session.
-    pub fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+    pub fn stop_run(&self, id: &str, run_id: &str) -> Result<(), ServiceError> {
         let runs = self
             .runs
             .lock()
-            .map_err(|_| ApiError::internal("run registry poisoned"))?;
+            .map_err(|_| ServiceError::internal("run registry poisoned"))?;
         match runs.get(run_id) {
             Some(e) if e.session == id => {
                 e.cancel.cancel();
                 Ok(())
             }
-            _ => Err(ApiError::new(
-                404,
-                ErrorCode::RunNotFound,
-                format!("No run '{run_id}' is running in session '{id}'"),
-            )),
+            _ => Err(ServiceError::RunNotRunning {
+                id: id.to_owned(),
+                run_id: run_id.to_owned(),
+            }),
         }
     }
 
     /// Stops a run of a session: one this process runs, else one the session's agent still
     /// runs whose request was lost when sandboxd restarted.
-    pub async fn stop_run_or_detached(&self, id: &str, run_id: &str) -> Result<(), ApiError> {
+    pub async fn stop_run_or_detached(&self, id: &str, run_id: &str) -> Result<(), ServiceError> {
         match self.stop_run(id, run_id) {
-            Err(e) if e.code == ErrorCode::RunNotFound => {
+            Err(e @ ServiceError::RunNotRunning { .. }) => {
                 self.row(id).await?;
                 match self.runner.stop_detached(id, run_id).await {
                     Ok(true) => Ok(()),
                     Ok(false) => Err(e),
-                    Err(err) => Err(ApiError::docker(err.to_string())),
+                    Err(err) => Err(ServiceError::Run(err)),
                 }
             }
             other => other,
@@ -293,14 +291,14 @@ impl Core {
 
     /// The state of a run, in flight or finished, as the session's agent knows it (runs of
     /// the exec path are known only while in flight).
-    pub async fn run_status(&self, id: &str, run_id: &str) -> Result<RunStatus, ApiError> {
+    pub async fn run_status(&self, id: &str, run_id: &str) -> Result<RunStatus, ServiceError> {
         let row = self.row(id).await?;
         if row.state == State::Running
             && let Some(status) = self
                 .runner
                 .status(id, run_id)
                 .await
-                .map_err(|e| ApiError::docker(e.to_string()))?
+                .map_err(ServiceError::Run)?
         {
             return Ok(status);
         }
@@ -323,10 +321,9 @@ impl Core {
                 stderr: String::new(),
             });
         }
-        Err(ApiError::new(
-            404,
-            ErrorCode::RunNotFound,
-            format!("No run '{run_id}' is known in session '{id}'"),
-        ))
+        Err(ServiceError::RunUnknown {
+            id: id.to_owned(),
+            run_id: run_id.to_owned(),
+        })
     }
 }

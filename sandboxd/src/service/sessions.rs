@@ -5,8 +5,7 @@ use super::*;
 use tracing::info;
 
 use crate::container::docker::Presence;
-use crate::error::{ApiError, ErrorCode};
-use crate::runtimes::RuntimeImage;
+use crate::runtimes::{RuntimeError, RuntimeImage};
 use crate::service::parse_bytes;
 use crate::storage::store::{Claim, SessionRow, State};
 use crate::workspace::Workspace;
@@ -15,12 +14,14 @@ use crate::workspace::disk::{Disks, human};
 impl Core {
     /// Moves a session's folder into the trash, where the sweeper deletes it in the
     /// background; returns whether there was one.
-    pub(super) fn discard_folder(&self, id: &str) -> Result<bool, ApiError> {
+    pub(super) fn discard_folder(&self, id: &str) -> Result<bool, ServiceError> {
         let folder = self.settings.workspace_root.join(id);
         // The workspace disk goes first: unmounted, its image is one file in the folder.
-        self.disks.unmount(id).map_err(|e| disk_error(id, e))?;
+        self.disks
+            .unmount(id)
+            .map_err(|e| ServiceError::disk(id, e))?;
         self.trash.discard(&folder, id).map_err(|e| {
-            ApiError::internal(format!(
+            ServiceError::internal(format!(
                 "could not move {} into the trash {}: {e}",
                 folder.display(),
                 self.trash.dir().display()
@@ -63,13 +64,13 @@ impl Core {
         }
     }
 
-    pub(super) async fn row(&self, id: &str) -> Result<SessionRow, ApiError> {
+    pub(super) async fn row(&self, id: &str) -> Result<SessionRow, ServiceError> {
         let row = self
             .store
             .get(id)
             .await
             .map_err(db)?
-            .ok_or_else(|| ApiError::no_such_session(id))?;
+            .ok_or_else(|| ServiceError::NoSuchSession { id: id.to_owned() })?;
         if let Ok(mut t) = self.tenants.lock()
             && t.get(id) != Some(&row.tenant)
         {
@@ -79,13 +80,13 @@ impl Core {
     }
 
     /// One session; no side effects (never wakes, never marks anything).
-    pub async fn get(&self, id: &str) -> Result<SessionView, ApiError> {
+    pub async fn get(&self, id: &str) -> Result<SessionView, ServiceError> {
         let row = self.row(id).await?;
         Ok(self.view(&row, true).await)
     }
 
     /// Every session.
-    pub async fn list(&self) -> Result<Vec<SessionView>, ApiError> {
+    pub async fn list(&self) -> Result<Vec<SessionView>, ServiceError> {
         let rows = self.store.list().await.map_err(db)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -94,16 +95,16 @@ impl Core {
         Ok(out)
     }
 
-    pub(super) fn runtime(&self, alias: Option<&str>) -> Result<RuntimeImage, ApiError> {
+    pub(super) fn runtime(&self, alias: Option<&str>) -> Result<RuntimeImage, RuntimeError> {
         self.runtimes.resolve(alias)
     }
 
-    pub(super) fn check_limits(&self, limits: &Limits) -> Result<(), ApiError> {
+    pub(super) fn check_limits(&self, limits: &Limits) -> Result<(), ServiceError> {
         let s = &self.settings;
         if let Some(c) = limits.cpus
             && (c.is_nan() || c <= 0.0 || c > s.cpus)
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(ServiceError::invalid(format!(
                 "limits.cpus must be above 0 and at most {} (this host's ceiling)",
                 s.cpus
             )));
@@ -112,13 +113,13 @@ impl Core {
             match parse_bytes(m) {
                 Some(b) if b <= s.memory => {}
                 Some(_) => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ServiceError::invalid(format!(
                         "limits.mem_limit '{m}' is above this host's ceiling of {} bytes",
                         s.memory
                     )));
                 }
                 None => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ServiceError::invalid(format!(
                         "limits.mem_limit '{m}' is not a size in Docker's syntax (for example 512m or 2g)"
                     )));
                 }
@@ -127,28 +128,28 @@ impl Core {
         if let Some(p) = limits.pids_limit
             && !(16..=s.pids_limit).contains(&p)
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(ServiceError::invalid(format!(
                 "limits.pids_limit must be between 16 and {} (this host's ceiling)",
                 s.pids_limit
             )));
         }
         if let Some(w) = &limits.workspace_size {
             let Some(ceiling) = s.workspace_size else {
-                return Err(ApiError::bad_request(format!(
+                return Err(ServiceError::invalid(format!(
                     "limits.workspace_size '{w}' cannot be held: this host does not limit workspaces (SANDBOXD_WORKSPACE_QUOTA=off)"
                 )));
             };
             match parse_bytes(w).and_then(|b| u64::try_from(b).ok()) {
                 Some(b) if (crate::workspace::disk::MIN_SIZE..=ceiling).contains(&b) => {}
                 Some(_) => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ServiceError::invalid(format!(
                         "limits.workspace_size '{w}' must be between {} and {} (this host's ceiling)",
                         human(crate::workspace::disk::MIN_SIZE),
                         human(ceiling)
                     )));
                 }
                 None => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ServiceError::invalid(format!(
                         "limits.workspace_size '{w}' is not a size in Docker's syntax (for example 512m or 2g)"
                     )));
                 }
@@ -164,19 +165,14 @@ impl Core {
 
     /// Wakes a session so a command can run: starts a stopped container, recreates a reclaimed
     /// one (within the caps), waits for one still opening. Returns the running row.
-    pub async fn wake(&self, id: &str) -> Result<SessionRow, ApiError> {
+    pub async fn wake(&self, id: &str) -> Result<SessionRow, ServiceError> {
         let row = self.row(id).await?;
         self.check_workspace(&row).await?;
         match row.state {
             State::Running => {
                 // Docker may have stopped it behind our back (OOM of the keepalive, a restart).
                 if let Some(c) = &row.container_id
-                    && self
-                        .engine
-                        .running(c)
-                        .await
-                        .map_err(|e| ApiError::docker(e.to_string()))?
-                        == Some(true)
+                    && self.engine.running(c).await.map_err(ServiceError::Docker)? == Some(true)
                 {
                     return Ok(row);
                 }
@@ -207,10 +203,7 @@ impl Core {
                 // old path: started again, Docker would bind that path, not the session's
                 // folder. It is replaced instead; the workspace stays.
                 if row.warm {
-                    self.engine
-                        .remove(&c)
-                        .await
-                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                    self.engine.remove(&c).await.map_err(ServiceError::Docker)?;
                     self.store.set_container(id, None).await.map_err(db)?;
                     self.store
                         .transition(id, &[State::Stopped], State::Reclaimed)
@@ -229,7 +222,7 @@ impl Core {
                             .map_err(db)?;
                         return Box::pin(self.wake(id)).await;
                     }
-                    Err(e) => return Err(ApiError::docker(e.to_string())),
+                    Err(e) => return Err(ServiceError::Docker(e)),
                 }
                 self.store
                     .transition(id, &[State::Stopped], State::Running)
@@ -287,22 +280,19 @@ impl Core {
                 drop(slot);
                 woken
             }
-            State::Lost => Err(ApiError::lost(id)),
-            State::Destroying => Err(ApiError::destroying(id)),
+            State::Lost => Err(ServiceError::Lost { id: id.to_owned() }),
+            State::Destroying => Err(ServiceError::Destroying { id: id.to_owned() }),
         }
     }
 
     /// Puts a session to sleep: the container stops, the files stay.
-    pub async fn stop(&self, id: &str) -> Result<SessionView, ApiError> {
+    pub async fn stop(&self, id: &str) -> Result<SessionView, ServiceError> {
         let row = self.row(id).await?;
         match row.state {
             State::Stopped | State::Reclaimed => {}
             State::Running => {
                 if let Some(c) = &row.container_id {
-                    self.engine
-                        .stop(c)
-                        .await
-                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                    self.engine.stop(c).await.map_err(ServiceError::Docker)?;
                 }
                 self.store
                     .transition(id, &[State::Running], State::Stopped)
@@ -311,11 +301,11 @@ impl Core {
                 info!(session = id, "session asleep");
             }
             State::Opening => {
-                return Err(ApiError::opening(id));
+                return Err(ServiceError::Opening { id: id.to_owned() });
             }
-            State::Lost => return Err(ApiError::lost(id)),
+            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
             State::Destroying => {
-                return Err(ApiError::destroying(id));
+                return Err(ServiceError::Destroying { id: id.to_owned() });
             }
         }
         self.get(id).await
@@ -323,13 +313,10 @@ impl Core {
 
     /// Removes a session's container; the workspace stays. A host that keeps containers
     /// (SANDBOXD_PERSIST_CONTAINERS) refuses.
-    pub async fn reclaim(&self, id: &str) -> Result<SessionView, ApiError> {
+    pub async fn reclaim(&self, id: &str) -> Result<SessionView, ServiceError> {
         let row = self.row(id).await?;
         if self.settings.persist_containers {
-            return Err(ApiError::conflict(
-                ErrorCode::ContainersPersist,
-                "This host keeps the containers of its sessions (SANDBOXD_PERSIST_CONTAINERS=true), so reclaiming is off; stop the session to let it sleep",
-            ));
+            return Err(ServiceError::ContainersPersist);
         }
         match row.state {
             State::Reclaimed => {}
@@ -340,26 +327,20 @@ impl Core {
                     .await
                     .map_err(db)?
                 {
-                    return Err(ApiError::conflict(
-                        ErrorCode::SessionChanged,
-                        format!("Session '{id}' changed; try again"),
-                    ));
+                    return Err(ServiceError::Changed { id: id.to_owned() });
                 }
                 if let Some(c) = &row.container_id {
-                    self.engine
-                        .remove(c)
-                        .await
-                        .map_err(|e| ApiError::docker(e.to_string()))?;
+                    self.engine.remove(c).await.map_err(ServiceError::Docker)?;
                 }
                 self.store.set_container(id, None).await.map_err(db)?;
                 info!(session = id, "container reclaimed; workspace kept");
             }
             State::Opening => {
-                return Err(ApiError::opening(id));
+                return Err(ServiceError::Opening { id: id.to_owned() });
             }
-            State::Lost => return Err(ApiError::lost(id)),
+            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
             State::Destroying => {
-                return Err(ApiError::destroying(id));
+                return Err(ServiceError::Destroying { id: id.to_owned() });
             }
         }
         self.get(id).await
@@ -368,14 +349,18 @@ impl Core {
     /// Removes the container and the workspace. Destroying what is already gone succeeds.
     /// The session's folder is moved into the trash (one rename, whatever it holds) and
     /// deleted there in the background, so a destroy answers at once.
-    pub async fn destroy(&self, id: &str) -> Result<Destroyed, ApiError> {
+    pub async fn destroy(&self, id: &str) -> Result<Destroyed, ServiceError> {
         self.destroy_as(id, None).await
     }
 
-    /// [`Core::destroy`] for `owner`: a session another owner holds is left alone (409
-    /// `owner_mismatch`), so a destroy owed for an object that is gone never removes the
+    /// [`Core::destroy`] for `owner`: a session another owner holds is left alone
+    /// ([`ServiceError::OwnerMismatch`]), so a destroy owed for an object that is gone never removes the
     /// session a newer object opened under the same id. `None` destroys whoever owns it.
-    pub async fn destroy_as(&self, id: &str, owner: Option<&str>) -> Result<Destroyed, ApiError> {
+    pub async fn destroy_as(
+        &self,
+        id: &str,
+        owner: Option<&str>,
+    ) -> Result<Destroyed, ServiceError> {
         let Some(row) = self.store.get(id).await.map_err(db)? else {
             let had_files = valid_session_id(id) && self.discard_folder(id)?;
             return Ok(Destroyed {
@@ -427,10 +412,7 @@ impl Core {
         }
         self.cancel_runs(id);
         if let Some(c) = &row.container_id {
-            self.engine
-                .remove(c)
-                .await
-                .map_err(|e| ApiError::docker(e.to_string()))?;
+            self.engine.remove(c).await.map_err(ServiceError::Docker)?;
         }
         let _ = self.engine.remove(&self.engine.container_name(id)).await;
         self.discard_folder(id)?;
@@ -449,10 +431,10 @@ impl Core {
 
     /// The workspace of a session for a file operation: never wakes it; a vanished workspace
     /// makes it lost.
-    pub async fn files(&self, id: &str) -> Result<Workspace, ApiError> {
+    pub async fn files(&self, id: &str) -> Result<Workspace, ServiceError> {
         let row = self.row(id).await?;
         if row.state == State::Destroying {
-            return Err(ApiError::destroying(id));
+            return Err(ServiceError::Destroying { id: id.to_owned() });
         }
         self.check_workspace(&row).await?;
         let _ = self.store.touch(id).await;

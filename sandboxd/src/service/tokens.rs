@@ -3,17 +3,15 @@
 
 use super::*;
 
-use crate::error::ApiError;
-
 impl Core {
     /// The session a token belongs to, if any.
-    pub async fn session_of_token(&self, token: &str) -> Result<Option<String>, ApiError> {
+    pub async fn session_of_token(&self, token: &str) -> Result<Option<String>, ServiceError> {
         let hash = auth::hash(token);
         let generation = {
             let c = self
                 .token_cache
                 .lock()
-                .map_err(|_| ApiError::internal("token cache poisoned"))?;
+                .map_err(|_| ServiceError::internal("token cache poisoned"))?;
             if let Some(id) = c.1.get(&hash) {
                 return Ok(Some(id.clone()));
             }
@@ -42,17 +40,21 @@ impl Core {
     }
 
     /// Gives a session a new token (the old one stops working) and returns it.
-    pub async fn rotate_token(&self, id: &str) -> Result<String, ApiError> {
+    pub async fn rotate_token(&self, id: &str) -> Result<String, ServiceError> {
         self.rotate_token_as(id, None).await
     }
 
-    /// [`Core::rotate_token`] for `owner`: a session another owner holds keeps its token (409
-    /// `owner_mismatch`); one without an owner is adopted. `None` rotates whoever owns it.
-    pub async fn rotate_token_as(&self, id: &str, owner: Option<&str>) -> Result<String, ApiError> {
+    /// [`Core::rotate_token`] for `owner`: a session another owner holds keeps its token
+    /// ([`ServiceError::OwnerMismatch`]); one without an owner is adopted. `None` rotates whoever owns it.
+    pub async fn rotate_token_as(
+        &self,
+        id: &str,
+        owner: Option<&str>,
+    ) -> Result<String, ServiceError> {
         if let Some(owner) = owner
             && !valid_owner(owner)
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(ServiceError::invalid(format!(
                 "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
             )));
         }
@@ -68,7 +70,7 @@ impl Core {
 
     /// Gives a session one more token beside the ones it has (those keep working) and returns
     /// it; only its hash is kept. The wire surface hands one to every caller that attaches.
-    pub async fn grant_token(&self, id: &str) -> Result<String, ApiError> {
+    pub async fn grant_token(&self, id: &str) -> Result<String, ServiceError> {
         let token = auth::new_session_token();
         if !self
             .store
@@ -76,7 +78,7 @@ impl Core {
             .await
             .map_err(db)?
         {
-            return Err(ApiError::no_such_session(id));
+            return Err(ServiceError::NoSuchSession { id: id.to_owned() });
         }
         Ok(token)
     }

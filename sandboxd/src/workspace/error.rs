@@ -1,11 +1,10 @@
-//! Why a file operation failed: every [`FileError`] has a stable code and an HTTP status.
+//! Why a file operation failed, as a [`FileError`]: what happened and to which path. The `/v1`
+//! API gives each its status and code (`crate::http::error`), the wire surface the Python
+//! exception its client raises.
 
 use std::io;
 
-use sandboxd_api::ErrorCode;
-
-/// Why a file operation failed. Every variant maps to a stable [`code`](FileError::code) and
-/// an HTTP [`status`](FileError::status).
+/// Why a file operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The path is not usable: a NUL byte, an absolute path outside `/workspace`, the workspace
@@ -104,41 +103,6 @@ impl FileError {
                 limit: limit.or(size_limit),
             },
             other => other,
-        }
-    }
-
-    /// A stable snake_case code for API clients.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::InvalidPath { .. } => ErrorCode::InvalidPath,
-            Self::OutsideWorkspace { .. } => ErrorCode::OutsideWorkspace,
-            Self::NotFound { .. } => ErrorCode::NotFound,
-            Self::IsADirectory { .. } => ErrorCode::IsADirectory,
-            Self::NotADirectory { .. } => ErrorCode::NotADirectory,
-            Self::DirectoryNotEmpty { .. } => ErrorCode::DirectoryNotEmpty,
-            Self::TooLarge { .. } => ErrorCode::TooLarge,
-            Self::NoSpace { .. } => ErrorCode::WorkspaceFull,
-            Self::WorkspaceMissing => ErrorCode::SessionLost,
-            Self::PermissionDenied { .. } => ErrorCode::PermissionDenied,
-            Self::NotRegularFile { .. } => ErrorCode::NotARegularFile,
-            Self::Io { .. } => ErrorCode::IoError,
-        }
-    }
-
-    /// The HTTP status that goes with the error.
-    pub fn status(&self) -> u16 {
-        match self {
-            Self::InvalidPath { .. } => 400,
-            Self::OutsideWorkspace { .. } => 403,
-            Self::NotFound { .. } => 404,
-            Self::IsADirectory { .. } | Self::NotADirectory { .. } => 409,
-            Self::DirectoryNotEmpty { .. } => 409,
-            Self::TooLarge { .. } => 413,
-            Self::NoSpace { .. } => 507,
-            Self::WorkspaceMissing => 410,
-            Self::PermissionDenied { .. } => 403,
-            Self::NotRegularFile { .. } => 409,
-            Self::Io { .. } => 500,
         }
     }
 }

@@ -193,7 +193,7 @@ fn error_messages_name_the_path() {
         f.ws.read("../etc/passwd", 0, None, 10)
             .expect_err("refused");
     assert_eq!(e.to_string(), "'../etc/passwd' leads outside the workspace");
-    assert_eq!((e.code().as_str(), e.status()), ("outside_workspace", 403));
+    assert!(matches!(e, FileError::OutsideWorkspace { .. }), "{e}");
     let e = f.ws.read("a\0b", 0, None, 10).expect_err("refused");
     assert!(e.to_string().contains("a\\0b"), "{e}");
 }
@@ -201,7 +201,7 @@ fn error_messages_name_the_path() {
 #[test]
 fn a_full_disk_is_named_with_the_workspace_size() {
     let e = map_io("big.bin", io::Error::from_raw_os_error(28)).within(Some(64 << 20));
-    assert_eq!((e.code().as_str(), e.status()), ("workspace_full", 507));
+    assert!(matches!(e, FileError::NoSpace { .. }), "{e}");
     assert_eq!(
         e.to_string(),
         "No space left on device: the workspace is full (it holds at most 64 MiB); 'big.bin' was not written. Remove files to make room"
@@ -211,62 +211,6 @@ fn a_full_disk_is_named_with_the_workspace_size() {
         e.to_string(),
         "No space left on device: the workspace is full; 'q' was not written. Remove files to make room"
     );
-}
-
-#[test]
-fn codes_and_statuses() {
-    let p = || "p".to_owned();
-    let cases = [
-        (invalid("p", "r"), "invalid_path", 400),
-        (
-            FileError::OutsideWorkspace { path: p() },
-            "outside_workspace",
-            403,
-        ),
-        (FileError::NotFound { path: p() }, "not_found", 404),
-        (
-            FileError::NoSpace {
-                path: p(),
-                limit: None,
-            },
-            "workspace_full",
-            507,
-        ),
-        (FileError::IsADirectory { path: p() }, "is_a_directory", 409),
-        (
-            FileError::NotADirectory { path: p() },
-            "not_a_directory",
-            409,
-        ),
-        (
-            FileError::DirectoryNotEmpty { path: p() },
-            "directory_not_empty",
-            409,
-        ),
-        (FileError::TooLarge { size: 2, limit: 1 }, "too_large", 413),
-        (FileError::WorkspaceMissing, "session_lost", 410),
-        (
-            FileError::PermissionDenied { path: p() },
-            "permission_denied",
-            403,
-        ),
-        (
-            FileError::NotRegularFile { path: p() },
-            "not_a_regular_file",
-            409,
-        ),
-        (
-            FileError::Io {
-                path: p(),
-                source: io::Error::other("x"),
-            },
-            "io_error",
-            500,
-        ),
-    ];
-    for (e, code, status) in cases {
-        assert_eq!((e.code().as_str(), e.status()), (code, status), "{e}");
-    }
 }
 
 #[test]
@@ -446,7 +390,6 @@ fn read_refuses_a_fifo_without_blocking() {
     }
     let e = f.ws.read("pipe", 0, None, 100).expect_err("a FIFO");
     assert!(matches!(e, FileError::NotRegularFile { .. }), "{e}");
-    assert_eq!((e.code().as_str(), e.status()), ("not_a_regular_file", 409));
     assert_eq!(
         e.to_string(),
         "'pipe' is not a regular file (a FIFO, socket or device)"
@@ -483,7 +426,6 @@ fn too_large_message_names_the_limit() {
         "reading 9437184 bytes is over the read limit of 8388608 bytes \
          (SANDBOXD_MAX_READ_BYTES); read it in parts with offset and limit"
     );
-    assert_eq!((e.code().as_str(), e.status()), ("too_large", 413));
     let part =
         f.ws.read("big.bin", 8_388_608, None, 8_388_608)
             .expect("rest");
@@ -1089,7 +1031,6 @@ fn missing_workspace_is_session_lost() {
     assert!(!ws.exists());
     let e = ws.read("x", 0, None, 10).expect_err("lost");
     assert!(matches!(e, FileError::WorkspaceMissing));
-    assert_eq!((e.code().as_str(), e.status()), ("session_lost", 410));
     assert!(matches!(
         ws.write("x", b"x"),
         Err(FileError::WorkspaceMissing)
@@ -1221,7 +1162,6 @@ fn permissions_are_the_sandbox_users() {
         f.ws.read("locked.txt", 0, None, 100)
             .expect_err("unreadable");
     assert!(matches!(e, FileError::PermissionDenied { .. }), "{e}");
-    assert_eq!((e.code().as_str(), e.status()), ("permission_denied", 403));
     assert_eq!(
         e.to_string(),
         "'locked.txt': permission denied for the sandbox user"

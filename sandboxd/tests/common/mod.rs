@@ -4,9 +4,9 @@
 //! process and removes every container it owns.
 #![allow(dead_code, missing_docs)]
 
-use std::io::{BufRead, BufReader};
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use rand::Rng;
 use sandboxd::client::Client;
@@ -21,6 +21,11 @@ pub mod poll;
 #[allow(unused_imports)] // not every test binary polls
 pub use poll::until;
 
+// One launcher of the test processes for every test crate, shared the same way.
+#[path = "../../../tests/src/process.rs"]
+pub mod process;
+pub use process::Sandboxd;
+
 fn need(what: &str) -> String {
     std::env::var(what).unwrap_or_else(|_| {
         panic!("{what} is not set: start the local dockerd with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
@@ -32,16 +37,26 @@ pub fn base_image() -> String {
     need("SANDBOXD_BASE_IMAGE")
 }
 
-/// A running sandboxd.
+/// A running sandboxd on a free port (a new one at each start): its [`Sandboxd`] (the base
+/// URL, admin token, instance and extra environment are its fields) and its folder.
 pub struct Daemon {
-    pub child: Option<Child>,
-    pub base: String,
-    pub admin: String,
-    pub instance: String,
+    sandboxd: Sandboxd,
     pub dir: tempfile::TempDir,
-    pub extra_env: Vec<(String, String)>,
     /// A tmpfs mounted at the workspace root, unmounted on drop.
     pub tmpfs: Option<PathBuf>,
+}
+
+impl Deref for Daemon {
+    type Target = Sandboxd;
+    fn deref(&self) -> &Sandboxd {
+        &self.sandboxd
+    }
+}
+
+impl DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Sandboxd {
+        &mut self.sandboxd
+    }
 }
 
 /// How runs reach the sandboxes (`SANDBOXD_RUN_BACKEND`).
@@ -110,17 +125,17 @@ impl Daemon {
             .prefix("sandboxd-test-")
             .tempdir_in(parent)
             .expect("a temp dir");
-        let suffix: u32 = rand::rng().random();
+        let mut sandboxd = Sandboxd::new(
+            PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")),
+            dir.path(),
+            "t",
+            &base_image(),
+        );
+        sandboxd.runtimes = format!("base={},alt={}", base_image(), base_image());
+        sandboxd.with_env(env);
         let mut d = Self {
-            child: None,
-            base: String::new(),
-            admin: format!("admin-{suffix:08x}-{:016x}", rand::rng().random::<u64>()),
-            instance: format!("t{suffix:08x}"),
+            sandboxd,
             dir,
-            extra_env: env
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
             tmpfs: None,
         };
         if let Some(options) = tmpfs {
@@ -144,60 +159,16 @@ impl Daemon {
     }
 
     pub fn workspace_root(&self) -> PathBuf {
-        self.dir.path().join("workspaces")
-    }
-
-    pub fn workspace(&self, id: &str) -> PathBuf {
-        self.workspace_root().join(id).join("workspace")
+        self.sandboxd.workspace_root.clone()
     }
 
     /// (Re)starts the process with the same state, workspaces and instance.
     pub fn spawn(&mut self) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-        cmd.env("SANDBOXD_TOKEN", &self.admin)
-            .env("SANDBOXD_PORT", "0")
-            .env("SANDBOXD_HOST", "127.0.0.1")
-            .env(
-                "SANDBOXD_RUNTIMES",
-                format!("base={},alt={}", base_image(), base_image()),
-            )
-            .env("SANDBOXD_INSTANCE", &self.instance)
-            .env("SANDBOXD_WORKSPACE_ROOT", self.workspace_root())
-            .env("SANDBOXD_STATE_DIR", self.dir.path().join("state"))
-            .env("SANDBOXD_MEM_LIMIT", "512m")
-            // Workspaces without disks of their own, unless a test asks for them (the disk
-            // tests: SANDBOXD_WORKSPACE_QUOTA=loop).
-            .env("SANDBOXD_WORKSPACE_QUOTA", "off")
-            .env("RUST_LOG", "warn,sandboxd::server=error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in &self.extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("sandboxd starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("sandboxd prints where it listens");
-        let base = line
-            .trim()
-            .strip_prefix("sandboxd listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        self.base = base.to_owned();
-        self.child = Some(child);
-    }
-
-    /// Kills the process with SIGKILL (no cleanup of its own).
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.sandboxd.launch().expect("sandboxd starts");
     }
 
     pub fn admin(&self) -> Client {
-        Client::new(&self.base, &self.admin)
+        Client::new(&self.base, &self.token)
     }
 
     pub fn client(&self, token: &str) -> Client {
@@ -206,69 +177,31 @@ impl Daemon {
 
     /// Containers of this instance, as Docker reports them (id, session label, running).
     pub fn containers(&self) -> Vec<(String, String, bool)> {
-        let out = Command::new("docker")
-            .args([
-                "ps",
-                "-a",
-                "--filter",
-                &format!("label=sandboxd.dev/instance={}", self.instance),
-            ])
-            .args([
-                "--format",
-                "{{.ID}} {{.Label \"sandboxd.dev/session\"}} {{.State}}",
-            ])
-            .output()
-            .expect("docker ps");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut p = l.split_whitespace();
-                Some((
-                    p.next()?.to_owned(),
-                    p.next()?.to_owned(),
-                    p.next()? == "running",
-                ))
-            })
-            .collect()
+        self.list_containers().expect("docker ps")
     }
 }
 
 impl Daemon {
     /// Docker networks labelled as this instance's.
     pub fn networks(&self) -> Vec<String> {
-        let out = Command::new("docker")
-            .args(["network", "ls", "-q", "--filter"])
-            .arg(format!("label=sandboxd.dev/instance={}", self.instance))
-            .output()
-            .expect("docker network ls");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
+        self.list_networks().expect("docker network ls")
     }
 
     /// Runs `sandboxd remove-network` for this instance (with the daemon's settings).
     pub fn remove_network(&self) -> std::process::Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-        cmd.arg("remove-network")
-            .env("SANDBOXD_INSTANCE", &self.instance)
-            .env("RUST_LOG", "warn");
-        for (k, v) in &self.extra_env {
-            cmd.env(k, v);
-        }
-        cmd.output().expect("sandboxd remove-network runs")
+        self.sandboxd
+            .remove_network()
+            .expect("sandboxd remove-network runs")
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        self.kill9();
-        for (id, _, _) in self.containers() {
-            let _ = Command::new("docker").args(["rm", "-f", &id]).output();
-        }
+        self.sandboxd.process.kill9();
+        self.remove_containers();
         // A runtime with network made the instance's network and firewall: removed as an
         // uninstall would (docker's address pools are small).
-        if !self.networks().is_empty() {
+        if !self.list_networks().unwrap_or_default().is_empty() {
             let out = self.remove_network();
             if !out.status.success() && !std::thread::panicking() {
                 panic!(
@@ -328,17 +261,11 @@ pub fn exists(p: &Path) -> bool {
 impl Daemon {
     /// Stops the process with SIGTERM (a clean shutdown) and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("a running sandboxd");
-        let status = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success(), "kill -TERM failed");
-        c.wait().expect("sandboxd exits")
+        self.sandboxd.process.terminate().expect("sandboxd exits")
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.sandboxd.state_dir.clone()
     }
 
     /// The mount points under this daemon's folder (its sessions' workspace disks), from

@@ -40,7 +40,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use bollard::Docker;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
@@ -53,8 +53,9 @@ use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
 use sandboxd_tests::bench::{
     Driver, Host, Objects, Operator, claim_and_secret, create_namespace, drop_finalizers,
-    percentiles, running, session, setup,
+    percentiles, running, session, setup, wait_until,
 };
+use sandboxd_tests::poll::poll;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -355,22 +356,25 @@ async fn set_host_pool(host: &Host, alias: &str, image: &str, size: usize) -> Re
 
 /// Waits until the host reports `size` pooled containers of `alias` ready.
 async fn pool_filled(host: &Host, alias: &str, size: usize) -> Result<()> {
-    let by = Instant::now() + Duration::from_secs(600);
-    loop {
-        let list = host.admin().runtimes().await?;
-        let ready = list
-            .runtimes
-            .iter()
-            .find(|r| r.alias == alias)
-            .map_or(0, |r| r.warm_pool.ready as usize);
-        if ready == size {
-            return Ok(());
-        }
-        if Instant::now() > by {
-            bail!("the warm pool of {alias} holds {ready}, not {size}, after 600 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut ready = 0;
+    poll(
+        Duration::from_secs(600),
+        Duration::from_millis(100),
+        async || match host.admin().runtimes().await {
+            Ok(list) => {
+                ready = list
+                    .runtimes
+                    .iter()
+                    .find(|r| r.alias == alias)
+                    .map_or(0, |r| r.warm_pool.ready as usize);
+                (ready == size).then_some(Ok(()))
+            }
+            Err(e) => Some(Err(e)),
+        },
+    )
+    .await
+    .map_err(|_| anyhow!("the warm pool of {alias} holds {ready}, not {size}, after 600 s"))??;
+    Ok(())
 }
 
 /// Plain create+start of `image`, `n` times, `concurrency` at a time; the containers are
@@ -732,14 +736,16 @@ async fn set_runtime_pool(
 async fn delete_sessions(api: &Api<SandboxSession>) -> Result<()> {
     api.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    let gone_by = Instant::now() + Duration::from_secs(300);
-    while !api.list(&ListParams::default()).await?.items.is_empty() {
-        if Instant::now() > gone_by {
-            bail!("the sessions were not deleted within 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(())
+    wait_until(
+        Duration::from_secs(300),
+        Duration::from_millis(250),
+        "the sessions were not deleted within 300 s",
+        async || {
+            let left = api.list(&ListParams::default()).await?.items;
+            Ok(left.is_empty().then_some(()))
+        },
+    )
+    .await
 }
 
 /// Destroys the sessions through sandboxd and deletes this run's objects. Runs whatever

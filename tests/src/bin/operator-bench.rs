@@ -43,7 +43,7 @@ use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::SandboxSession;
 use sandboxd_tests::bench::{
     Driver, Host, Objects, Operator, claim_and_secret, create_namespace, drop_finalizers, running,
-    session, setup,
+    session, setup, wait_until,
 };
 use serde_json::json;
 
@@ -162,13 +162,14 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
     let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
     // The namespace controller's deletes would otherwise load the API server while the
     // operator is measured.
-    let gone_by = Instant::now() + Duration::from_secs(600);
-    while nsapi.get_opt(&ns).await?.is_some() {
-        if Instant::now() > gone_by {
-            bail!("namespace {ns} was not deleted within 600 s");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let late = format!("namespace {ns} was not deleted within 600 s");
+    wait_until(
+        Duration::from_secs(600),
+        Duration::from_millis(500),
+        &late,
+        async || Ok(nsapi.get_opt(&ns).await?.is_none().then_some(())),
+    )
+    .await?;
     result?;
     Ok(rate)
 }
@@ -293,26 +294,18 @@ async fn measure(
     drop(op);
     let restarted = Instant::now();
     op = Operator::start(bin, ns, scope)?;
-    let mut health = None;
-    while health.is_none() && restarted.elapsed() < Duration::from_secs(120) {
-        health = find_health(op.id());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let health = health.context("the restarted operator's metrics address")?;
+    let metrics = format!("{}/metrics", op.health());
     let want = format!("sandbox_operator_sessions{{phase=\"Running\"}} {n}");
-    loop {
-        let text = reqwest::get(format!("{health}/metrics"))
-            .await?
-            .text()
-            .await?;
-        if text.contains(&want) {
-            break;
-        }
-        if restarted.elapsed() > Duration::from_secs(300) {
-            bail!("the restarted operator did not converge within 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(
+        Duration::from_secs(300).saturating_sub(restarted.elapsed()),
+        Duration::from_millis(200),
+        "the restarted operator did not converge within 300 s",
+        async || {
+            let text = reqwest::get(&metrics).await?.text().await?;
+            Ok(text.contains(&want).then_some(()))
+        },
+    )
+    .await?;
     println!(
         "converged after an operator restart (kill -9) in {:.1} s; peak RSS then {:.1} MiB",
         restarted.elapsed().as_secs_f64(),
@@ -334,30 +327,4 @@ async fn cleanup(args: &Args, client: &Client, names: &Objects, host: Host) -> R
         args.driver.name()
     );
     Ok(())
-}
-
-/// The metrics address a child operator listens on, read from its open sockets (it printed it
-/// to a stdout this bench does not keep).
-fn find_health(pid: u32) -> Option<String> {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .ok()?
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| {
-            l.to_str()?
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
-    let tcp = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    tcp.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // state 0A is LISTEN
-        if f.get(3) == Some(&"0A") && f.get(9).is_some_and(|i| inodes.iter().any(|x| x == i)) {
-            let port = u16::from_str_radix(f[1].split(':').nth(1)?, 16).ok()?;
-            Some(format!("http://127.0.0.1:{port}"))
-        } else {
-            None
-        }
-    })
 }

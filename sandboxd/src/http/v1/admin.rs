@@ -9,7 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::{ApiError, ErrorCode};
+use crate::http::error::ApiError;
 use crate::http::openapi::PolicyChange;
 use crate::metrics::StateLabel;
 use crate::storage::audit::OperationQuery;
@@ -104,8 +104,8 @@ pub(crate) async fn put_runtimes(
 ) -> Result<Response, ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("the catalog must be UTF-8 JSON"))?;
-    let entries = sandboxd_catalog::parse(text)
-        .map_err(|e| ApiError::new(422, ErrorCode::InvalidCatalog, e.to_string()))?;
+    let entries =
+        sandboxd_catalog::parse(text).map_err(crate::runtimes::RuntimeError::InvalidCatalog)?;
     state
         .core
         .runtimes()

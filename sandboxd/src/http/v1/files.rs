@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ApiError, ErrorCode};
 use crate::http::audited::{Unfinished as _, blocking};
+use crate::http::error::{ApiError, ErrorCode};
 use crate::http::openapi::{Binary, FilePath, SessionId};
 use crate::storage::audit::Op;
 use crate::workspace::{MAX_LIST_ENTRIES, TreeLimits};

@@ -10,8 +10,8 @@ use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::error::{ApiError, ErrorCode};
 use crate::http::audited::Audited;
+use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{Admin, ForSession};
 use crate::metrics::Metrics;
 use crate::service::auth::{AdminToken, bearer};

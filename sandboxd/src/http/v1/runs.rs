@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::http::error::ApiError;
 use crate::http::openapi::{RunId, SessionId};
 use crate::run::{RunEvent, RunOutcome, RunStatus};
-use crate::service::{Core, Outcome, RunRequest};
+use crate::service::{Core, Outcome, RunRequest, ServiceError};
 use crate::storage::audit::Op;
 
 /// `?stream=`: whether a run answers with NDJSON events as they come.
@@ -51,7 +51,7 @@ pub(crate) async fn run(
     let command = req.command.clone();
     let started = Instant::now();
     if !q.stream {
-        let result = state.core.run(&id, req, None).await;
+        let result = state.core.run(&id, req, None, None).await;
         record_run(&state.core, &id, &who, &command, &result, started);
         return Ok(Json(result?).into_response());
     }
@@ -72,16 +72,13 @@ pub(crate) async fn run(
     let over = tokio_util::sync::CancellationToken::new();
     let cut = tokio_util::sync::CancellationToken::new();
     let (run_over, cut_off) = (over.clone(), cut.clone());
+    let (under_way_tx, under_way) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let run = tokio::spawn(async move {
             // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
             let result = tokio::select! {
-                result = core.run(&id, req, Some(events_tx)) => result,
-                () = gone.cancelled() => Err(ApiError::new(
-                    499,
-                    ErrorCode::RunCancelled,
-                    "the caller went away; the run was stopped",
-                )),
+                result = core.run(&id, req, Some(events_tx), Some(under_way_tx)) => result,
+                () = gone.cancelled() => Err(ServiceError::RunCancelled),
             };
             record_run(&core, &id, &who, &command, &result, started);
             run_over.cancel();
@@ -141,7 +138,10 @@ pub(crate) async fn run(
                 v["type"] = json!("exit");
                 v
             }
-            Ok(Err(e)) => json!({"type": "error", "code": e.code, "message": e.message}),
+            Ok(Err(e)) => {
+                let e = ApiError::from(e);
+                json!({"type": "error", "code": e.code, "message": e.message})
+            }
             Err(e) => json!({"type": "error", "code": "internal", "message": e.to_string()}),
         };
         if client_gone {
@@ -153,6 +153,10 @@ pub(crate) async fn run(
             () = &mut drained => cut_off.cancel(),
         }
     });
+    // The answer starts once the run is under way (a stop of its id reaches it from then on) or
+    // over (its error is the stream's one line): a client that starts a run in the background
+    // and stops it at once is never told that no such run is running.
+    let _ = under_way.await;
     // The body: the forwarded chunks, or an error once the client is cut off (hyper then
     // closes the connection, and with the body drops what it still held).
     let stream = futures::stream::unfold((rx, Some(cut)), |(mut rx, cut)| async move {
@@ -202,7 +206,7 @@ pub(crate) fn record_run(
     id: &str,
     who: &Actor,
     command: &str,
-    result: &Result<crate::run::RunOutcome, ApiError>,
+    result: &Result<crate::run::RunOutcome, ServiceError>,
     started: Instant,
 ) {
     let outcome = match result {
@@ -222,7 +226,7 @@ pub(crate) fn record_run(
         },
         Err(e) => Outcome {
             ok: false,
-            error: Some(e.code.to_string()),
+            error: Some(e.status_and_code().1.to_string()),
             ..Outcome::default()
         },
     };

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::http::openapi::SessionId;
 use crate::service::{Destroyed, OpenRequest, Opened, SessionView};
 

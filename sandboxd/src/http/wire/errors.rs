@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ErrorCode};
+use crate::service::ServiceError;
 
 /// An error as the protocol answers it: a status and `{"detail": ...}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,29 +125,20 @@ impl WireError {
         }
     }
 
-    /// A core error on session `id` in the protocol's words.
-    pub(super) fn from_core(id: &str, e: ApiError) -> Self {
-        match (e.status, e.code) {
-            (401, _) => Self::unauthorized(),
-            (404, ErrorCode::SessionNotFound) => Self::no_such_session(id),
-            (410, _) => Self::gone(id),
-            (429, ErrorCode::HostCap) => {
-                // The core's words carry the count; the protocol's name the ceiling.
-                let max = e
-                    .message
-                    .split(" of ")
-                    .nth(1)
-                    .and_then(|s| s.split_whitespace().next())
-                    .unwrap_or("?")
-                    .to_owned();
-                Self::new(
-                    429,
-                    format!(
-                        "Session limit of {max} reached. Release an idle session before opening another."
-                    ),
-                )
-            }
-            (status, _) => Self::new(status, e.message),
+    /// A core error on session `id` in the protocol's words; any other keeps the `/v1` API's
+    /// status and its message.
+    pub(super) fn from_core(id: &str, e: ServiceError) -> Self {
+        match e {
+            ServiceError::NoSuchSession { .. } => Self::no_such_session(id),
+            e if e.is_gone() => Self::gone(id),
+            // The core's words carry the count; the protocol's name the ceiling.
+            ServiceError::HostCap { max, .. } => Self::new(
+                429,
+                format!(
+                    "Session limit of {max} reached. Release an idle session before opening another."
+                ),
+            ),
+            e => Self::new(e.status_and_code().0, e.to_string()),
         }
     }
 }

@@ -5,7 +5,7 @@ use super::*;
 
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::service::Core;
 use crate::storage::store::State as SessionState;
 

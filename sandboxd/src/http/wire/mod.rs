@@ -219,7 +219,7 @@ fn check_id(id: &str, loc: &[&str]) -> WireResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::{ApiError, ErrorCode};
+    use crate::service::ServiceError;
     use serde_json::json;
 
     #[test]
@@ -343,14 +343,7 @@ mod tests {
 
     #[test]
     fn host_cap_message_names_the_ceiling() {
-        let e = WireError::from_core(
-            "x",
-            ApiError::new(
-                429,
-                ErrorCode::HostCap,
-                "This host already holds 20 of 20 sessions. Release an idle session before opening another.",
-            ),
-        );
+        let e = WireError::from_core("x", ServiceError::HostCap { held: 20, max: 20 });
         assert_eq!(e.status, 429);
         assert_eq!(
             e.detail,

@@ -298,7 +298,7 @@ pub(crate) async fn put_policy(
         state
             .core
             .set_policy(&Value::Object(live))
-            .map_err(|e| WireError::new(400, e.message))?;
+            .map_err(|e| WireError::new(400, e.to_string()))?;
     }
     Ok(Json(service_policy(&state.core)).into_response())
 }

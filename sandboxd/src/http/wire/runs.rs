@@ -128,6 +128,7 @@ pub(crate) async fn run(
                 run_id: Some(req.run_id),
             },
             None,
+            None,
         )
         .await;
     crate::http::v1::record_run(&state.core, &id, &actor, &target, &result, started);

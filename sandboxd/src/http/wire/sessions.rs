@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::error::ErrorCode;
 use crate::http::v1::AppState;
-use crate::service::{Core, OpenRequest};
+use crate::runtimes::RuntimeError;
+use crate::service::{Core, OpenRequest, ServiceError};
 use crate::storage::store::{SessionRow, State as SessionState};
 
 /// `CreateSession`: the body of `POST /sessions`.
@@ -237,17 +237,16 @@ pub(crate) async fn create_session(
     let opened = loop {
         let (c, o) = (core.clone(), open.clone());
         match crate::service::detached(async move { c.open(o).await }).await {
-            Err(e) if e.code == ErrorCode::RuntimePreparing && Instant::now() < deadline => {
+            Err(ServiceError::Runtime(RuntimeError::Preparing { .. }))
+                if Instant::now() < deadline =>
+            {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            Err(e) if e.code == ErrorCode::NameTaken => {
+            Err(ServiceError::NameTaken { .. }) => {
                 return Err(WireError::new(409, format!("Session exists: {id}")));
             }
-            Err(e) if e.status == 502 || e.status == 500 => {
-                return Err(WireError::new(
-                    502,
-                    format!("Could not start sandbox: {}", e.message),
-                ));
+            Err(e) if matches!(e.status_and_code().0, 500 | 502) => {
+                return Err(WireError::new(502, format!("Could not start sandbox: {e}")));
             }
             Err(e) => return Err(WireError::from_core(&id, e)),
             Ok(opened) => break opened,
@@ -370,7 +369,7 @@ pub(crate) async fn delete_session(
     .await;
     match closed {
         Ok(_) => Ok(no_content()),
-        Err(e) if e.status == 410 => Ok(no_content()),
+        Err(e) if e.is_gone() => Ok(no_content()),
         Err(e) => Err(WireError::from_core(&id, e)),
     }
 }

@@ -26,7 +26,7 @@ pub(crate) async fn authenticate(state: &AppState, headers: &HeaderMap) -> WireR
     match state.core.session_of_token(t).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(WireError::unauthorized()),
-        Err(e) => Err(WireError::new(e.status, e.message)),
+        Err(e) => Err(WireError::new(e.status_and_code().0, e.to_string())),
     }
 }
 

@@ -47,15 +47,14 @@
 //! so the harness works from any checkout that uses them.
 //!
 //! Needs `make up`, `eval "$(make -s env)"`, the binaries (`cargo build --workspace --bins`),
-//! then `cargo run -p sandboxd-operator --bin faults -- --trials 10 --seed 1`.
+//! then `cargo run -p sandboxd-tests --bin faults -- --trials 10 --seed 1`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -63,6 +62,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_tests::host::Host;
+use sandboxd_tests::poll::poll;
+use sandboxd_tests::process::{self, Operator};
 use serde_json::json;
 
 const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
@@ -212,227 +214,49 @@ impl Dev {
 }
 
 /// `kill -9 pid`; waits (at most 30 s) until the process is gone or a zombie.
-fn kill9_and_wait(pid: u32) -> Result<()> {
-    let pid = pid.to_string();
-    signal(&pid, "KILL")?;
-    let by = Instant::now() + Duration::from_secs(30);
-    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(&pid) {
-        if Instant::now() > by {
-            bail!("pid {pid} outlived kill -9 by 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
+async fn kill9_and_wait(pid: u32) -> Result<()> {
+    process::signal(pid, "KILL")?;
+    poll(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        // A plain closure: the killer task that waits here must be Send.
+        move || async move { process::is_dead(pid).then_some(()) },
+    )
+    .await
+    .map_err(|_| anyhow!("pid {pid} outlived kill -9 by 30 s"))
 }
 
-fn is_zombie(pid: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
+/// A sandboxd host of the harness: the shared test host on the local base image, its token
+/// from the trial's seed, its instance named by the trial, quiet.
+fn start_host(name: String, instance: String, image: &str, rng: &mut Rng) -> Result<Host> {
+    let mut host = Host::new(&name, image)?;
+    host.sandboxd.token = format!("admin-{:016x}{:016x}", rng.next(), rng.next());
+    host.sandboxd.instance = instance;
+    host.sandboxd.log = "error".to_owned();
+    host.sandboxd.quiet = true;
+    host.sandboxd
+        .launch()
+        .with_context(|| format!("starting sandboxd {name}"))?;
+    Ok(host)
 }
 
-fn signal(pid: &str, sig: &str) -> Result<()> {
-    let ok = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_owned()])
-        .status()
-        .context("running kill")?
-        .success();
-    if !ok {
-        bail!("kill -{sig} {pid} failed");
-    }
-    Ok(())
-}
-
-/// The workspace's binaries, next to this one.
-fn bin(name: &str) -> Result<PathBuf> {
-    let path = std::env::current_exe()?.with_file_name(name);
-    if !path.exists() {
-        bail!(
-            "{} is missing: cargo build --workspace --bins",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// A sandboxd process of the harness.
-struct Host {
-    name: String,
-    port: u16,
-    token: String,
-    instance: String,
-    dir: PathBuf,
-    image: String,
-    child: Option<Child>,
-}
-
-impl Host {
-    fn start(name: String, instance: String, image: &str, rng: &mut Rng) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("sandboxd-faults-{name}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut h = Self {
-            name,
-            port: free_port()?,
-            token: format!("admin-{:016x}{:016x}", rng.next(), rng.next()),
-            instance,
-            dir,
-            image: image.to_owned(),
-            child: None,
-        };
-        h.spawn()?;
-        Ok(h)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let mut child = Command::new(bin("sandboxd")?)
-            .env("SANDBOXD_TOKEN", &self.token)
-            .env("SANDBOXD_WORKSPACE_QUOTA", "off")
-            .env("SANDBOXD_PORT", self.port.to_string())
-            .env("SANDBOXD_RUNTIMES", format!("base={}", self.image))
-            .env("SANDBOXD_INSTANCE", &self.instance)
-            .env("SANDBOXD_WORKSPACE_ROOT", self.dir.join("ws"))
-            .env("SANDBOXD_STATE_DIR", self.dir.join("state"))
-            .env("SANDBOXD_MEM_LIMIT", "256m")
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting sandboxd")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("sandboxd's stdout")?)
-            .read_line(&mut line)
-            .context("sandboxd says where it listens")?;
-        if !line.contains(&format!(":{}", self.port)) {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("sandboxd {} did not start: {line:?}", self.name);
-        }
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn workspace(&self, id: &str) -> PathBuf {
-        self.dir.join("ws").join(id).join("workspace")
-    }
-
-    /// Containers of this host as Docker reports them: (session label, running).
-    fn containers(&self) -> Result<Vec<(String, bool)>> {
-        let out = Command::new("docker")
-            .args(["ps", "-a"])
-            .args([
-                "--filter",
-                &format!("label=sandboxd.dev/instance={}", self.instance),
-            ])
-            .args(["--format", "{{.Label \"sandboxd.dev/session\"}} {{.State}}"])
-            .output()
-            .context("docker ps")?;
-        if !out.status.success() {
-            bail!("docker ps: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                l.split_once(' ')
-                    .map(|(s, st)| (s.to_owned(), st == "running"))
-            })
-            .collect())
-    }
-
-    /// Removes every container of this host and its folder.
-    fn remove_all(&mut self) {
-        self.kill9();
-        if let Ok(out) = Command::new("docker")
-            .args(["ps", "-aq", "--filter"])
-            .arg(format!("label=sandboxd.dev/instance={}", self.instance))
-            .output()
-        {
-            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("docker").args(["rm", "-f", id]).output();
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        self.remove_all();
-    }
-}
-
-/// An operator replica of the harness.
-struct Operator {
-    identity: String,
-    child: Option<Child>,
-}
-
-impl Operator {
-    fn spawn(identity: &str, home: &str, scope: &str) -> Result<Self> {
-        let mut child = Command::new(bin("sandbox-operator")?)
-            .env("POD_NAMESPACE", home)
-            .env("RUST_LOG", "error")
-            .args(["--selector", &format!("{SCOPE_LABEL}={scope}")])
-            .args(["--lease-namespace", home, "--lease-name", "faults"])
-            .args(["--identity", identity, "--http-addr", "127.0.0.1:0"])
-            .args(["--lease-seconds", "3", "--probe-seconds", "1"])
-            .args(["--follow-seconds", "1", "--tombstone-backoff-seconds", "1"])
-            .args(["--tombstone-backoff-cap-seconds", "4"])
-            // Short host deadlines, so a hung host (`hang`) outlasts them.
-            .args(["--host-request-seconds", "3", "--host-open-seconds", "10"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting the operator")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("the operator's stdout")?)
-            .read_line(&mut line)
-            .context("the operator says where it serves health")?;
-        if !line.starts_with("sandbox-operator serving health on ") {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("the operator did not start: {line:?}");
-        }
-        Ok(Self {
-            identity: identity.to_owned(),
-            child: Some(child),
-        })
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.kill9();
-    }
+/// An operator replica of the harness, started: identity `identity`, leading through Lease
+/// `faults` in `home`, scoped by the trial's label, quiet.
+fn start_operator(identity: &str, home: &str, scope: &str) -> Result<Operator> {
+    let mut op = Operator::new(
+        process::bin("sandbox-operator")?,
+        home,
+        &format!("{SCOPE_LABEL}={scope}"),
+    );
+    op.lease_name = Some("faults".to_owned());
+    op.identity = Some(identity.to_owned());
+    op.log = "error".to_owned();
+    op.quiet = true;
+    // Short host deadlines, so a hung host (`hang`) outlasts them.
+    op.with_args(&["--host-request-seconds", "3", "--host-open-seconds", "10"])
+        .launch()
+        .context("starting the operator")?;
+    Ok(op)
 }
 
 /// A session the workload created, and what it knows of it.
@@ -543,7 +367,7 @@ impl Trial {
                 .with_context(|| format!("creating namespace {ns}"))?;
         }
         for i in 0..2 {
-            let host = Host::start(
+            let host = start_host(
                 format!("faults-{}-h{i}", self.short),
                 format!("flt{}h{i}", self.short.replace('-', "")),
                 &self.image,
@@ -554,7 +378,7 @@ impl Trial {
                     &PostParams::default(),
                     &serde_json::from_value(json!({
                     "metadata": {"name": format!("{}-admin", host.name), "labels": labels(&scope)},
-                    "stringData": {"token": host.token}}))?,
+                    "stringData": {"token": host.sandboxd.token}}))?,
                 )
                 .await?;
             Api::<SandboxHost>::all(client.clone())
@@ -569,7 +393,7 @@ impl Trial {
         self.create_runtime(&runtime, true).await?;
         for i in 0..2 {
             self.operators
-                .push(Operator::spawn(&format!("{scope}-{i}"), &home, &scope)?);
+                .push(start_operator(&format!("{scope}-{i}"), &home, &scope)?);
         }
         Ok(())
     }
@@ -596,18 +420,17 @@ impl Trial {
         }
         let want = format!("Runtime '{runtime}' does not exist");
         let api = Api::<SandboxSession>::namespaced(self.client.clone(), ns);
-        let by = Instant::now() + Duration::from_secs(5);
-        let mut said = false;
-        while !said && Instant::now() < by {
-            said = api.get_opt(&name).await.ok().flatten().is_some_and(|s| {
-                s.status
-                    .and_then(|st| st.message)
-                    .is_some_and(|m| m.contains(&want))
-            });
-            if !said {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
+        let said = poll(
+            Duration::from_secs(5),
+            Duration::from_millis(200),
+            async || {
+                let session = api.get_opt(&name).await.ok().flatten();
+                let message = session.and_then(|s| s.status).and_then(|st| st.message);
+                message.is_some_and(|m| m.contains(&want)).then_some(())
+            },
+        )
+        .await
+        .is_ok();
         self.late_runtime = Some(runtime.clone());
         let created = self.create_runtime(&runtime, false).await.is_ok();
         if created {
@@ -851,7 +674,9 @@ impl Trial {
             .await
             .ok()??;
         let holder = lease.spec?.holder_identity?;
-        self.operators.iter().position(|o| o.identity == holder)
+        self.operators
+            .iter()
+            .position(|o| o.identity.as_deref() == Some(holder.as_str()))
     }
 
     /// Chooses what of `target` to kill: the victim and its pid.
@@ -862,13 +687,16 @@ impl Trial {
                     Some(i) => i,
                     None => rng.below(self.operators.len()),
                 };
-                let pid = self.operators[i].child.as_ref().map(Child::id);
+                let pid = self.operators[i].process.pid();
                 (Killed::Operator(i), pid.context("the operator runs")?)
             }
             Target::Sandboxd | Target::Hang => {
                 let i = rng.below(self.hosts.len());
-                let pid = self.hosts[i].child.as_ref().map(Child::id);
-                let pid = pid.context("sandboxd runs")?;
+                let pid = self.hosts[i]
+                    .sandboxd
+                    .process
+                    .pid()
+                    .context("sandboxd runs")?;
                 if target == Target::Hang {
                     (Killed::Hung(i, pid), pid)
                 } else {
@@ -883,15 +711,11 @@ impl Trial {
     fn killed(&mut self, killed: &Killed, after: Duration) {
         self.killed_at = Some(after);
         match killed {
-            Killed::Operator(i) => self.operators[*i].kill9(),
+            Killed::Operator(i) => self.operators[*i].process.kill9(),
             Killed::Host(i) => self.hosts[*i].kill9(),
             Killed::Shared(_) | Killed::Hung(..) => {}
         }
-        let how = if matches!(killed, Killed::Hung(..)) {
-            "kill -STOP"
-        } else {
-            "kill -9"
-        };
+        let how = killed.hung_or("kill -STOP", "kill -9");
         self.events.push(format!(
             "{how} {} at {:.1}s",
             killed.describe(self),
@@ -910,22 +734,25 @@ impl Trial {
         let began = Instant::now();
         match killed {
             Killed::Operator(i) => {
-                let identity = self.operators[i].identity.clone();
-                self.operators[i] = Operator::spawn(&identity, &self.home, &self.scope)?;
+                self.operators[i]
+                    .launch()
+                    .context("starting the operator")?;
             }
-            Killed::Host(i) => self.hosts[i].spawn()?,
+            Killed::Host(i) => {
+                let host = &mut self.hosts[i];
+                let name = host.name.clone();
+                host.sandboxd
+                    .launch()
+                    .with_context(|| format!("starting sandboxd {name}"))?;
+            }
             Killed::Hung(_, pid) => {
                 // Hung for longer than the operators' host deadline (3 s) before it goes on.
                 std::thread::sleep(HANG_AT_LEAST.saturating_sub(self.since_kill()));
-                signal(&pid.to_string(), "CONT")?;
+                process::signal(pid, "CONT")?;
             }
             Killed::Shared(t) => dev.restart(t)?,
         }
-        let how = if matches!(killed, Killed::Hung(..)) {
-            "continued"
-        } else {
-            "restarted"
-        };
+        let how = killed.hung_or("continued", "restarted");
         self.events.push(format!(
             "{how} at {} (took {:.1} s)",
             self.at(),
@@ -1044,7 +871,7 @@ impl Trial {
         for h in &self.hosts {
             let mut per: BTreeMap<String, usize> = BTreeMap::new();
             let mut runs: BTreeSet<String> = BTreeSet::new();
-            for (label, running) in h.containers()? {
+            for (_, label, running) in h.sandboxd.list_containers()? {
                 *per.entry(label.clone()).or_default() += 1;
                 if running {
                     runs.insert(label);
@@ -1095,8 +922,7 @@ impl Trial {
             .await?
             .items;
         for h in &self.hosts {
-            let admin = sandboxd_api::Client::new(&h.endpoint(), &h.token)
-                .with_deadline(Duration::from_secs(15));
+            let admin = h.client().with_deadline(Duration::from_secs(15));
             let reported = admin.runtimes().await?.runtimes;
             for rt in &runtimes {
                 let name = rt.name_any();
@@ -1160,8 +986,7 @@ impl Trial {
                     limit: Some(sandboxd_api::audit::MAX_PAGE),
                     ..Default::default()
                 };
-                let admin = sandboxd_api::client::Client::new(&host.endpoint(), &host.token)
-                    .with_deadline(Duration::from_secs(15));
+                let admin = host.client().with_deadline(Duration::from_secs(15));
                 let rows = admin.operations(&query).await?.operations;
                 for path in t.writes.keys() {
                     if !rows
@@ -1195,7 +1020,7 @@ impl Trial {
     /// Removes what the trial made, whatever its verdict.
     async fn cleanup(mut self) {
         for o in &mut self.operators {
-            o.kill9();
+            o.process.kill9();
         }
         let lp = ListParams::default().labels(&format!("{SCOPE_LABEL}={}", self.scope));
         for ns in &self.namespaces {
@@ -1212,9 +1037,8 @@ impl Trial {
         for ns in std::iter::once(&self.home).chain(&self.namespaces) {
             let _ = nsapi.delete(ns, &DeleteParams::default()).await;
         }
-        for h in &mut self.hosts {
-            h.remove_all();
-        }
+        // Each host's process, containers and folder.
+        self.hosts.clear();
     }
 }
 
@@ -1227,9 +1051,21 @@ enum Killed {
 }
 
 impl Killed {
+    /// `hung` for a host stopped with `kill -STOP`, `otherwise` for what was killed.
+    fn hung_or(&self, hung: &'static str, otherwise: &'static str) -> &'static str {
+        if matches!(self, Killed::Hung(..)) {
+            hung
+        } else {
+            otherwise
+        }
+    }
+
     fn describe(&self, t: &Trial) -> String {
         match self {
-            Killed::Operator(i) => format!("operator {} (leader)", t.operators[*i].identity),
+            Killed::Operator(i) => format!(
+                "operator {} (leader)",
+                t.operators[*i].identity.as_deref().unwrap_or_default()
+            ),
             Killed::Host(i) => format!("sandboxd {}", t.hosts[*i].name),
             Killed::Hung(i, _) => format!("sandboxd {} (hangs)", t.hosts[*i].name),
             Killed::Shared(s) => s.name().to_owned(),
@@ -1356,23 +1192,25 @@ async fn drive(
         let ns = t.namespaces[i % 2].clone();
         t.apply_session(&ns, &format!("s-init{i}"));
     }
-    let by = Instant::now() + Duration::from_secs(90);
-    while Instant::now() < by {
-        let mut running = 0;
-        for s in &t.sessions {
-            if let Ok(Some(o)) = Api::<SandboxSession>::namespaced(t.client.clone(), &s.ns)
-                .get_opt(&s.name)
-                .await
-                && o.status.and_then(|st| st.phase) == Some(SessionPhase::Running)
-            {
-                running += 1;
+    // Whether they all run by then or not, the workload goes on.
+    let _ = poll(
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        async || {
+            let mut running = 0;
+            for s in &t.sessions {
+                if let Ok(Some(o)) = Api::<SandboxSession>::namespaced(t.client.clone(), &s.ns)
+                    .get_opt(&s.name)
+                    .await
+                    && o.status.and_then(|st| st.phase) == Some(SessionPhase::Running)
+                {
+                    running += 1;
+                }
             }
-        }
-        if running == t.sessions.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            (running == t.sessions.len()).then_some(())
+        },
+    )
+    .await;
     let steps = args.steps.max(1);
     let kill_at = rng.below(steps);
     let restart_at = kill_at + 1 + rng.below(3);
@@ -1387,19 +1225,16 @@ async fn drive(
             let killer = tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let at = started.elapsed();
-                tokio::task::spawn_blocking(move || {
-                    if hang {
-                        signal(&pid.to_string(), "STOP")
-                    } else {
-                        kill9_and_wait(pid)
-                    }
-                    .map(|()| at)
-                })
-                .await
+                if hang {
+                    process::signal(pid, "STOP")?;
+                } else {
+                    kill9_and_wait(pid).await?;
+                }
+                anyhow::Ok(at)
             });
             t.bounded_step(rng, n).await;
             let at = killer.await.context("the killer task")??;
-            t.killed(&victim, at?);
+            t.killed(&victim, at);
             killed = Some(victim);
             continue;
         }
@@ -1415,18 +1250,21 @@ async fn drive(
         t.restart(k, dev)?;
     }
     let back = Instant::now();
-    let deadline = back + Duration::from_secs(args.converge_seconds);
-    loop {
-        t.finish_late_runtime().await;
-        let broken = t.broken().await;
-        if broken.is_empty() {
-            return Ok(Ok(back.elapsed()));
-        }
-        if Instant::now() > deadline {
-            return Ok(Err(broken));
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let mut broken = vec![];
+    let converged = poll(
+        Duration::from_secs(args.converge_seconds),
+        Duration::from_secs(1),
+        async || {
+            t.finish_late_runtime().await;
+            broken = t.broken().await;
+            broken.is_empty().then_some(())
+        },
+    )
+    .await;
+    Ok(match converged {
+        Ok(()) => Ok(back.elapsed()),
+        Err(_) => Err(broken),
+    })
 }
 
 #[tokio::main]
