@@ -2,6 +2,8 @@
 //! runs on its Unix socket. Plain threads and blocking I/O: a run is a process group, one
 //! thread reading its two pipes, one supervising its timeout and exit; a connection is one
 //! thread writing and one reading.
+//!
+//! Over 600 lines: the agent's side of its one protocol (hello, run, output, stop, status), which reads best in one place.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

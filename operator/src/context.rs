@@ -1,5 +1,7 @@
 //! What every reconcile shares: the client, events, metrics, sandboxd clients,
 //! per-object failure counts (kube-runtime has no per-object backoff), and the configuration.
+//!
+//! Over 600 lines: what every reconcile shares is one struct and its small accessors; split, each piece would be handed to every step anyway.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,8 @@
 //! The operator end to end: the real API server and controller-manager from `make up`, real
 //! sandboxd processes on the local dockerd, the real operator binary. Lifetimes are shortened
 //! through configuration, never by faking time.
+//!
+//! Over 600 lines: one test a scenario, sharing this file's fixtures.
 
 mod common;
 

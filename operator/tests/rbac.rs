@@ -5,6 +5,8 @@
 //! of that name left over), a deleted token Secret is issued again, and a deleted session is
 //! destroyed through its Tombstone. A sandboxd given only the hash of its node's token takes the
 //! token once the operator, under the same RBAC, has written that hash into the chart's ConfigMap.
+//!
+//! Over 600 lines: one test a scenario, sharing this file's fixtures.
 
 mod common;
 

@@ -3,6 +3,8 @@
 //! body that stalls, a policy past its bounds, an audit store that hangs. Each test is the
 //! attack, and asserts what the attacker and everyone else see: the exact refusal, sandboxd's
 //! memory, another session still answering.
+//!
+//! Over 600 lines: one test an attack, sharing this file's fixtures.
 
 mod common;
 

@@ -4,6 +4,8 @@
 //! the host past its capacity; after a restart the pool's containers are removed, never leaked;
 //! a warm session's files are on disk in its own folder, and survive a sleep and a wake; on a
 //! host of workspace disks, the pool's containers come with disks of the sessions' size.
+//!
+//! Over 600 lines: one test a promise of the pool, sharing this file's fixtures.
 
 mod common;
 

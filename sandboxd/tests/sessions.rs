@@ -1,5 +1,7 @@
 //! Sessions against the real dockerd: open by name under concurrency and caps, the life cycle
 //! (sleep, wake, reclaim, destroy, lost), auth, and convergence after `kill -9`.
+//!
+//! Over 600 lines: one test a scenario, sharing this file's fixtures.
 
 mod common;
 

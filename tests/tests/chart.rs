@@ -3,6 +3,8 @@
 //! `helm upgrade` keeps the admin token, `helm uninstall` leaves the CRDs, a namespace bound to
 //! a tenant creates sessions of that tenant only, and a render without the cluster refuses to
 //! make up an admin token.
+//!
+//! Over 600 lines: one test a scenario of the installed chart, sharing this file's fixtures.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -11,6 +11,8 @@
 //! One test in its own binary: the node has one sandboxd port and one SandboxHost, so it runs
 //! alone (and removes `make demo`'s release first). It fails (never skips) when the node is not
 //! there.
+//!
+//! Over 600 lines: one test a scenario on the real node, sharing this file's fixtures.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,6 +4,8 @@
 //!
 //! [`decide`] is a pure function of the status, the host's report, the time and the settings;
 //! [`follow`] asks the host, calls it, and carries out the effect it returns.
+//!
+//! Over 600 lines with its table tests; the decision and its effects are under 470.
 
 use std::time::Duration;
 

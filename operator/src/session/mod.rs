@@ -8,6 +8,8 @@
 //! host and the token Secret), [`follow`] (the session's life, decided by a pure function);
 //! [`cleanup`] runs when the object is deleted. Before them, [`orphan`] deletes a session its
 //! namespace left behind.
+//!
+//! Over 600 lines with its tests; the controller's own code is under 450.
 
 mod cleanup;
 pub mod follow;

@@ -3,6 +3,8 @@
 //!
 //! [`Engine::noop`] is a second engine that runs nothing (a record per container), for the
 //! operator bench only; it lives in `super::noop`, and the engine here only hands it its calls.
+//!
+//! Over 600 lines: every isolation setting of a sandbox container and the calls that make, start and remove it, read together.
 
 use std::collections::HashMap;
 use std::sync::Arc;

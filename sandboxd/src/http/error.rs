@@ -6,6 +6,8 @@
 //! status and code here, by one mapping (`status_and_code`), and keeps its message; the handlers
 //! turn them into an [`ApiError`] with `?`. What only the HTTP edge refuses (no token, a body
 //! that does not parse) is an [`ApiError`] from the start.
+//!
+//! Over 600 lines with its table tests: a row for every error of every room, with its status, code and message.
 
 use axum::Json;
 use axum::http::StatusCode;

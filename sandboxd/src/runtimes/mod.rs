@@ -12,6 +12,8 @@
 //! [`START_ATTEMPTS`] times with backoff, then left to be built on demand. Opening a session on
 //! a runtime still building is refused with [`RuntimeError::Preparing`]; on a failed one, with
 //! [`RuntimeError::Failed`], the build's error and the tail of its log.
+//!
+//! Over 600 lines with its tests; the catalog's code is under 500.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

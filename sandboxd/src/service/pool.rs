@@ -29,6 +29,8 @@
 //!   containers (and their folders); a pool larger than its size is cut down. At start, the
 //!   reconcile removes every pooled container of this instance that no session holds, and the
 //!   pool folder is emptied.
+//!
+//! Over 600 lines with its tests: the pool's whole life (fill, take, drain, the start's clean-up) in one place.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
