@@ -108,6 +108,9 @@ impl Error {
     }
 }
 
+/// How long a reconcile waits for the watch to bring the status this replica wrote at an open.
+pub const CACHE_CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+
 /// What the reconcilers share.
 pub struct Context {
     /// The API client.
@@ -125,6 +128,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
     token_seen: Mutex<HashMap<String, Instant>>,
+    /// Sessions this replica opened and wrote the status of, until its cache shows that status:
+    /// key -> the object's uid and when.
+    opened_unseen: Mutex<HashMap<String, (String, Instant)>>,
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     host_clients: Mutex<HashMap<String, CachedClient>>,
@@ -206,6 +212,7 @@ impl Context {
             failures: Mutex::default(),
             cpu: Mutex::default(),
             token_seen: Mutex::default(),
+            opened_unseen: Mutex::default(),
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
@@ -560,12 +567,40 @@ impl Context {
             .is_some_and(|at| at.elapsed() < period)
     }
 
-    /// Forgets when the token Secret of a session was found.
+    /// Forgets when the token Secret of a session was found, and that it was opened.
     pub fn forget_token(&self, key: &str) {
         self.token_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
+        self.opened_unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// Records that this replica wrote the status of session `key` (object `uid`) as opened.
+    pub fn opened(&self, key: &str, uid: &str) {
+        self.opened_unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), (uid.to_owned(), Instant::now()));
+    }
+
+    /// Whether the copy of session `key` (object `uid`) a reconcile was handed is older than the
+    /// status this replica wrote when it opened it: the watch has not brought that write yet.
+    /// A copy that shows the session opened ends the wait, and so does [`CACHE_CATCH_UP_LIMIT`]
+    /// (someone else may have rewritten the status meanwhile).
+    pub fn behind_own_open(&self, key: &str, uid: &str, shows_opened: bool) -> bool {
+        let mut unseen = self.opened_unseen.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting = !shows_opened
+            && unseen
+                .get(key)
+                .is_some_and(|(u, at)| u == uid && at.elapsed() < CACHE_CATCH_UP_LIMIT);
+        if !waiting {
+            unseen.remove(key);
+        }
+        waiting
     }
 
     /// Forgets the CPU sample of a session.

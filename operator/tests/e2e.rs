@@ -2099,3 +2099,62 @@ async fn a_scaled_runtime_keeps_a_warm_pool_its_sessions_open_on() {
     }
     scope.delete().await;
 }
+
+/// A platform reads the token Secret the moment its session is Running and runs at once: the
+/// token it read keeps working, and is not rotated behind its back by a reconcile handed the
+/// copy of the session from before the operator's own open (one queued while the open wrote
+/// its status).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_read_as_a_session_turns_running_keeps_working() {
+    let mut scope = Scope::new("tokrace").await;
+    let host = Host::start(&format!("tokrace-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let secrets = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns);
+    let mut read = Vec::new();
+    for i in 0..30 {
+        let name = format!("xc-tok-{i}");
+        let session: sandboxd_crds::v1alpha1::SandboxSession =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+                "metadata": {"name": name, "labels": scope.labels()},
+                // A tenant each: a tenant holds at most 10 sessions on a host.
+                "spec": {"scope": "conversation", "tenant": format!("org-{i}"), "subject": name},
+            }))
+            .expect("a session");
+        scope
+            .sessions()
+            .create(&PostParams::default(), &session)
+            .await
+            .expect("create the session");
+        let running = scope
+            .wait_session(&name, "Running", 60, |s| {
+                phase(s) == Some(SessionPhase::Running)
+            })
+            .await;
+        let secret_name = running
+            .status
+            .and_then(|s| s.credentials_secret)
+            .expect("the token Secret's name");
+        let token = token_of(&secrets.get(&secret_name).await.expect("the token Secret"));
+        let id = scope.host_id(&name);
+        let run = sandboxd_api::client::Client::new(&host.endpoint(), &token)
+            .run(&id, "echo hi", None, None, None)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: a run with the token read at Running: {e}"));
+        assert_eq!(run.stdout, "hi\n");
+        read.push((name, secret_name, token, id));
+    }
+    // Later, each Secret still holds the token read at Running, and it still works.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (name, secret_name, token, id) in &read {
+        let now = token_of(&secrets.get(secret_name).await.expect("the token Secret"));
+        assert!(&now == token, "{name}: its token was rotated after Running");
+        sandboxd_api::client::Client::new(&host.endpoint(), token)
+            .run(id, "true", None, None, None)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the token read at Running stopped working: {e}"));
+    }
+    scope.delete().await;
+}

@@ -277,8 +277,18 @@ fn backoff(s: &SandboxSession, ctx: &Context) -> Duration {
     crate::backoff::failure_delay(ctx.failures_of(&key(s)).saturating_add(1))
 }
 
+/// How soon a session whose cached copy is older than this replica's own open is looked at again.
+const CACHE_CATCH_UP: Duration = Duration::from_millis(100);
+
 async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let old = s.status.clone().unwrap_or_default();
+    // A reconcile queued while the open's status was being written is handed the copy from
+    // before it: acting on that copy would open the session again, find it open, and rotate the
+    // token a client may just have read. It waits for the watch to bring the write instead.
+    let uid = s.uid().unwrap_or_default();
+    if ctx.behind_own_open(&key(s), &uid, old.session_id.is_some()) {
+        return Ok(Action::requeue(CACHE_CATCH_UP));
+    }
     let step = settle(
         advance(s, ctx, old.clone()).await?,
         Duration::from_secs(ctx.config.follow_seconds),
@@ -288,6 +298,9 @@ async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     ctx.set_phase(&key(s), status.phase.map(|p| format!("{p:?}")));
     if status_changed(&old, &status) {
         write(s, &status, ctx).await?;
+        if old.session_id.is_none() && status.session_id.is_some() {
+            ctx.opened(&key(s), &uid);
+        }
         if old.phase != status.phase
             && let Some(phase) = status.phase
         {

@@ -22,7 +22,7 @@ use sandboxd_crds::v1alpha1::condition::{
 };
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::place::Placed;
 use super::{
@@ -96,10 +96,17 @@ pub(super) async fn open(
                     Some(t) => t,
                     // Found, not created (a crash after the open, or the Secret was deleted):
                     // the host gives it a new token; the old one stops working.
-                    None => client
-                        .rotate_token_as(id, uid)
-                        .await
-                        .map_err(|e| host_err(host_name, e))?,
+                    None => {
+                        info!(
+                            session = %name,
+                            host = %host_name,
+                            "the session is open without its token Secret: its token is rotated"
+                        );
+                        client
+                            .rotate_token_as(id, uid)
+                            .await
+                            .map_err(|e| host_err(host_name, e))?
+                    }
                 };
                 store_token(
                     s,
