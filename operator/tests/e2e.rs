@@ -2113,13 +2113,13 @@ async fn the_token_read_as_a_session_turns_running_keeps_working() {
     scope.start_operator(&[]);
     let secrets = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns);
     let mut read = Vec::new();
-    for i in 0..30 {
+    for i in 0..20 {
         let name = format!("xc-tok-{i}");
         let session: sandboxd_crds::v1alpha1::SandboxSession =
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
                 "metadata": {"name": name, "labels": scope.labels()},
-                // A tenant each: a tenant holds at most 10 sessions on a host.
+                // A tenant each: a tenant holds at most 10 sessions on a host (20 in all).
                 "spec": {"scope": "conversation", "tenant": format!("org-{i}"), "subject": name},
             }))
             .expect("a session");
