@@ -1,8 +1,9 @@
 //! The Docker edge (bollard): sandbox containers as siblings of sandboxd, with every isolation
 //! setting, labelled with the sandboxd and session that own them.
 //!
-//! [`Engine::noop`] is a second engine that runs nothing (a record per container), for the
-//! operator bench only; it lives in `super::noop`, and the engine here only hands it its calls.
+//! [`Engine`] is the one face of the engines behind [`Containers`]: Docker here, and
+//! [`Engine::noop`], a second engine that runs nothing (a record per container) for the
+//! operator bench only, in `super::noop`; no Docker call of this file knows of it.
 //!
 //! Over 600 lines: every isolation setting of a sandbox container and the calls that make, start and remove it, read together.
 
@@ -16,6 +17,7 @@ use bollard::query_parameters::{
     RemoveContainerOptionsBuilder, StatsOptionsBuilder, StopContainerOptionsBuilder,
 };
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 use super::noop::NoopEngine;
 
@@ -162,18 +164,52 @@ pub struct Owned {
 }
 
 /// The container engine of one sandboxd instance: Docker, or the no-op engine of the operator
-/// bench ([`Engine::noop`]).
+/// bench ([`Engine::noop`]), each behind [`Containers`].
 #[derive(Clone)]
 pub struct Engine {
-    backend: Backend,
+    backend: Arc<dyn Containers>,
     instance: String,
 }
 
-#[derive(Clone)]
-enum Backend {
-    Docker(Docker),
-    /// The no-op engine of the operator bench, shared by every clone of the engine.
-    Noop(Arc<NoopEngine>),
+/// What sandboxd asks of whatever keeps its containers: Docker ([`DockerContainers`]) or the
+/// operator bench's no-op engine (`super::noop`). [`Engine`] is the one face of both.
+pub(super) trait Containers: Send + Sync {
+    /// The raw client, for the run path and image builds.
+    fn client(&self) -> Result<&Docker, DockerError>;
+    /// Whether this is the no-op engine.
+    fn is_noop(&self) -> bool {
+        false
+    }
+    /// Whether an image is present locally.
+    fn has_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>>;
+    /// Creates container `name` of `spec` (labelled for warm pool `pool`, if any) and starts
+    /// it; a failed start removes it.
+    fn create<'a>(
+        &'a self,
+        name: String,
+        spec: &'a SandboxSpec,
+        pool: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<String, DockerError>>;
+    /// Renames a container.
+    fn rename<'a>(&'a self, id: &'a str, name: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
+    /// Starts a stopped container.
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
+    /// Stops a container.
+    fn stop<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
+    /// Removes a container; one already gone is fine.
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
+    /// Whether a container exists and runs: `None` when it does not exist.
+    fn running<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<bool>, DockerError>>;
+    /// The container as the engine has it now.
+    fn presence<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Presence, DockerError>>;
+    /// Every container of this instance.
+    fn owned(&self) -> BoxFuture<'_, Result<Vec<Owned>, DockerError>>;
+}
+
+/// Docker, through bollard: the production engine.
+struct DockerContainers {
+    docker: Docker,
+    instance: String,
 }
 
 impl Engine {
@@ -186,7 +222,10 @@ impl Engine {
             .await
             .map_err(err("negotiate the API version"))?;
         Ok(Self {
-            backend: Backend::Docker(docker),
+            backend: Arc::new(DockerContainers {
+                docker,
+                instance: instance.to_owned(),
+            }),
             instance: instance.to_owned(),
         })
     }
@@ -204,23 +243,20 @@ impl Engine {
     /// setting of sandboxd selects it: only Rust code calling this constructor does.
     pub fn noop(instance: &str) -> Self {
         Self {
-            backend: Backend::Noop(Arc::default()),
+            backend: Arc::new(NoopEngine::default()),
             instance: instance.to_owned(),
         }
     }
 
     /// Whether this is the no-op engine of [`Engine::noop`].
     pub fn is_noop(&self) -> bool {
-        matches!(self.backend, Backend::Noop(_))
+        self.backend.is_noop()
     }
 
     /// The raw client, for the run path and image builds. The no-op engine has none: it
     /// answers with an error that says so.
     pub fn client(&self) -> Result<&Docker, DockerError> {
-        match &self.backend {
-            Backend::Docker(docker) => Ok(docker),
-            Backend::Noop(_) => Err(NoopEngine::no_client()),
-        }
+        self.backend.client()
     }
 
     /// The container name of a session.
@@ -230,20 +266,7 @@ impl Engine {
 
     /// Whether an image is present locally.
     pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(_) => return Ok(true),
-        };
-        match docker.inspect_image(image).await {
-            Ok(_) => Ok(true),
-            Err(e) => {
-                let e = DockerError {
-                    action: format!("inspect image {image}"),
-                    source: e,
-                };
-                if e.is_not_found() { Ok(false) } else { Err(e) }
-            }
-        }
+        self.backend.has_image(image).await
     }
 
     /// Creates and starts a sandbox container; returns its id. A failed start removes it.
@@ -263,17 +286,7 @@ impl Engine {
 
     /// Renames a container (a pooled one, to the name of the session that took it).
     pub async fn rename(&self, id: &str, name: &str) -> Result<(), DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => return noop.rename(id, name),
-        };
-        let options = bollard::query_parameters::RenameContainerOptionsBuilder::default()
-            .name(name)
-            .build();
-        docker
-            .rename_container(id, options)
-            .await
-            .map_err(err(format!("rename container {id} to {name}")))
+        self.backend.rename(id, name).await
     }
 
     async fn create_labelled(
@@ -281,207 +294,29 @@ impl Engine {
         spec: &SandboxSpec,
         pool: Option<&str>,
     ) -> Result<String, DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => {
-                return noop.create(self.container_name(&spec.session), &spec.session);
-            }
-        };
-        let mut labels = HashMap::from([
-            (LABEL_MANAGED.to_owned(), "sandboxd".to_owned()),
-            (LABEL_INSTANCE.to_owned(), self.instance.clone()),
-            (LABEL_SESSION.to_owned(), spec.session.clone()),
-            (LABEL_TENANT.to_owned(), spec.tenant.clone()),
-        ]);
-        if let Some(pool) = pool {
-            labels.insert(LABEL_POOL.to_owned(), pool.to_owned());
-        }
-        let mut binds = vec![format!("{}:{WORKSPACE_MOUNT}:rw", spec.workspace)];
-        // With the agent, it is PID 1 (it reaps and forwards signals, Docker's init's job) and
-        // the entrypoint, whatever the image says; its binary comes read-only from the host.
-        let (entrypoint, cmd) = match &spec.agent {
-            Some(agent) => {
-                use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
-                labels.insert(LABEL_AGENT.to_owned(), agent.protocol.to_string());
-                binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));
-                binds.push(format!("{}:{RUN_DIR}:rw", agent.run_dir));
-                (
-                    Some(vec![format!("{BIN_DIR}/{BINARY_NAME}")]),
-                    vec![
-                        "--session".to_owned(),
-                        spec.session.clone(),
-                        "--socket".to_owned(),
-                        format!("{RUN_DIR}/{SOCKET_NAME}"),
-                        "--user".to_owned(),
-                        format!("{0}:{0}", spec.uid),
-                    ],
-                )
-            }
-            None => (None, vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
-        };
-        // The agent starts as root, with only what it needs to bind its socket in the
-        // root-owned run folder and drop to the sandbox uid for good (it empties the bounding
-        // set first): nothing of the sandbox ever runs as root or holds a capability.
-        let (user, cap_add) = match &spec.agent {
-            Some(_) => (
-                "0:0".to_owned(),
-                Some(vec![
-                    "SETUID".to_owned(),
-                    "SETGID".to_owned(),
-                    "SETPCAP".to_owned(),
-                ]),
-            ),
-            None => (format!("{0}:{0}", spec.uid), None),
-        };
-        // The image's root is read-only: a sandbox writes only to its workspace (a disk of its
-        // own size), /tmp and its home (tmpfs of SANDBOXD_TMPFS_SIZE and SANDBOXD_HOME_SIZE,
-        // in its memory), so it cannot fill the node's disk through the container's writable
-        // layer.
-        let mut env = vec!["HOME=/tmp".to_owned()];
-        env.extend(spec.env.iter().cloned());
-        let mut tmpfs = HashMap::from([(
-            "/tmp".to_owned(),
-            format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),
-        )]);
-        if let Some(home) = home_mount(&env) {
-            tmpfs.insert(
-                home,
-                format!(
-                    "rw,nosuid,nodev,size={},mode=0700,uid={1},gid={1}",
-                    spec.home_size, spec.uid
-                ),
-            );
-        }
-        let host = HostConfig {
-            binds: Some(binds),
-            readonly_rootfs: Some(true),
-            // What PID 1 prints goes to the node's disk too: bounded.
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("json-file".to_owned()),
-                config: Some(HashMap::from([
-                    ("max-size".to_owned(), "1m".to_owned()),
-                    ("max-file".to_owned(), "1".to_owned()),
-                ])),
-            }),
-            init: Some(spec.agent.is_none()),
-            privileged: Some(false),
-            cap_drop: Some(vec!["ALL".to_owned()]),
-            cap_add,
-            security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
-            nano_cpus: Some((spec.cpus * 1e9) as i64),
-            memory: Some(spec.memory),
-            memory_swap: Some(spec.memory),
-            pids_limit: Some(spec.pids_limit),
-            tmpfs: Some(tmpfs),
-            network_mode: Some(spec.network_mode.clone()),
-            runtime: spec.oci_runtime.clone(),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
-            entrypoint,
-            cmd: Some(cmd),
-            user: Some(user),
-            working_dir: Some(WORKSPACE_MOUNT.to_owned()),
-            env: Some(env),
-            labels: Some(labels),
-            network_disabled: Some(spec.network_mode == "none"),
-            host_config: Some(host),
-            ..Default::default()
-        };
-        let name = self.container_name(&spec.session);
-        let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = docker
-            .create_container(Some(options), body)
+        self.backend
+            .create(self.container_name(&spec.session), spec, pool)
             .await
-            .map_err(err(format!("create container {name}")))?;
-        if let Err(e) = self.start(&created.id).await {
-            let _ = self.remove(&created.id).await;
-            return Err(e);
-        }
-        Ok(created.id)
     }
 
     /// Starts a stopped container.
     pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => {
-                return noop.set_running(id, true, format!("start container {id}"));
-            }
-        };
-        docker
-            .start_container(id, None)
-            .await
-            .map_err(err(format!("start container {id}")))
+        self.backend.start(id).await
     }
 
     /// Stops a container (SIGTERM, then SIGKILL after 5 s).
     pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => {
-                return noop.set_running(id, false, format!("stop container {id}"));
-            }
-        };
-        let options = StopContainerOptionsBuilder::default().t(5).build();
-        match docker.stop_container(id, Some(options)).await {
-            Ok(()) => Ok(()),
-            // 304: already stopped.
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 304, ..
-            }) => Ok(()),
-            Err(e) => Err(DockerError {
-                action: format!("stop container {id}"),
-                source: e,
-            }),
-        }
+        self.backend.stop(id).await
     }
 
     /// Removes a container, running or not; a container already gone is fine.
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => {
-                noop.remove(id);
-                return Ok(());
-            }
-        };
-        let options = RemoveContainerOptionsBuilder::default()
-            .force(true)
-            .v(true)
-            .build();
-        match docker.remove_container(id, Some(options)).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let e = DockerError {
-                    action: format!("remove container {id}"),
-                    source: e,
-                };
-                if e.is_not_found() { Ok(()) } else { Err(e) }
-            }
-        }
+        self.backend.remove(id).await
     }
 
     /// Whether a container exists and runs: `None` when it does not exist.
     pub async fn running(&self, id: &str) -> Result<Option<bool>, DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => return Ok(noop.running(id)),
-        };
-        match docker
-            .inspect_container(id, None::<InspectContainerOptions>)
-            .await
-        {
-            Ok(c) => Ok(Some(c.state.and_then(|s| s.running).unwrap_or(false))),
-            Err(e) => {
-                let e = DockerError {
-                    action: format!("inspect container {id}"),
-                    source: e,
-                };
-                if e.is_not_found() { Ok(None) } else { Err(e) }
-            }
-        }
+        self.backend.running(id).await
     }
 
     /// CPU time the container has used, in nanoseconds, when it runs.
@@ -494,95 +329,326 @@ impl Engine {
 
     /// The container as Docker has it now: gone, stopped, or running with its CPU time.
     pub async fn presence(&self, id: &str) -> Result<Presence, DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => return Ok(noop.presence(id)),
-        };
-        // The container's cgroup read off the node's cgroup filesystem (a few microseconds);
-        // Docker's one-shot stats wait for its next sample (up to a second) once any stats
-        // subscriber is active, so they are only the fallback (a sandboxd in a cgroup
-        // namespace of its own, where the node's cgroup filesystem is not in view).
-        let state = match docker
-            .inspect_container(id, None::<InspectContainerOptions>)
-            .await
-        {
-            Ok(c) => c.state,
-            Err(e) => {
-                let e = DockerError {
-                    action: format!("inspect container {id}"),
-                    source: e,
-                };
-                return if e.is_not_found() {
-                    Ok(Presence::Gone)
-                } else {
-                    Err(e)
-                };
-            }
-        };
-        if !state.as_ref().and_then(|s| s.running).unwrap_or(false) {
-            return Ok(Presence::Stopped);
-        }
-        let pid = state.and_then(|s| s.pid).filter(|p| *p > 0);
-        if let Some(ns) = pid.and_then(cgroup_cpu_ns) {
-            return Ok(Presence::Running(Some(ns)));
-        }
-        let options = StatsOptionsBuilder::default()
-            .stream(false)
-            .one_shot(true)
-            .build();
-        let mut stream = docker.stats(id, Some(options));
-        match stream.next().await {
-            Some(Ok(stats)) => Ok(Presence::Running(
-                stats
-                    .cpu_stats
-                    .and_then(|c| c.cpu_usage)
-                    .and_then(|u| u.total_usage),
-            )),
-            Some(Err(e)) => {
-                let e = DockerError {
-                    action: format!("read stats of {id}"),
-                    source: e,
-                };
-                if e.is_not_found() {
-                    Ok(Presence::Gone)
-                } else {
-                    Err(e)
-                }
-            }
-            None => Ok(Presence::Running(None)),
-        }
+        self.backend.presence(id).await
     }
 
     /// Every container this instance owns.
     pub async fn owned(&self) -> Result<Vec<Owned>, DockerError> {
-        let docker = match &self.backend {
-            Backend::Docker(docker) => docker,
-            Backend::Noop(noop) => return Ok(noop.owned()),
-        };
-        let filters = HashMap::from([(
-            "label".to_owned(),
-            vec![format!("{LABEL_INSTANCE}={}", self.instance)],
-        )]);
-        let options = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&filters)
-            .build();
-        let list = docker
-            .list_containers(Some(options))
-            .await
-            .map_err(err("list containers"))?;
-        Ok(list
-            .into_iter()
-            .filter_map(|c| {
-                let session = c.labels.as_ref()?.get(LABEL_SESSION)?.clone();
-                let running = c.state.map(|s| s.to_string() == "running").unwrap_or(false);
-                Some(Owned {
-                    id: c.id?,
-                    session,
-                    running,
+        self.backend.owned().await
+    }
+}
+
+impl Containers for DockerContainers {
+    fn client(&self) -> Result<&Docker, DockerError> {
+        Ok(&self.docker)
+    }
+
+    fn has_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            match docker.inspect_image(image).await {
+                Ok(_) => Ok(true),
+                Err(e) => {
+                    let e = DockerError {
+                        action: format!("inspect image {image}"),
+                        source: e,
+                    };
+                    if e.is_not_found() { Ok(false) } else { Err(e) }
+                }
+            }
+        })
+    }
+
+    fn rename<'a>(&'a self, id: &'a str, name: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            let options = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+                .name(name)
+                .build();
+            docker
+                .rename_container(id, options)
+                .await
+                .map_err(err(format!("rename container {id} to {name}")))
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        name: String,
+        spec: &'a SandboxSpec,
+        pool: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<String, DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            let mut labels = HashMap::from([
+                (LABEL_MANAGED.to_owned(), "sandboxd".to_owned()),
+                (LABEL_INSTANCE.to_owned(), self.instance.clone()),
+                (LABEL_SESSION.to_owned(), spec.session.clone()),
+                (LABEL_TENANT.to_owned(), spec.tenant.clone()),
+            ]);
+            if let Some(pool) = pool {
+                labels.insert(LABEL_POOL.to_owned(), pool.to_owned());
+            }
+            let mut binds = vec![format!("{}:{WORKSPACE_MOUNT}:rw", spec.workspace)];
+            // With the agent, it is PID 1 (it reaps and forwards signals, Docker's init's job) and
+            // the entrypoint, whatever the image says; its binary comes read-only from the host.
+            let (entrypoint, cmd) = match &spec.agent {
+                Some(agent) => {
+                    use sandbox_agent::proto::{BIN_DIR, BINARY_NAME, RUN_DIR, SOCKET_NAME};
+                    labels.insert(LABEL_AGENT.to_owned(), agent.protocol.to_string());
+                    binds.push(format!("{}:{BIN_DIR}:ro", agent.bin_dir));
+                    binds.push(format!("{}:{RUN_DIR}:rw", agent.run_dir));
+                    (
+                        Some(vec![format!("{BIN_DIR}/{BINARY_NAME}")]),
+                        vec![
+                            "--session".to_owned(),
+                            spec.session.clone(),
+                            "--socket".to_owned(),
+                            format!("{RUN_DIR}/{SOCKET_NAME}"),
+                            "--user".to_owned(),
+                            format!("{0}:{0}", spec.uid),
+                        ],
+                    )
+                }
+                None => (None, vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
+            };
+            // The agent starts as root, with only what it needs to bind its socket in the
+            // root-owned run folder and drop to the sandbox uid for good (it empties the bounding
+            // set first): nothing of the sandbox ever runs as root or holds a capability.
+            let (user, cap_add) = match &spec.agent {
+                Some(_) => (
+                    "0:0".to_owned(),
+                    Some(vec![
+                        "SETUID".to_owned(),
+                        "SETGID".to_owned(),
+                        "SETPCAP".to_owned(),
+                    ]),
+                ),
+                None => (format!("{0}:{0}", spec.uid), None),
+            };
+            // The image's root is read-only: a sandbox writes only to its workspace (a disk of its
+            // own size), /tmp and its home (tmpfs of SANDBOXD_TMPFS_SIZE and SANDBOXD_HOME_SIZE,
+            // in its memory), so it cannot fill the node's disk through the container's writable
+            // layer.
+            let mut env = vec!["HOME=/tmp".to_owned()];
+            env.extend(spec.env.iter().cloned());
+            let mut tmpfs = HashMap::from([(
+                "/tmp".to_owned(),
+                format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),
+            )]);
+            if let Some(home) = home_mount(&env) {
+                tmpfs.insert(
+                    home,
+                    format!(
+                        "rw,nosuid,nodev,size={},mode=0700,uid={1},gid={1}",
+                        spec.home_size, spec.uid
+                    ),
+                );
+            }
+            let host = HostConfig {
+                binds: Some(binds),
+                readonly_rootfs: Some(true),
+                // What PID 1 prints goes to the node's disk too: bounded.
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("json-file".to_owned()),
+                    config: Some(HashMap::from([
+                        ("max-size".to_owned(), "1m".to_owned()),
+                        ("max-file".to_owned(), "1".to_owned()),
+                    ])),
+                }),
+                init: Some(spec.agent.is_none()),
+                privileged: Some(false),
+                cap_drop: Some(vec!["ALL".to_owned()]),
+                cap_add,
+                security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
+                nano_cpus: Some((spec.cpus * 1e9) as i64),
+                memory: Some(spec.memory),
+                memory_swap: Some(spec.memory),
+                pids_limit: Some(spec.pids_limit),
+                tmpfs: Some(tmpfs),
+                network_mode: Some(spec.network_mode.clone()),
+                runtime: spec.oci_runtime.clone(),
+                ..Default::default()
+            };
+            let body = ContainerCreateBody {
+                image: Some(spec.image.clone()),
+                entrypoint,
+                cmd: Some(cmd),
+                user: Some(user),
+                working_dir: Some(WORKSPACE_MOUNT.to_owned()),
+                env: Some(env),
+                labels: Some(labels),
+                network_disabled: Some(spec.network_mode == "none"),
+                host_config: Some(host),
+                ..Default::default()
+            };
+            let options = CreateContainerOptionsBuilder::default().name(&name).build();
+            let created = docker
+                .create_container(Some(options), body)
+                .await
+                .map_err(err(format!("create container {name}")))?;
+            if let Err(e) = self.start(&created.id).await {
+                let _ = self.remove(&created.id).await;
+                return Err(e);
+            }
+            Ok(created.id)
+        })
+    }
+
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            docker
+                .start_container(id, None)
+                .await
+                .map_err(err(format!("start container {id}")))
+        })
+    }
+
+    fn stop<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            let options = StopContainerOptionsBuilder::default().t(5).build();
+            match docker.stop_container(id, Some(options)).await {
+                Ok(()) => Ok(()),
+                // 304: already stopped.
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 304, ..
+                }) => Ok(()),
+                Err(e) => Err(DockerError {
+                    action: format!("stop container {id}"),
+                    source: e,
+                }),
+            }
+        })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            let options = RemoveContainerOptionsBuilder::default()
+                .force(true)
+                .v(true)
+                .build();
+            match docker.remove_container(id, Some(options)).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let e = DockerError {
+                        action: format!("remove container {id}"),
+                        source: e,
+                    };
+                    if e.is_not_found() { Ok(()) } else { Err(e) }
+                }
+            }
+        })
+    }
+
+    fn running<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<bool>, DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            match docker
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(c) => Ok(Some(c.state.and_then(|s| s.running).unwrap_or(false))),
+                Err(e) => {
+                    let e = DockerError {
+                        action: format!("inspect container {id}"),
+                        source: e,
+                    };
+                    if e.is_not_found() { Ok(None) } else { Err(e) }
+                }
+            }
+        })
+    }
+
+    fn presence<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Presence, DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            // The container's cgroup read off the node's cgroup filesystem (a few microseconds);
+            // Docker's one-shot stats wait for its next sample (up to a second) once any stats
+            // subscriber is active, so they are only the fallback (a sandboxd in a cgroup
+            // namespace of its own, where the node's cgroup filesystem is not in view).
+            let state = match docker
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(c) => c.state,
+                Err(e) => {
+                    let e = DockerError {
+                        action: format!("inspect container {id}"),
+                        source: e,
+                    };
+                    return if e.is_not_found() {
+                        Ok(Presence::Gone)
+                    } else {
+                        Err(e)
+                    };
+                }
+            };
+            if !state.as_ref().and_then(|s| s.running).unwrap_or(false) {
+                return Ok(Presence::Stopped);
+            }
+            let pid = state.and_then(|s| s.pid).filter(|p| *p > 0);
+            if let Some(ns) = pid.and_then(cgroup_cpu_ns) {
+                return Ok(Presence::Running(Some(ns)));
+            }
+            let options = StatsOptionsBuilder::default()
+                .stream(false)
+                .one_shot(true)
+                .build();
+            let mut stream = docker.stats(id, Some(options));
+            match stream.next().await {
+                Some(Ok(stats)) => Ok(Presence::Running(
+                    stats
+                        .cpu_stats
+                        .and_then(|c| c.cpu_usage)
+                        .and_then(|u| u.total_usage),
+                )),
+                Some(Err(e)) => {
+                    let e = DockerError {
+                        action: format!("read stats of {id}"),
+                        source: e,
+                    };
+                    if e.is_not_found() {
+                        Ok(Presence::Gone)
+                    } else {
+                        Err(e)
+                    }
+                }
+                None => Ok(Presence::Running(None)),
+            }
+        })
+    }
+
+    fn owned(&self) -> BoxFuture<'_, Result<Vec<Owned>, DockerError>> {
+        Box::pin(async move {
+            let docker = &self.docker;
+            let filters = HashMap::from([(
+                "label".to_owned(),
+                vec![format!("{LABEL_INSTANCE}={}", self.instance)],
+            )]);
+            let options = ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&filters)
+                .build();
+            let list = docker
+                .list_containers(Some(options))
+                .await
+                .map_err(err("list containers"))?;
+            Ok(list
+                .into_iter()
+                .filter_map(|c| {
+                    let session = c.labels.as_ref()?.get(LABEL_SESSION)?.clone();
+                    let running = c.state.map(|s| s.to_string() == "running").unwrap_or(false);
+                    Some(Owned {
+                        id: c.id?,
+                        session,
+                        running,
+                    })
                 })
-            })
-            .collect())
+                .collect())
+        })
     }
 }
 

@@ -4,14 +4,17 @@
 //! in use); every image is present. Nothing runs: it has no Docker client, so a run, the
 //! in-sandbox agent and an image build fail with a message that says so instead of waiting.
 //!
-//! It exists only for the operator bench (`operator-bench --driver noop`); the production
-//! engine ([`super::docker`]) only hands its calls here when it was made with
+//! It exists only for the operator bench (`operator-bench --driver noop`): it is one of the
+//! engines behind [`super::docker::Containers`], chosen only by
 //! [`super::docker::Engine::noop`].
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use super::docker::{DockerError, Owned, Presence};
+use bollard::Docker;
+use futures::future::BoxFuture;
+
+use super::docker::{Containers, DockerError, Owned, Presence, SandboxSpec};
 
 /// What the no-op engine answers where a real container or Docker itself is needed.
 const NOOP_REFUSAL: &str = "this sandboxd runs on the no-op engine of the operator bench: it has no Docker, and nothing runs in its containers (no runs, no agent, no image builds)";
@@ -173,6 +176,60 @@ impl NoopEngine {
                 running: c.running,
             })
             .collect()
+    }
+}
+
+impl Containers for NoopEngine {
+    fn client(&self) -> Result<&Docker, DockerError> {
+        Err(Self::no_client())
+    }
+
+    fn is_noop(&self) -> bool {
+        true
+    }
+
+    fn has_image<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>> {
+        Box::pin(async { Ok(true) })
+    }
+
+    fn create<'a>(
+        &'a self,
+        name: String,
+        spec: &'a SandboxSpec,
+        _pool: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<String, DockerError>> {
+        Box::pin(async move { NoopEngine::create(self, name, &spec.session) })
+    }
+
+    fn rename<'a>(&'a self, id: &'a str, name: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move { NoopEngine::rename(self, id, name) })
+    }
+
+    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move { self.set_running(id, true, format!("start container {id}")) })
+    }
+
+    fn stop<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move { self.set_running(id, false, format!("stop container {id}")) })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>> {
+        Box::pin(async move {
+            NoopEngine::remove(self, id);
+            Ok(())
+        })
+    }
+
+    fn running<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<bool>, DockerError>> {
+        Box::pin(async move { Ok(NoopEngine::running(self, id)) })
+    }
+
+    fn presence<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Presence, DockerError>> {
+        Box::pin(async move { Ok(NoopEngine::presence(self, id)) })
+    }
+
+    fn owned(&self) -> BoxFuture<'_, Result<Vec<Owned>, DockerError>> {
+        Box::pin(async move { Ok(NoopEngine::owned(self)) })
     }
 }
 
