@@ -64,6 +64,9 @@ pub struct Metrics {
     /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
     /// or a run folder or socket that is not sandboxd's alone).
     pub agent_untrusted: Counter,
+    /// Looks at Docker the run path made for a container's PID 1 (once per container start; a
+    /// session that took a warm container makes none: the claim's own look tells it).
+    pub agent_pid_lookups: Counter,
     /// Audit rows dropped: the queue full (the store slow or down) or the store failing.
     pub audit_rows_dropped: Counter,
     /// Containers each runtime's warm pool keeps ready (its size).
@@ -103,6 +106,12 @@ impl Default for Metrics {
             "Agent sockets refused as not served by the container's PID 1 (runs went to exec)",
             agent_untrusted.clone(),
         );
+        let agent_pid_lookups = Counter::default();
+        registry.register(
+            "agent_pid_lookups",
+            "Docker inspects the run path made to learn a container's PID 1 (none for a session that took a warm container)",
+            agent_pid_lookups.clone(),
+        );
         let audit_rows_dropped = Counter::default();
         registry.register(
             "audit_rows_dropped",
@@ -140,6 +149,7 @@ impl Default for Metrics {
             run_paths,
             agent_deaths,
             agent_untrusted,
+            agent_pid_lookups,
             audit_rows_dropped,
         }
     }

@@ -240,6 +240,13 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
             metrics.contains("sandboxd_run_paths_total{path=\"agent\"}"),
             "{metrics}"
         );
+        // A warm session's first run asked Docker nothing about its agent: the claim's look at
+        // the container told the run path its PID 1. Only a cold session's first run looks.
+        let cold = launches.iter().filter(|(_, l)| *l == Launch::Cold).count();
+        assert!(
+            metrics.contains(&format!("sandboxd_agent_pid_lookups_total {cold}\n")),
+            "{cold} cold sessions: {metrics}"
+        );
     }
     assert!(
         metrics.contains("sandboxd_warm_pool_ready{runtime=\"base\"} 2"),

@@ -171,10 +171,29 @@ impl Host {
         let destroyed = self.destroy_sessions(concurrency).await;
         let mut swept = 0;
         for c in self.engine.owned().await? {
-            self.engine.remove(&c.id).await?;
-            swept += 1;
+            match self.engine.remove(&c.id).await {
+                Ok(()) => swept += 1,
+                // Being removed already: sandboxd drains a pool set back to 0 in the background.
+                Err(e) if e.is_conflict() => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-        let left = self.engine.owned().await?.len();
+        // What sandboxd was still removing is gone within the minute, or counted as left.
+        let engine = &self.engine;
+        let left = match wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            "",
+            async || {
+                let n = engine.owned().await?.len();
+                Ok((n == 0).then_some(0))
+            },
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(_) => self.engine.owned().await?.len(),
+        };
         let _ = self.stop.send(());
         let served = self.served.await;
         let _ = std::fs::remove_dir_all(&self.dir);

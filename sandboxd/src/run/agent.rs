@@ -197,6 +197,19 @@ impl AgentRunner {
         {
             return Ok(Some(agent_session));
         }
+        self.metrics.agent_pid_lookups.inc();
+        let pid1 = self.learn_pid1(session, container).await?;
+        Ok(pid1.and_then(|(p, agent_session)| (p == pid).then_some(agent_session)))
+    }
+
+    /// Asks Docker for the PID 1 of the session's container and the session its agent was
+    /// started for, and remembers both for the container's current start (see [`Self::pids`]);
+    /// `None` (and nothing remembered) when the container does not run.
+    async fn learn_pid1(
+        &self,
+        session: &str,
+        container: Option<&str>,
+    ) -> Result<Option<(i32, String)>, String> {
         let name = container.map_or_else(|| self.engine.container_name(session), str::to_owned);
         let inspected = self
             .engine
@@ -224,7 +237,7 @@ impl AgentRunner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(session.to_owned(), (pid1, agent_session.clone()));
-        Ok((pid1 == pid).then_some(agent_session))
+        Ok(Some((pid1, agent_session)))
     }
 
     /// Connects to the session's socket without following anything the path may have been
@@ -670,6 +683,19 @@ impl Runner for AgentRunner {
                     self.exec.run(spec, events, cancel).await
                 }
             }
+        })
+    }
+
+    fn taken<'a>(
+        &'a self,
+        session: &'a str,
+        container: &'a str,
+    ) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            if self.engine.is_noop() {
+                return self.exec.taken(session, container).await;
+            }
+            Ok(self.learn_pid1(session, Some(container)).await?.is_some())
         })
     }
 

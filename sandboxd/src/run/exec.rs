@@ -240,4 +240,18 @@ impl Runner for ExecRunner {
     ) -> BoxFuture<'a, Result<RunOutcome, RunError>> {
         Box::pin(self.run_exec(spec, events, cancel))
     }
+
+    fn taken<'a>(
+        &'a self,
+        _session: &'a str,
+        container: &'a str,
+    ) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            self.engine
+                .running(container)
+                .await
+                .map(|r| r == Some(true))
+                .map_err(|e| e.to_string())
+        })
+    }
 }

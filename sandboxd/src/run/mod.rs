@@ -75,6 +75,16 @@ pub trait Runner: Send + Sync {
         Ok(None)
     }
 
+    /// Whether `container`, which session `session` just took from the warm pool, runs: one
+    /// look at the engine. A runner that keeps facts of a container's current start (the
+    /// agent's PID 1) learns them from that same look, so the session's first run asks the
+    /// engine nothing.
+    fn taken<'a>(
+        &'a self,
+        session: &'a str,
+        container: &'a str,
+    ) -> BoxFuture<'a, Result<bool, String>>;
+
     /// Whether [`Runner::run`] itself answers `NotRunning` for a container that stopped, so
     /// the core need not ask Docker before each run.
     fn finds_stopped_containers(&self) -> bool {

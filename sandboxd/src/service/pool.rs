@@ -12,12 +12,13 @@
 //!   twice, and a container is only ever used once. The claim renames the pool folder into the
 //!   session's place (`rename(2)`: the bind mounts follow the directory) and records the
 //!   container with `launch = 'warm'`; Docker's rename of the container to the session's name
-//!   follows in the background. Anything that fails on the way falls back to a cold start.
+//!   follows in the background once the session's first run is done. Anything that fails on the way falls back to a cold start.
 //! - Because a warm container's bind mounts name the pool folder's old path, it is never
 //!   started again: a wake of a session whose warm container stopped replaces it.
 //! - Capacity: pooled containers are counted with the sessions that hold a slot (opening,
 //!   running, stopped) against `max_sessions`. A pool fills only into free capacity, one
-//!   container at a time, in the background; a cold open that would take the host past
+//!   container at a time, in the background, holding back while a session that just took a
+//!   container has not finished its first run (at most [`FIRST_RUN_GRACE`]); a cold open that would take the host past
 //!   `max_sessions` removes pooled containers first.
 //! - Disks: on a host that gives each workspace a disk of its own
 //!   (`SANDBOXD_WORKSPACE_QUOTA=loop`), a pooled container's `workspace/` is such a disk, made
@@ -39,6 +40,7 @@ use std::time::Duration;
 
 use sandboxd_api::runtimes::RuntimeList;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::container::docker::Engine;
@@ -56,6 +58,13 @@ pub const POOL_FOLDER: &str = ".pool";
 
 /// How often the filler looks again when nothing told it to.
 const TICK: Duration = Duration::from_secs(1);
+
+/// How long the pool's own Docker work (a refill, the rename of a taken container) holds back for
+/// a session that just took a pooled container: until that session's first run is done, and
+/// never longer than this. Its first command follows the open within milliseconds (the
+/// operator's Running, then the platform's run), and a container start beside it on the same
+/// cores doubles it (see `docs/benchmarks.md`).
+const FIRST_RUN_GRACE: Duration = Duration::from_millis(250);
 
 /// The longest pause after pooled containers failed to start.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -83,6 +92,52 @@ pub struct Pool {
     dir: PathBuf,
     ready: Mutex<Vec<Pooled>>,
     changed: Arc<Notify>,
+    first_runs: Arc<FirstRuns>,
+}
+
+/// The sessions that took a pooled container and have not finished a run yet, with when they
+/// took it: the pool's own Docker work waits for them (see [`FIRST_RUN_GRACE`]).
+#[derive(Default)]
+struct FirstRuns {
+    taken: Mutex<HashMap<String, Instant>>,
+    ran: Notify,
+}
+
+impl FirstRuns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.taken.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until every session that took a pooled container before this call has finished a
+    /// run, or [`FIRST_RUN_GRACE`] has passed since it took it; never longer than the grace from
+    /// now, whatever is taken meanwhile.
+    async fn settled(&self) {
+        let called = Instant::now();
+        let limit = called + FIRST_RUN_GRACE;
+        loop {
+            let ran = self.ran.notified();
+            tokio::pin!(ran);
+            ran.as_mut().enable();
+            let until = {
+                let mut taken = self.lock();
+                let now = Instant::now();
+                taken.retain(|_, at| now < *at + FIRST_RUN_GRACE);
+                taken
+                    .values()
+                    .filter(|at| **at <= called)
+                    .map(|at| *at + FIRST_RUN_GRACE)
+                    .max()
+            };
+            let Some(until) = until else { return };
+            tokio::select! {
+                () = tokio::time::sleep_until(until.min(limit)) => {}
+                () = ran => {}
+            }
+            if Instant::now() >= limit {
+                return;
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -101,6 +156,14 @@ impl Pool {
             dir: workspace_root.join(POOL_FOLDER),
             ready: Mutex::default(),
             changed: Arc::default(),
+            first_runs: Arc::default(),
+        }
+    }
+
+    /// Session `id` finished a run: what the pool held back for its first one may go on.
+    pub fn ran(&self, id: &str) {
+        if self.first_runs.lock().remove(id).is_some() {
+            self.first_runs.ran.notify_waiters();
         }
     }
 
@@ -230,11 +293,12 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
         core.runner()
             .agent_mount(id)
             .map_err(|e| Claimed::Failed(format!("cannot check the agent folder: {e}")))?;
-        // A container that vanished from the pool is never recorded as a session's.
-        match core.engine().running(&pooled.container).await {
-            Ok(Some(true)) => {}
-            Ok(_) => return Err(Claimed::Failed("it no longer runs".to_owned())),
-            Err(e) => return Err(Claimed::Failed(e.to_string())),
+        // A container that vanished from the pool is never recorded as a session's. The run
+        // path learns the agent's PID 1 from this same look (no inspect on the first run).
+        match core.runner().taken(id, &pooled.container).await {
+            Ok(true) => {}
+            Ok(false) => return Err(Claimed::Failed("it no longer runs".to_owned())),
+            Err(e) => return Err(Claimed::Failed(e)),
         }
         match core.store().set_warm_running(id, &pooled.container).await {
             Ok(true) => Ok(()),
@@ -247,7 +311,10 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
     .await;
     match recorded {
         Ok(()) => {
+            let first_runs = core.pool().first_runs.clone();
+            first_runs.lock().insert(id.to_owned(), Instant::now());
             tokio::spawn(rename(
+                first_runs,
                 core.engine().clone(),
                 core.store().clone(),
                 id.to_owned(),
@@ -274,9 +341,17 @@ async fn claim(core: &Core, id: &str, pooled: &Pooled) -> Result<(), Claimed> {
 /// Renames session `id`'s warm container to the session's container name, which whatever
 /// finds a session's container by name (a look at `docker ps`, the run path without the row's
 /// container id) uses. The run path checks a run's agent by the container id of the row, so
-/// nothing waits for this. A container the session no longer holds is left as it is; one that
+/// nothing waits for this; it waits for the session's first run ([`FIRST_RUN_GRACE`] at most).
+/// A container the session no longer holds is left as it is; one that
 /// holds the name without being the session's (left by a failed open) is removed first.
-async fn rename(engine: Engine, store: Store, id: String, container: String) {
+async fn rename(
+    first_runs: Arc<FirstRuns>,
+    engine: Engine,
+    store: Store,
+    id: String,
+    container: String,
+) {
+    first_runs.settled().await;
     let name = engine.container_name(&id);
     let mine = || async {
         store
@@ -415,6 +490,8 @@ async fn fill(core: Weak<Core>, changed: Arc<Notify>) {
     loop {
         let pause = {
             let Some(core) = core.upgrade() else { return };
+            let first_runs = core.pool().first_runs.clone();
+            first_runs.settled().await;
             match fill_once(&core).await {
                 Ok(true) => {
                     failures = 0;
@@ -583,6 +660,54 @@ mod tests {
     use crate::client::Client;
     use crate::config::Config;
     use crate::container::docker::Engine;
+
+    /// What the pool holds back for a session's first run ends with that run, or after the
+    /// grace; a session taken later never stretches a wait already under way.
+    #[tokio::test(start_paused = true)]
+    async fn the_pool_holds_back_for_a_first_run_until_it_is_done_or_the_grace_is_over() {
+        use super::{FIRST_RUN_GRACE, FirstRuns};
+        use std::sync::Arc;
+        use tokio::time::Instant;
+
+        let runs = Arc::new(FirstRuns::default());
+        // Nothing taken: no wait.
+        let at = Instant::now();
+        runs.settled().await;
+        assert_eq!(at.elapsed(), Duration::ZERO);
+
+        // Taken, then run after 40 ms: the wait ends with the run.
+        runs.lock().insert("s-1".to_owned(), Instant::now());
+        let waiting = tokio::spawn({
+            let runs = runs.clone();
+            async move {
+                let at = Instant::now();
+                runs.settled().await;
+                at.elapsed()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!waiting.is_finished(), "it waits for the first run");
+        runs.lock().remove("s-1");
+        runs.ran.notify_waiters();
+        let waited = waiting.await.expect("the wait");
+        assert_eq!(waited, Duration::from_millis(40));
+
+        // Taken and never run, while others keep being taken: the wait is the grace, no more.
+        runs.lock().insert("s-2".to_owned(), Instant::now());
+        let at = Instant::now();
+        let keep_taking = tokio::spawn({
+            let runs = runs.clone();
+            async move {
+                for i in 0..20 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    runs.lock().insert(format!("later-{i}"), Instant::now());
+                }
+            }
+        });
+        runs.settled().await;
+        assert_eq!(at.elapsed(), FIRST_RUN_GRACE);
+        keep_taking.abort();
+    }
 
     /// The operator bench's no-op engine keeps a pool too: an open takes a pooled record,
     /// renamed to the session's, and a wake after a sleep replaces it.

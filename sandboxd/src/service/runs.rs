@@ -216,6 +216,7 @@ impl Core {
         if let Ok(mut runs) = self.runs.lock() {
             runs.remove(&run_id);
         }
+        self.pool().ran(id);
         // A run cut short because its session was destroyed meanwhile ended with the
         // environment, not with the command: the caller must be able to tell.
         if (result.is_err() || result.as_ref().is_ok_and(|o| o.stopped))

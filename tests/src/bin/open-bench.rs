@@ -12,14 +12,19 @@
 //!   the token Secret);
 //! - **operator**: SandboxSession create → phase Running, seen by a watch (not polled), and
 //!   create → the first command's output (`echo hi` through the session's sandboxd with the
-//!   token from the session's Secret, through the `sandboxd-api` client).
+//!   token from the session's Secret, through the `sandboxd-api` client). The client keeps a
+//!   watch of its token Secrets, as a platform's would: the operator writes the Secret before
+//!   the status that says Running, so the token is mostly at hand when Running is seen; when
+//!   the watch has not brought it yet it is read, and the run says how often that happened.
 //!
 //! Each of sandboxd's and the operator's rows is measured cold (the runtime keeps no warm pool)
 //! and warm: before a warm row the runtime's pool is set to the row's opens plus one (through
 //! `PUT /v1/runtimes` for sandboxd's rows, `spec.warmPool.size` on the Runtime for the
 //! operator's) and the bench waits until the host reports it full, so every open of the row can
 //! take a pooled container; the launch column says how many did (`warm 30/30`). The pool is set
-//! back to 0 after the row. Each row begins with one untimed open (connections, caches). With `--driver noop` (sandboxd's
+//! back to 0 after the row. A paced row (one open at a time) waits before each open until the
+//! pool is full again: opens that come slower than the pool refills, where the warm rows' opens
+//! come back to back and share the cores with the refill of the one before. Each row begins with one untimed open (connections, caches). With `--driver noop` (sandboxd's
 //! engine of records, nothing runs) the docker and first-output rows are left out.
 //!
 //! The host is sandboxd itself, started in this process (`sandboxd::server::start_on`) and
@@ -50,7 +55,9 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
 use sandboxd_tests::bench::{
@@ -76,7 +83,7 @@ struct Args {
     /// The image the sessions run (the docker driver needs it on the project's dockerd).
     #[arg(long, env = "SANDBOXD_BASE_IMAGE")]
     image: Option<String>,
-    /// Rows to leave out: any of docker, sandboxd, floor, operator, cold, warm.
+    /// Rows to leave out: any of docker, sandboxd, floor, operator, cold, warm, paced.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
 }
@@ -104,6 +111,9 @@ struct Row {
 enum Launch {
     Cold,
     Warm,
+    /// Warm, one open at a time, each once the pool is full again: opens that come slower than
+    /// the pool refills, so no refill shares the cores with the open.
+    Paced,
 }
 
 impl Launch {
@@ -111,7 +121,17 @@ impl Launch {
         match self {
             Launch::Cold => "cold",
             Launch::Warm => "warm",
+            Launch::Paced => "paced",
         }
+    }
+
+    fn is_warm(self) -> bool {
+        self != Launch::Cold
+    }
+
+    /// Whether a row of `concurrency` is measured with this launch (paced ones: one at a time).
+    fn fits(self, concurrency: usize) -> bool {
+        self != Launch::Paced || concurrency == 1
     }
 
     /// The launch column: a warm row says how many of its opens took a pooled container.
@@ -119,6 +139,7 @@ impl Launch {
         match self {
             Launch::Cold => "cold".to_owned(),
             Launch::Warm => format!("warm {warm}/{opens}"),
+            Launch::Paced => format!("warm {warm}/{opens}, paced"),
         }
     }
 }
@@ -248,7 +269,7 @@ async fn measure(
     let runs_commands = args.driver == Driver::Docker;
     if args.wants("sandboxd") {
         for launch in launches(args) {
-            for &c in &args.concurrency {
+            for &c in args.concurrency.iter().filter(|c| launch.fits(**c)) {
                 sandboxd_row(args, host, names, image, launch, c, rows).await?;
             }
         }
@@ -269,7 +290,7 @@ async fn measure(
 
 /// The launches the rows are measured with.
 fn launches(args: &Args) -> Vec<Launch> {
-    [Launch::Cold, Launch::Warm]
+    [Launch::Cold, Launch::Warm, Launch::Paced]
         .into_iter()
         .filter(|l| args.wants(l.name()))
         .collect()
@@ -288,13 +309,16 @@ async fn sandboxd_row(
     let admin = host.admin();
     let runs_commands = args.driver == Driver::Docker;
     let n = args.runs(c);
-    if launch == Launch::Warm {
+    if launch.is_warm() {
         set_host_pool(host, &names.objects.runtime, image, n + 1).await?;
     }
     let timed = sample(n, c, |i| {
         let admin = admin.clone();
         let runtime = names.objects.runtime.clone();
         async move {
+            if launch == Launch::Paced {
+                pool_filled(host, &runtime, n + 1).await?;
+            }
             let started = Instant::now();
             let id = format!("direct-{}-{c}-{i}", launch.name());
             let opened = admin
@@ -304,7 +328,8 @@ async fn sandboxd_row(
             let open = started.elapsed();
             if runs_commands {
                 let token = opened.token.context("the open answered without a token")?;
-                let session = sandboxd_api::client::Client::new(&host.endpoint, &token);
+                let session =
+                    sandboxd_api::client::Client::with_trust(&host.endpoint, &token, &TRUST);
                 first_output(&session, &opened.session.id).await?;
             }
             let warm = opened.session.launch == sandboxd_api::session::Launch::Warm;
@@ -313,7 +338,7 @@ async fn sandboxd_row(
     })
     .await;
     host.destroy_sessions(c).await?;
-    if launch == Launch::Warm {
+    if launch.is_warm() {
         set_host_pool(host, &names.objects.runtime, image, 0).await?;
     }
     let timed = timed?;
@@ -455,6 +480,11 @@ async fn first_output(session: &sandboxd_api::client::Client, id: &str) -> Resul
     Ok(())
 }
 
+/// The trust (and the HTTP client with its connections) every session's client shares, as a
+/// platform's does: built once, not per session (a build reads the system's CA roots).
+static TRUST: std::sync::LazyLock<sandboxd_api::client::Trust> =
+    std::sync::LazyLock::new(sandboxd_api::client::Trust::system);
+
 /// Who waits for which session to be Running: the watch sends the instant it saw it.
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Instant>>>>;
 
@@ -588,6 +618,25 @@ async fn api_floor(args: &Args, client: &Client, names: &Names, rows: &mut Vec<R
     result
 }
 
+/// Watches the token Secrets of this run (they carry their session's labels) into a store, as
+/// a platform's client keeps its sessions' tokens at hand; returns once the watch has listed.
+async fn watch_tokens(
+    api: Api<Secret>,
+    scope: &str,
+) -> Result<(reflector::Store<Secret>, JoinHandle<()>)> {
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&format!("bench={scope}"));
+    let task = tokio::spawn(
+        reflector(writer, watcher(api, config).default_backoff())
+            .for_each(|_| futures::future::ready(())),
+    );
+    tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready())
+        .await
+        .context("the watch of the token Secrets did not list within 30 s")?
+        .context("the watch of the token Secrets ended")?;
+    Ok((store, task))
+}
+
 /// The host the operator opens on, and what its sessions run.
 struct Opened<'a> {
     host: &'a Host,
@@ -623,23 +672,31 @@ async fn through_operator(
     let sessions = Api::<SandboxSession>::namespaced(client.clone(), ns);
     let secrets = Api::<Secret>::namespaced(client.clone(), ns);
     let (waiters, watch) = watch_running(sessions.clone()).await?;
+    let (tokens, token_watch) = watch_tokens(secrets.clone(), scope).await?;
+    let fetched = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let runtimes = Api::<Runtime>::all(client.clone());
     let result = async {
         for (launch, &c) in launches(args)
             .into_iter()
             .flat_map(|l| args.concurrency.iter().map(move |c| (l, c)))
+            .filter(|(l, c)| l.fits(**c))
         {
-            if launch == Launch::Warm {
+            if launch.is_warm() {
                 set_runtime_pool(&runtimes, host, runtime, args.runs(c) + 1).await?;
             }
             let timed = sample(args.runs(c), c, |i| {
-                let (sessions, secrets, waiters, labels) = (
+                let (sessions, secrets, waiters, labels, tokens, fetched) = (
                     sessions.clone(),
                     secrets.clone(),
                     waiters.clone(),
                     labels.clone(),
+                    tokens.clone(),
+                    fetched.clone(),
                 );
                 async move {
+                    if launch == Launch::Paced {
+                        pool_filled(host, runtime, args.runs(c) + 1).await?;
+                    }
                     let name = format!("op-{}-{c}-{i}", launch.name());
                     let s = session(&name, i, labels)?;
                     let seen = wait_for(&waiters, &name);
@@ -649,7 +706,17 @@ async fn through_operator(
                     if !runs_commands {
                         return anyhow::Ok((at.duration_since(started), started.elapsed()));
                     }
-                    let secret = secrets.get(&format!("{name}-token")).await?;
+                    // The token as a platform's client holds it: from its watch of the
+                    // namespace's token Secrets (written before the status said Running), read
+                    // only when the watch has not brought it yet.
+                    let secret_name = format!("{name}-token");
+                    let secret = match tokens.get(&ObjectRef::new(&secret_name).within(ns)) {
+                        Some(s) => s,
+                        None => {
+                            fetched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Arc::new(secrets.get(&secret_name).await?)
+                        }
+                    };
                     let field = |k: &str| {
                         secret
                             .data
@@ -658,8 +725,11 @@ async fn through_operator(
                             .and_then(|b| String::from_utf8(b.0.clone()).ok())
                             .with_context(|| format!("the token Secret of {name} has no {k}"))
                     };
-                    let session =
-                        sandboxd_api::client::Client::new(&field("endpoint")?, &field("token")?);
+                    let session = sandboxd_api::client::Client::with_trust(
+                        &field("endpoint")?,
+                        &field("token")?,
+                        &TRUST,
+                    );
                     first_output(&session, &field("session")?).await?;
                     anyhow::Ok((at.duration_since(started), started.elapsed()))
                 }
@@ -678,7 +748,7 @@ async fn through_operator(
                 .count()
                 .min(args.runs(c));
             let deleted = delete_sessions(&sessions).await;
-            if launch == Launch::Warm {
+            if launch.is_warm() {
                 set_runtime_pool(&runtimes, host, runtime, 0).await?;
             }
             let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
@@ -711,6 +781,13 @@ async fn through_operator(
     }
     .await;
     watch.abort();
+    token_watch.abort();
+    if runs_commands {
+        println!(
+            "operator rows: {} of the tokens were read from the API server at Running (the rest came with the watch of the token Secrets)",
+            fetched.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
     result
 }
 
