@@ -306,7 +306,12 @@ async fn an_output_flood_and_a_fork_bomb_leave_the_agent_healthy() {
         )
         .await
         .expect("the bomb returns");
-    assert!(bomb.timed_out || bomb.exit_code == 137, "{bomb:?}");
+    // It runs until its timeout, is killed, or its own shell finds no process left to fork
+    // (the pids limit, which is the point); whichever, the agent serves on.
+    assert!(
+        bomb.timed_out || bomb.exit_code == 137 || bomb.stderr.contains("Cannot fork"),
+        "{bomb:?}"
+    );
     let after = s
         .run("flood", "echo alive", Some(30), None, None)
         .await

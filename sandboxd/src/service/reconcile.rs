@@ -74,6 +74,20 @@ impl Core {
         container: Option<&crate::container::docker::Owned>,
     ) -> Result<bool, ServiceError> {
         match (row.state, container) {
+            (State::Opening, _)
+                if std::fs::symlink_metadata(self.settings.workspace_root.join(&row.id))
+                    .is_err()
+                    && self.disks.size(&row.id).is_none() =>
+            {
+                // A first open interrupted before it made the session's folder: it never
+                // answered, so no one holds its token or saw a file. Its row goes, as a failed
+                // open's does, and the next open of the name creates the session (rather than
+                // finding it and then reporting its never-made workspace as lost). A wake always
+                // has its folder: its workspace is checked before it starts.
+                self.store.delete(&row.id).await.map_err(db)?;
+                self.forget_tokens(&row.id);
+                Ok(true)
+            }
             (State::Opening, _) => {
                 // Interrupted open: whatever it made is gone (above); the workspace stays.
                 self.store.set_container(&row.id, None).await.map_err(db)?;
@@ -151,6 +165,121 @@ pub(super) fn shown_state(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::os::unix::fs::MetadataExt as _;
+
+    use clap::Parser as _;
+
+    use crate::client::Client;
+    use crate::config::Config;
+    use crate::container::docker::Engine;
+    use crate::storage::store::{Caps, Claim, NewSession, Store};
+
+    /// Starts sandboxd (no-op engine) on the folders of `dir`; its admin client and the means
+    /// to stop it.
+    async fn sandboxd(
+        dir: &std::path::Path,
+    ) -> (
+        Client,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let uid = match dir.metadata().expect("the temp dir").uid() {
+            0 => 10001,
+            uid => uid,
+        };
+        let path = |p: &str| dir.join(p).display().to_string();
+        let config = Config::try_parse_from([
+            "sandboxd",
+            "--token",
+            "admin",
+            "--port",
+            "0",
+            "--runtimes",
+            r#"[{"alias": "base", "image": "never-pulled:1"}]"#,
+            "--instance",
+            "noop-cut",
+            "--workspace-root",
+            &path("workspaces"),
+            "--state-dir",
+            &path("state"),
+            "--sandbox-uid",
+            &uid.to_string(),
+            "--workspace-quota",
+            "off",
+        ])
+        .expect("a config");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, serve) = crate::server::start_on(config, Engine::noop("noop-cut"), async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("sandboxd starts");
+        let served = tokio::spawn(serve);
+        (
+            Client::new(&format!("http://{addr}"), "admin"),
+            stop,
+            served,
+        )
+    }
+
+    /// sandboxd killed in the middle of opens: one had inserted its row and made nothing else,
+    /// one had made the session's folder too. After the start, the first is gone (the next
+    /// open of its name creates it) and the second is kept, reclaimed, with its folder.
+    #[tokio::test]
+    async fn an_open_cut_before_it_made_anything_is_gone_after_a_restart() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (admin, stop, served) = sandboxd(dir.path()).await;
+        admin.open("kept", "org", None, None).await.expect("open");
+        let _ = stop.send(());
+        served.await.expect("the task").expect("served");
+
+        let store = Store::open(&dir.path().join("state"))
+            .await
+            .expect("the store");
+        let caps = Caps {
+            max_sessions: 100,
+            max_per_tenant: 100,
+        };
+        for id in ["cut", "halfway"] {
+            let new = NewSession {
+                id,
+                tenant: "org",
+                runtime: "base",
+                image: "never-pulled:1",
+                token_hash: id,
+                limits: "{}",
+                owner: None,
+            };
+            assert_eq!(
+                store.claim(&new, caps).await.expect("claim"),
+                Claim::Inserted
+            );
+        }
+        let halfway = dir.path().join("workspaces/halfway/workspace");
+        std::fs::create_dir_all(&halfway).expect("the folder the open made");
+        drop(store);
+
+        let (admin, stop, served) = sandboxd(dir.path()).await;
+        let listed: Vec<_> = admin
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|s| (s.id, s.state))
+            .collect();
+        assert!(!listed.iter().any(|(id, _)| id == "cut"), "{listed:?}");
+        assert!(
+            listed.contains(&("halfway".to_owned(), sandboxd_api::SessionState::Reclaimed)),
+            "{listed:?}"
+        );
+        assert!(halfway.is_dir(), "the folder of an open that made it stays");
+        let opened = admin.open("cut", "org", None, None).await.expect("open");
+        assert!(opened.created, "the cut open's name opens anew");
+        assert_eq!(opened.session.state, sandboxd_api::SessionState::Running);
+        let _ = stop.send(());
+        served.await.expect("the task").expect("served");
+    }
 
     #[test]
     fn a_session_is_shown_as_docker_and_the_disk_have_it() {
