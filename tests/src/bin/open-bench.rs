@@ -16,6 +16,8 @@
 //!   watch of its token Secrets, as a platform's would: the operator writes the Secret before
 //!   the status that says Running, so the token is mostly at hand when Running is seen; when
 //!   the watch has not brought it yet it is read, and the run says how often that happened.
+//!   After each first output the Secret is read once more, its own row: what a client that
+//!   reads the token at Running instead (the SDK, whose Role may only `get` Secrets) adds.
 //!
 //! Each of sandboxd's and the operator's rows is measured cold (the runtime keeps no warm pool)
 //! and warm: before a warm row the runtime's pool is set to the row's opens plus one (through
@@ -704,7 +706,11 @@ async fn through_operator(
                     sessions.create(&PostParams::default(), &s).await?;
                     let at = until_running(seen, &name).await?;
                     if !runs_commands {
-                        return anyhow::Ok((at.duration_since(started), started.elapsed()));
+                        return anyhow::Ok((
+                            at.duration_since(started),
+                            started.elapsed(),
+                            Duration::ZERO,
+                        ));
                     }
                     // The token as a platform's client holds it: from its watch of the
                     // namespace's token Secrets (written before the status said Running), read
@@ -731,7 +737,12 @@ async fn through_operator(
                         &TRUST,
                     );
                     first_output(&session, &field("session")?).await?;
-                    anyhow::Ok((at.duration_since(started), started.elapsed()))
+                    let output = started.elapsed();
+                    // What a client without the watch adds: one read of the Secret (untimed
+                    // for the rows above).
+                    let read = Instant::now();
+                    secrets.get(&secret_name).await?;
+                    anyhow::Ok((at.duration_since(started), output, read.elapsed()))
                 }
             })
             .await;
@@ -751,9 +762,12 @@ async fn through_operator(
             if launch.is_warm() {
                 set_runtime_pool(&runtimes, host, runtime, 0).await?;
             }
-            let (running, output): (Vec<_>, Vec<_>) = timed?.into_iter().unzip();
+            let timed = timed?;
+            let running: Vec<_> = timed.iter().map(|t| t.0).collect();
+            let output: Vec<_> = timed.iter().map(|t| t.1).collect();
+            let reads: Vec<_> = timed.iter().map(|t| t.2).collect();
             deleted?;
-            // What a client waits after it saw Running: the read of the token Secret and the run.
+            // What a client waits after it saw Running: the run (the token came with its watch).
             let after: Vec<Duration> = running
                 .iter()
                 .zip(&output)
@@ -774,6 +788,12 @@ async fn through_operator(
                     launch: launch.column(warm, after.len()),
                     concurrency: c,
                     samples: after,
+                });
+                rows.push(Row {
+                    path: "token Secret read (a client that does not watch them adds it)",
+                    launch: launch.column(warm, reads.len()),
+                    concurrency: c,
+                    samples: reads,
                 });
             }
         }
