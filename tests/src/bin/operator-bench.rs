@@ -6,7 +6,9 @@
 //! Opens per second are set against a baseline measured first in the same run: the API
 //! server's floor, the five writes an open needs at the least (create, claim, token Secret,
 //! status apply, Event) made for N sessions by a plain client with the same concurrency and no
-//! operator. The ratio is how close the operator comes to what the API server allows here.
+//! operator, each open counted, as the operator's are, when the platform's watch of the sessions
+//! sees it Running. The ratio is how close the operator comes to what the API server allows
+//! here.
 //!
 //! The host is sandboxd itself, started in this process through `sandboxd::server::start_on`
 //! on 127.0.0.1 with a port of its choosing: its HTTP API, admin and session tokens, SQLite
@@ -114,7 +116,9 @@ async fn main() -> Result<()> {
 /// The API server's own ceiling for opening sessions, measured in the same run: the five writes
 /// an open needs at the least (the platform's create, the claim of finalizer and host, the
 /// token Secret, the status by server-side apply, the Event), made by a plain client with the
-/// same concurrency and no operator. Objects carry no bench label, so the operator never sees
+/// same concurrency and no operator, and the watch that sees them Running (the same watch that
+/// times the operator's opens: without it the floor would leave out what the platform's side
+/// costs the API server there). Objects carry no bench label, so the operator never sees
 /// them; their namespace is deleted afterwards.
 async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -> Result<f64> {
     let ns = format!("sbx-floor-{scope}");
@@ -124,14 +128,20 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns);
     let briefing = "b".repeat(900);
+    let created_at: Created = Arc::default();
+    let seen = watch_running(sessions.clone(), n, created_at.clone());
     let started = Instant::now();
     let result = futures::stream::iter(0..n)
         .map(|i| {
             let (sessions, secrets, events) = (sessions.clone(), secrets.clone(), events.clone());
-            let (ns, briefing) = (ns.clone(), briefing.clone());
+            let (ns, briefing, created_at) = (ns.clone(), briefing.clone(), created_at.clone());
             async move {
                 let name = format!("xc-floor-{i:05}");
                 let s = session(&name, i, json!({}))?;
+                created_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.clone(), Instant::now());
                 let s = sessions.create(&PostParams::default(), &s).await?;
                 claim_and_secret(&sessions, &secrets, &s).await?;
                 let now = k8s_openapi::jiff::Timestamp::now();
@@ -157,6 +167,18 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
         .buffer_unordered(concurrency)
         .try_collect::<Vec<_>>()
         .await;
+    // Opened when the platform's watch has seen every session Running, as the operator's are.
+    let watched = match &result {
+        Ok(_) => tokio::time::timeout(Duration::from_secs(600), seen)
+            .await
+            .context("the floor's sessions were not all seen Running within 600 s")?
+            .map(|_| ())
+            .context("the floor's watch"),
+        Err(_) => {
+            seen.abort();
+            Ok(())
+        }
+    };
     let rate = n as f64 / started.elapsed().as_secs_f64();
     drop_finalizers(&sessions).await?;
     let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
@@ -171,7 +193,41 @@ async fn api_floor(client: &Client, scope: &str, n: usize, concurrency: usize) -
     )
     .await?;
     result?;
+    watched?;
     Ok(rate)
+}
+
+/// When each session was created, by name.
+type Created = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// Watches the sessions of `api` until `n` have been seen Running: how long each took from its
+/// create (as `created` recorded it).
+fn watch_running(
+    api: Api<SandboxSession>,
+    n: usize,
+    created: Created,
+) -> tokio::task::JoinHandle<Vec<Duration>> {
+    tokio::spawn(async move {
+        let mut latencies = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Ok(Some(ev)) = stream.try_next().await {
+            if let Event::Apply(s) | Event::InitApply(s) = ev
+                && running(&s)
+                && seen.insert(s.name_any())
+                && let Some(t) = created
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&s.name_any())
+            {
+                latencies.push(t.elapsed());
+            }
+            if seen.len() >= n {
+                break;
+            }
+        }
+        latencies
+    })
 }
 
 async fn measure(
@@ -197,31 +253,9 @@ async fn measure(
     names.host_ready(client).await?;
 
     // Watch for Running while creating.
-    let created_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let watch_created = created_at.clone();
+    let created_at: Created = Arc::default();
     let n = args.sessions;
-    let watch_api = api.clone();
-    let watcher_task = tokio::spawn(async move {
-        let mut latencies = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut stream = watcher::watcher(watch_api, watcher::Config::default()).boxed();
-        while let Ok(Some(ev)) = stream.try_next().await {
-            if let Event::Apply(s) | Event::InitApply(s) = ev
-                && running(&s)
-                && seen.insert(s.name_any())
-                && let Some(t) = watch_created
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&s.name_any())
-            {
-                latencies.push(t.elapsed());
-            }
-            if seen.len() >= n {
-                break;
-            }
-        }
-        latencies
-    });
+    let watcher_task = watch_running(api.clone(), n, created_at.clone());
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
