@@ -307,15 +307,86 @@ pub async fn remove_network(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A sandboxd on the no-op engine for unit tests: its folders in a temporary folder, the admin
+/// token `admin`, a port of its own.
+#[cfg(test)]
+pub(crate) mod noop {
+    use std::os::unix::fs::MetadataExt as _;
+    use std::path::Path;
+
+    use clap::Parser as _;
+
+    use crate::client::Client;
+    use crate::config::Config;
+    use crate::container::docker::Engine;
+
+    /// A running sandboxd and its admin client.
+    pub(crate) struct Noop {
+        pub admin: Client,
+        stop: tokio::sync::oneshot::Sender<()>,
+        served: tokio::task::JoinHandle<std::io::Result<()>>,
+    }
+
+    impl Noop {
+        /// Starts sandboxd instance `instance` with the allowlist `runtimes` on the workspace
+        /// and state folders under `dir` (kept across starts on the same `dir`).
+        pub(crate) async fn start(dir: &Path, instance: &str, runtimes: &str) -> Self {
+            // Root makes the workspaces the default sandbox uid's; anyone else keeps them.
+            let uid = match dir.metadata().expect("the temp dir").uid() {
+                0 => 10001,
+                uid => uid,
+            };
+            let path = |p: &str| dir.join(p).display().to_string();
+            let config = Config::try_parse_from([
+                "sandboxd",
+                "--token",
+                "admin",
+                "--port",
+                "0",
+                "--runtimes",
+                runtimes,
+                "--instance",
+                instance,
+                "--workspace-root",
+                &path("workspaces"),
+                "--state-dir",
+                &path("state"),
+                "--sandbox-uid",
+                &uid.to_string(),
+                "--workspace-quota",
+                "off",
+            ])
+            .expect("a config");
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let (addr, serve) = super::start_on(config, Engine::noop(instance), async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("sandboxd starts");
+            Self {
+                admin: Client::new(&format!("http://{addr}"), "admin"),
+                stop,
+                served: tokio::spawn(serve),
+            }
+        }
+
+        /// Stops it and waits until it stopped serving.
+        pub(crate) async fn stop(self) {
+            let _ = self.stop.send(());
+            self.served
+                .await
+                .expect("the serving task")
+                .expect("served until told to stop");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt;
     use std::time::Duration;
 
-    use clap::Parser;
-
     use super::*;
-    use crate::client::{Client, ClientError};
+    use crate::client::ClientError;
     use sandboxd_api::SessionState as State;
 
     async fn prompt<T>(what: &str, f: impl Future<Output = T>) -> T {
@@ -329,40 +400,8 @@ mod tests {
     #[tokio::test]
     async fn the_noop_engine_serves_sessions_and_refuses_runs() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        // Root makes the workspaces the default sandbox uid's; anyone else keeps them.
-        let uid = match dir.path().metadata().expect("the temp dir").uid() {
-            0 => 10001,
-            uid => uid,
-        };
-        let path = |p: &str| dir.path().join(p).display().to_string();
-        let config = Config::try_parse_from([
-            "sandboxd",
-            "--token",
-            "admin",
-            "--port",
-            "0",
-            "--runtimes",
-            "base=never-pulled:1",
-            "--instance",
-            "noop-test",
-            "--workspace-root",
-            &path("workspaces"),
-            "--state-dir",
-            &path("state"),
-            "--sandbox-uid",
-            &uid.to_string(),
-            "--workspace-quota",
-            "off",
-        ])
-        .expect("a config");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addr, serve) = start_on(config, Engine::noop("noop-test"), async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("sandboxd starts");
-        let served = tokio::spawn(serve);
-        let admin = Client::new(&format!("http://{addr}"), "admin");
+        let sandboxd = noop::Noop::start(dir.path(), "noop-test", "base=never-pulled:1").await;
+        let admin = sandboxd.admin.clone();
 
         let opened = prompt("the open", admin.open("s1", "org", None, None))
             .await
@@ -406,11 +445,6 @@ mod tests {
             Err(ClientError::NoSuchSession(_))
         ));
         assert!(!dir.path().join("workspaces/s1").exists());
-
-        let _ = stop.send(());
-        served
-            .await
-            .expect("the serving task")
-            .expect("served until told to stop");
+        sandboxd.stop().await;
     }
 }

@@ -650,16 +650,10 @@ async fn start(core: &Core, runtime: &RuntimeImage) -> Result<Pooled, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt;
     use std::time::Duration;
 
-    use clap::Parser;
     use sandboxd_api::SessionState as State;
     use sandboxd_api::session::Launch;
-
-    use crate::client::Client;
-    use crate::config::Config;
-    use crate::container::docker::Engine;
 
     /// What the pool holds back for a session's first run ends with that run, or after the
     /// grace; a session taken later never stretches a wait already under way.
@@ -714,40 +708,9 @@ mod tests {
     #[tokio::test]
     async fn the_noop_engine_keeps_a_warm_pool() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let uid = match dir.path().metadata().expect("the temp dir").uid() {
-            0 => 10001,
-            uid => uid,
-        };
-        let path = |p: &str| dir.path().join(p).display().to_string();
         let catalog = r#"[{"alias": "base", "image": "never-pulled:1", "warm_pool": 2}]"#;
-        let config = Config::try_parse_from([
-            "sandboxd",
-            "--token",
-            "admin",
-            "--port",
-            "0",
-            "--runtimes",
-            catalog,
-            "--instance",
-            "noop-pool",
-            "--workspace-root",
-            &path("workspaces"),
-            "--state-dir",
-            &path("state"),
-            "--sandbox-uid",
-            &uid.to_string(),
-            "--workspace-quota",
-            "off",
-        ])
-        .expect("a config");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addr, serve) = crate::server::start_on(config, Engine::noop("noop-pool"), async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("sandboxd starts");
-        let served = tokio::spawn(serve);
-        let admin = Client::new(&format!("http://{addr}"), "admin");
+        let sandboxd = crate::server::noop::Noop::start(dir.path(), "noop-pool", catalog).await;
+        let admin = sandboxd.admin.clone();
         let ready = || async {
             let list = admin.runtimes().await.expect("runtimes");
             list.runtimes[0].warm_pool
@@ -769,11 +732,6 @@ mod tests {
         let woken = admin.start("s1").await.expect("start");
         assert_eq!((woken.state, woken.launch), (State::Running, Launch::Cold));
         assert!(admin.destroy("s1").await.expect("destroy").destroyed);
-
-        let _ = stop.send(());
-        served
-            .await
-            .expect("the serving task")
-            .expect("served until told to stop");
+        sandboxd.stop().await;
     }
 }

@@ -166,62 +166,10 @@ pub(super) fn shown_state(
 mod tests {
     use super::*;
 
-    use std::os::unix::fs::MetadataExt as _;
-
-    use clap::Parser as _;
-
-    use crate::client::Client;
-    use crate::config::Config;
-    use crate::container::docker::Engine;
+    use crate::server::noop::Noop;
     use crate::storage::store::{Caps, Claim, NewSession, Store};
 
-    /// Starts sandboxd (no-op engine) on the folders of `dir`; its admin client and the means
-    /// to stop it.
-    async fn sandboxd(
-        dir: &std::path::Path,
-    ) -> (
-        Client,
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<std::io::Result<()>>,
-    ) {
-        let uid = match dir.metadata().expect("the temp dir").uid() {
-            0 => 10001,
-            uid => uid,
-        };
-        let path = |p: &str| dir.join(p).display().to_string();
-        let config = Config::try_parse_from([
-            "sandboxd",
-            "--token",
-            "admin",
-            "--port",
-            "0",
-            "--runtimes",
-            r#"[{"alias": "base", "image": "never-pulled:1"}]"#,
-            "--instance",
-            "noop-cut",
-            "--workspace-root",
-            &path("workspaces"),
-            "--state-dir",
-            &path("state"),
-            "--sandbox-uid",
-            &uid.to_string(),
-            "--workspace-quota",
-            "off",
-        ])
-        .expect("a config");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addr, serve) = crate::server::start_on(config, Engine::noop("noop-cut"), async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("sandboxd starts");
-        let served = tokio::spawn(serve);
-        (
-            Client::new(&format!("http://{addr}"), "admin"),
-            stop,
-            served,
-        )
-    }
+    const RUNTIMES: &str = r#"[{"alias": "base", "image": "never-pulled:1"}]"#;
 
     /// sandboxd killed in the middle of opens: one had inserted its row and made nothing else,
     /// one had made the session's folder too. After the start, the first is gone (the next
@@ -229,10 +177,10 @@ mod tests {
     #[tokio::test]
     async fn an_open_cut_before_it_made_anything_is_gone_after_a_restart() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let (admin, stop, served) = sandboxd(dir.path()).await;
+        let sandboxd = Noop::start(dir.path(), "noop-cut", RUNTIMES).await;
+        let admin = sandboxd.admin.clone();
         admin.open("kept", "org", None, None).await.expect("open");
-        let _ = stop.send(());
-        served.await.expect("the task").expect("served");
+        sandboxd.stop().await;
 
         let store = Store::open(&dir.path().join("state"))
             .await
@@ -260,7 +208,8 @@ mod tests {
         std::fs::create_dir_all(&halfway).expect("the folder the open made");
         drop(store);
 
-        let (admin, stop, served) = sandboxd(dir.path()).await;
+        let sandboxd = Noop::start(dir.path(), "noop-cut", RUNTIMES).await;
+        let admin = sandboxd.admin.clone();
         let listed: Vec<_> = admin
             .list()
             .await
@@ -277,8 +226,7 @@ mod tests {
         let opened = admin.open("cut", "org", None, None).await.expect("open");
         assert!(opened.created, "the cut open's name opens anew");
         assert_eq!(opened.session.state, sandboxd_api::SessionState::Running);
-        let _ = stop.send(());
-        served.await.expect("the task").expect("served");
+        sandboxd.stop().await;
     }
 
     #[test]
