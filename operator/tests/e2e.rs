@@ -1452,6 +1452,120 @@ async fn a_session_whose_id_its_host_holds_for_another_owner_waits_and_never_get
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_the_host_refuses_says_why_and_opens_once_the_cause_is_gone() {
+    let mut scope = Scope::new("refused").await;
+    let host = Host::start(&format!("ref-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    let admitted = |s: &sandboxd_crds::v1alpha1::SandboxSession| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Admitted"))
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+
+    // More CPUs than the host's ceiling: no retry can help, so the session fails with the
+    // host's words, and opens once its spec asks for what the host allows.
+    scope.kubectl_apply_session(
+        "xc-greedy",
+        serde_json::json!({"resources": {"milliCpus": 64000}}),
+    );
+    let failed = scope
+        .wait_session("xc-greedy", "Failed with the host's refusal", 30, |s| {
+            phase(s) == Some(SessionPhase::Failed)
+        })
+        .await;
+    let message = failed
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .expect("a message");
+    assert!(
+        message.starts_with(&format!(
+            "host {} refused spec.resources (milliCpus 64000): limits.cpus must be above 0 and at most ",
+            host.name
+        )) && message.ends_with("; change spec.resources and the session opens"),
+        "{message}"
+    );
+    let (status, reason, said) = admitted(&failed).expect("an Admitted condition");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Refused"));
+    assert_eq!(said, message);
+    assert!(
+        host.container_ids(&scope.host_id("xc-greedy")).is_empty(),
+        "nothing was started for a refused open"
+    );
+    scope.kubectl_apply_session(
+        "xc-greedy",
+        serde_json::json!({"resources": {"milliCpus": 500}}),
+    );
+    let running = scope
+        .wait_session("xc-greedy", "Running with what the host allows", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    assert_eq!(
+        admitted(&running).map(|(s, r, _)| (s, r)),
+        Some(("True".to_owned(), "Opened".to_owned()))
+    );
+
+    // Its id held on the host by another tenant's session (opened there directly): the
+    // session waits with reason NameTaken, gets nothing of it, and opens once it is gone.
+    let id = sandboxd_crds::key::host_session_id(&scope.ns, "xc-taken");
+    let admin = host.client();
+    admin
+        .open_as(
+            &id,
+            "org-2",
+            Some("uid-of-another-tenants-object"),
+            None,
+            None,
+        )
+        .await
+        .expect("the host opens the other tenant's session");
+    scope.kubectl_apply_session("xc-taken", serde_json::json!({}));
+    let waiting = scope
+        .wait_session("xc-taken", "waiting: its name is taken", 30, |s| {
+            admitted(s).is_some_and(|(_, r, _)| r == "NameTaken")
+        })
+        .await;
+    assert_eq!(phase(&waiting), Some(SessionPhase::Pending));
+    let message = waiting
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .expect("a message");
+    assert!(
+        message.starts_with(&format!(
+            "host {} holds session '{id}' for another tenant; this session opens once that one is destroyed: ",
+            host.name
+        )),
+        "{message}"
+    );
+    assert!(
+        waiting
+            .status
+            .as_ref()
+            .is_some_and(|st| st.credentials_secret.is_none() && st.session_id.is_none()),
+        "nothing of the other tenant's session was handed out: {:?}",
+        waiting.status
+    );
+    assert!(
+        admin
+            .destroy_as(&id, Some("uid-of-another-tenants-object"))
+            .await
+            .expect("destroy")
+            .destroyed
+    );
+    scope
+        .wait_session("xc-taken", "Running once the name is free", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_gets_its_own_nodes_token_and_another_nodes_name_is_refused() {
     let mut scope = Scope::new("nodetok").await;
     let node = format!("worker-{}", scope.scope);

@@ -45,6 +45,16 @@ pub mod session_reason {
     pub const HOST_CAP: &str = "HostCap";
     /// `Admitted=False`: the host holds the session's id for another object.
     pub const OWNER_CONFLICT: &str = "OwnerConflict";
+    /// `Admitted=False`: the host holds the session's id for a session of another tenant.
+    pub const NAME_TAKEN: &str = "NameTaken";
+    /// `Admitted=False`: the host refuses what the session asks (its `spec.resources` over the
+    /// host's ceilings); the session is Failed until its spec changes.
+    pub const REFUSED: &str = "Refused";
+    /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
+    /// tried again with backoff.
+    pub const OPEN_FAILED: &str = "OpenFailed";
+    /// `RuntimeReady=False`: the host does not have the session's runtime in its allowlist yet.
+    pub const NOT_ON_HOST: &str = "NotOnHost";
     /// `Admitted=False`: a deleted object of the same name still owes its destroy.
     pub const WAITING_FOR_TOMBSTONE: &str = "WaitingForTombstone";
     /// `HostUnreachable=True`: the SandboxHost the session is placed on does not exist.

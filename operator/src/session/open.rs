@@ -240,6 +240,91 @@ pub(super) async fn open(
                 set_phase(status, SessionPhase::Failed, message);
                 return Ok(Flow::Done(Duration::from_secs(60)));
             }
+            Err(ClientError::Api {
+                code: ErrorCode::BadRequest,
+                message,
+                ..
+            }) => {
+                // What the session asks is refused (an override over the host's ceilings): no
+                // retry can help, and a change of the spec brings the session back at once.
+                let m = format!(
+                    "host {host_name} refused {}: {message}; change spec.resources and the session opens",
+                    asked(s)
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    session_reason::REFUSED,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Failed, m);
+                return Ok(Flow::Done(follow));
+            }
+            Err(ClientError::Api {
+                code: ErrorCode::NameTaken,
+                message,
+                ..
+            }) => {
+                // Someone opened the id on the host for another tenant (directly, with the
+                // host's admin token): nothing of it is handed out; the session waits.
+                let m = format!(
+                    "host {host_name} holds session '{id}' for another tenant; this session opens once that one is destroyed: {message}"
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    session_reason::NAME_TAKEN,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Pending, m);
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
+            Err(ClientError::Api {
+                code: ErrorCode::UnknownRuntime,
+                message,
+                ..
+            }) => {
+                // The Runtime exists but has not reached the host's allowlist yet.
+                let m = format!(
+                    "the runtime is not on host {host_name} yet; this session opens once it is: {message}"
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    RUNTIME_READY,
+                    false,
+                    session_reason::NOT_ON_HOST,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Pending, m);
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
+            Err(ClientError::Api {
+                status: code @ 500..,
+                message,
+                ..
+            }) => {
+                // The host could not open it now (its disk is full, Docker failed): said, and
+                // tried again with backoff.
+                let m = format!(
+                    "the open on host {host_name} failed ({code}); it is tried again: {message}"
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    ADMITTED,
+                    false,
+                    session_reason::OPEN_FAILED,
+                    &m,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Pending, m);
+                warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
+                return Ok(Flow::Done(backoff(s, ctx)));
+            }
             Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
                 conditions::set(
                     &mut status.conditions,
@@ -259,6 +344,31 @@ pub(super) async fn open(
     }
 
     Ok(Flow::Next(opened_view))
+}
+
+/// What the session asks of its host, for a refusal: `spec.resources (milliCpus 64000)`.
+fn asked(s: &SandboxSession) -> String {
+    let Some(r) = &s.spec.resources else {
+        return "the open".to_owned();
+    };
+    let mut parts = Vec::new();
+    if let Some(m) = r.milli_cpus {
+        parts.push(format!("milliCpus {m}"));
+    }
+    if let Some(m) = &r.mem_limit {
+        parts.push(format!("memLimit {m}"));
+    }
+    if let Some(p) = r.pids_limit {
+        parts.push(format!("pidsLimit {p}"));
+    }
+    if let Some(w) = &r.workspace_size {
+        parts.push(format!("workspaceSize {w}"));
+    }
+    if parts.is_empty() {
+        "the open".to_owned()
+    } else {
+        format!("spec.resources ({})", parts.join(", "))
+    }
 }
 
 /// Every Tombstone (of this operator's selector), from the operator's cache (from the API server
