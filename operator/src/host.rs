@@ -3,6 +3,8 @@
 //! refuses the admin token). A host with tombstones left cannot be
 //! deleted unless the deletion is confirmed by annotation.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,10 +12,12 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::watcher::watcher;
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState;
 use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
@@ -76,13 +80,39 @@ pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
 }
 
 /// Runs the controller until the stream ends.
+///
+/// A host is reconciled when it is created or what a person or the discovery sets on it
+/// changes, and then on the probe timer; not on its own status writes. Each probe writes the
+/// status (`lastProbeAt` at least), so reconciling on every write would probe each host about
+/// once a second (a Secret read, two requests to sandboxd and a status write, per host, for
+/// ever) instead of once per `--probe-seconds`.
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxHost>::all(ctx.client.clone());
-    Controller::new(api, ctx.watcher_config())
+    let (hosts, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, ctx.watcher_config()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(not_status, PredicateConfig::default());
+    Controller::for_stream(stream, hosts)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// A hash of all a host's reconcile reacts to: everything but its status (the spec through
+/// the generation, the finalizers, the annotation that confirms a deletion, the deletion).
+fn not_status(host: &SandboxHost) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    let m = &host.metadata;
+    m.generation.hash(&mut h);
+    m.finalizers.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    Some(h.finish())
 }
 
 fn error_policy(host: Arc<SandboxHost>, error: &Error, ctx: Arc<Context>) -> Action {

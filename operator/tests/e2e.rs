@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Host, Scope, phase, token_of, wait_gone};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -2270,5 +2271,72 @@ async fn the_token_read_as_a_session_turns_running_keeps_working() {
             .await
             .unwrap_or_else(|e| panic!("{name}: the token read at Running stopped working: {e}"));
     }
+    scope.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_host_is_probed_on_its_timer_not_after_each_of_its_own_writes() {
+    let mut scope = Scope::new("quiet").await;
+    let host = Host::start(&format!("quiet-host-{}", scope.scope), &[]);
+    scope.register(&host).await;
+    scope.start_operator(&["--probe-seconds", "30"]);
+    let ready = wait_host(&scope.client, &host.name, "Ready", |h| {
+        condition(h, "Ready").is_some_and(|c| c.status == "True")
+    })
+    .await;
+    let probed = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.last_probe_at.clone())
+        .expect("lastProbeAt");
+    // Each probe writes the status; were a write to bring the next probe, the host would be
+    // probed and written about once a second. Its next probe is 30 s away: 3 s see no write.
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    let mut events = kube::runtime::watcher(
+        hosts.clone(),
+        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={}", host.name)),
+    )
+    .boxed();
+    let mut writes = Vec::new();
+    let window = tokio::time::sleep(Duration::from_secs(3));
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            () = &mut window => break,
+            e = events.next() => match e {
+                Some(Ok(kube::runtime::watcher::Event::Apply(h))) => writes.push(h.resource_version()),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("watch: {e}"),
+                None => break,
+            },
+        }
+    }
+    assert!(
+        writes.is_empty(),
+        "the idle host was written {} times in 3 s: {writes:?}",
+        writes.len()
+    );
+    let now = hosts.get(&host.name).await.expect("host");
+    assert_eq!(
+        now.status.and_then(|s| s.last_probe_at),
+        Some(probed),
+        "probed again before its timer"
+    );
+    // Two reconciles in all: the one that added the finalizer and the probe. The probe's own
+    // write brought a third (a second probe) before.
+    let metrics = reqwest::get(format!("{}/metrics", scope.health_url(0)))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let reconciles: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sandbox_operator_reconciles_total{controller=\"sandboxhost\"} ")
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sandboxhost reconciles in:\n{metrics}"));
+    assert_eq!(reconciles, 2, "the host's reconciles (finalizer, probe)");
     scope.delete().await;
 }
