@@ -699,3 +699,21 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+/// A hash of all a reconcile of objects that write their own status reacts to: everything but
+/// that status (the spec through the generation, the finalizers, the annotations, the
+/// deletion). Filtering a controller's watch with it keeps each status write from bringing
+/// another reconcile.
+pub fn not_status<K: kube::Resource>(obj: &K) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let m = obj.meta();
+    m.generation.hash(&mut h);
+    m.finalizers.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    Some(h.finish())
+}

@@ -3,8 +3,6 @@
 //! refuses the admin token). A host with tombstones left cannot be
 //! deleted unless the deletion is confirmed by annotation.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,27 +90,12 @@ pub async fn run(ctx: Arc<Context>) {
     let stream = reflector(writer, watcher(api, ctx.watcher_config()))
         .default_backoff()
         .touched_objects()
-        .predicate_filter(not_status, PredicateConfig::default());
+        .predicate_filter(crate::context::not_status, PredicateConfig::default());
     Controller::for_stream(stream, hosts)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
-}
-
-/// A hash of all a host's reconcile reacts to: everything but its status (the spec through
-/// the generation, the finalizers, the annotation that confirms a deletion, the deletion).
-fn not_status(host: &SandboxHost) -> Option<u64> {
-    let mut h = DefaultHasher::new();
-    let m = &host.metadata;
-    m.generation.hash(&mut h);
-    m.finalizers.hash(&mut h);
-    m.annotations.hash(&mut h);
-    m.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string())
-        .hash(&mut h);
-    Some(h.finish())
 }
 
 fn error_policy(host: Arc<SandboxHost>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -10,8 +10,10 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::watcher::watcher;
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState as HostBuildState;
 use sandboxd_catalog::CatalogEntry;
@@ -50,10 +52,17 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
     }
 }
 
-/// Runs the controller until the stream ends.
+/// Runs the controller until the stream ends. A Runtime is reconciled when it is created or
+/// its spec (or scale) changes, and then on its timer; not on its own status writes, each of
+/// which would otherwise bring another hand-out to every host.
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<Runtime>::all(ctx.client.clone());
-    Controller::new(api, ctx.watcher_config())
+    let (runtimes, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, ctx.watcher_config()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(crate::context::not_status, PredicateConfig::default());
+    Controller::for_stream(stream, runtimes)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
