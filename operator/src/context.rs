@@ -146,6 +146,9 @@ pub struct Context {
     >,
     /// The session controller's cache of namespaces (metadata only).
     pub namespaces: std::sync::OnceLock<crate::session::orphan::Namespaces>,
+    /// The sessions the session cache shows placed on each host (set while the controller
+    /// runs).
+    pub placements: Mutex<crate::session::placements::Placements>,
 }
 
 /// A sandboxd client kept between reconciles: its connections are reused, and the admin
@@ -220,6 +223,7 @@ impl Context {
             node_hashes: Mutex::default(),
             caches: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
+            placements: Mutex::default(),
             namespaces: std::sync::OnceLock::new(),
         }
     }

@@ -16,11 +16,12 @@ pub mod follow;
 mod open;
 pub mod orphan;
 mod place;
+pub mod placements;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
@@ -91,12 +92,20 @@ fn waiting_on_runtime(
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let (sessions, writer) = reflector::store();
+    let counted = ctx.clone();
     let session_stream = reflector(
         writer,
         watcher(api, ctx.watcher_config())
             .default_backoff()
             .modify(|s| s.managed_fields_mut().clear()),
     )
+    .inspect_ok(move |event| {
+        counted
+            .placements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(event);
+    })
     .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
     let waiting = sessions.clone();

@@ -1,7 +1,6 @@
 //! Step 1, place: the session's Runtime (its own or the default), and a host, chosen once and
 //! recorded with the finalizer before anything happens on it; a session never moves.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::{Api, ResourceExt};
@@ -75,22 +74,7 @@ pub(super) async fn place(
         None => {
             // The load of a host is what it reports or what was placed on it since, whichever
             // is higher: placements in quick succession must not all see the same stale count.
-            let placed: Vec<Arc<SandboxSession>> = match ctx.sessions.get() {
-                Some(store) => store.state(),
-                None => Api::<SandboxSession>::all(ctx.client.clone())
-                    .list(&ctx.list_params())
-                    .await?
-                    .items
-                    .into_iter()
-                    .map(Arc::new)
-                    .collect(),
-            };
-            // One pass, borrowing: placing is linear in the sessions, never quadratic.
-            let mut placed_on: std::collections::HashMap<&str, usize> = Default::default();
-            for h in placed.iter().filter_map(|p| placed_host(p)) {
-                *placed_on.entry(h).or_default() += 1;
-            }
-            let placed_on = |host: &str| placed_on.get(host).copied().unwrap_or(0);
+            let placed_on = placed_counts(ctx).await?;
             let candidates: Vec<Candidate> = all_hosts
                 .iter()
                 .map(|h| {
@@ -171,6 +155,35 @@ pub(super) async fn place(
         client,
         alias,
     }))
+}
+
+/// The sessions placed on each host: kept from the session watch while the controller runs
+/// ([`super::placements`]), counted from a list before.
+async fn placed_counts(ctx: &Context) -> Result<impl Fn(&str) -> usize + use<'_>, Error> {
+    let listed = match ctx.sessions.get() {
+        Some(_) => None,
+        None => {
+            let mut counts: std::collections::HashMap<String, usize> = Default::default();
+            for s in Api::<SandboxSession>::all(ctx.client.clone())
+                .list(&ctx.list_params())
+                .await?
+                .items
+            {
+                if let Some(h) = placed_host(&s) {
+                    *counts.entry(h.to_owned()).or_default() += 1;
+                }
+            }
+            Some(counts)
+        }
+    };
+    Ok(move |host: &str| match &listed {
+        Some(counts) => counts.get(host).copied().unwrap_or(0),
+        None => ctx
+            .placements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .on(host),
+    })
 }
 
 async fn hosts(ctx: &Context) -> Result<Vec<SandboxHost>, Error> {
