@@ -264,6 +264,85 @@ async fn session_identity_fields_are_immutable() {
     ns.delete().await;
 }
 
+#[tokio::test]
+async fn a_placed_session_keeps_its_host_and_an_open_one_its_resources() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "fixed").await;
+    let api = session_api(&client, &ns.name);
+    api.create(
+        &PostParams::default(),
+        &object(
+            "SandboxSession",
+            "xc-1",
+            json!({"scope": "conversation", "tenant": "org-1", "subject": "c-1",
+                   "host": "h1", "resources": {"milliCpus": 64000}}),
+        ),
+    )
+    .await
+    .expect("a valid session is created");
+    let spec = |change: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "xc-1",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": change})),
+            )
+            .await
+        }
+    };
+    let status = |change: Value| {
+        let api = api.clone();
+        async move {
+            api.patch_status(
+                "xc-1",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": change})),
+            )
+            .await
+            .expect("the operator's status write")
+        }
+    };
+    // Not placed, not open (a host refused what it asks): both may change.
+    spec(json!({"host": "h2", "resources": {"milliCpus": 500}}))
+        .await
+        .expect("an unplaced session's host and resources may change");
+
+    status(json!({"host": "h2", "phase": "Pending"})).await;
+    let host_fixed = "spec.host is fixed once the session is placed (status.host is set): a session never moves to another host";
+    for change in [json!({"host": "h3"}), json!({"host": null})] {
+        let message = api_message(spec(change.clone()).await);
+        assert!(
+            message.contains(host_fixed),
+            "changing {change}: got {message:?}"
+        );
+    }
+    spec(json!({"resources": {"milliCpus": 1000}}))
+        .await
+        .expect("a placed session not yet open may change its resources");
+
+    status(json!({"sessionId": format!("{}.xc-1", ns.name), "phase": "Running"})).await;
+    let resources_fixed = "spec.resources is fixed once the session is open (status.sessionId is set): its sandbox was made with these limits and a change would not reach it; a new SandboxSession opens with other resources";
+    for change in [
+        json!({"resources": {"milliCpus": 2000}}),
+        json!({"resources": {"memLimit": "1g"}}),
+        json!({"resources": null}),
+    ] {
+        let message = api_message(spec(change.clone()).await);
+        assert!(
+            message.contains(resources_fixed),
+            "changing {change}: got {message:?}"
+        );
+    }
+    // What may change still does, and the operator's status writes pass.
+    spec(json!({"idleTimeoutSeconds": 600}))
+        .await
+        .expect("idleTimeoutSeconds may change on an open session");
+    status(json!({"phase": "Sleeping"})).await;
+    ns.delete().await;
+}
+
 /// `kubectl scale rt/NAME --replicas=N` sets the warm pool's size through the scale
 /// subresource, on a Runtime that had no pool; the scale reads the size back, and the ready
 /// count (none yet) from the status.

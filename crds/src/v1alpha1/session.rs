@@ -61,6 +61,10 @@ impl std::fmt::Display for Scope {
     category = "sandboxd",
     status = "SandboxSessionStatus",
     doc = "A sandbox: a container and its persistent workspace on one host. The name is the session key.",
+    // What the operator decides once, refused rather than silently not done: the host a placed
+    // session is on, and the resources its sandbox was opened with.
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.host) || (has(self.spec.host) ? (has(oldSelf.spec.host) && self.spec.host == oldSelf.spec.host) : !has(oldSelf.spec.host))").message("spec.host is fixed once the session is placed (status.host is set): a session never moves to another host"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.sessionId) || (has(self.spec.resources) ? (has(oldSelf.spec.resources) && self.spec.resources == oldSelf.spec.resources) : !has(oldSelf.spec.resources))").message("spec.resources is fixed once the session is open (status.sessionId is set): its sandbox was made with these limits and a change would not reach it; a new SandboxSession opens with other resources"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Tenant", type_ = "string", json_path = ".spec.tenant"),
     printcolumn(name = "Scope", type_ = "string", json_path = ".spec.scope"),
@@ -121,12 +125,12 @@ pub struct SandboxSessionSpec {
     pub runtime: String,
 
     /// Pins the session to this SandboxHost by name; empty lets the operator place it.
-    /// A session never moves once placed.
+    /// A session never moves: fixed once the session is placed (status.host is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
 
     /// Resource overrides, within the ceilings of the host; unset fields take the runtime's or
-    /// the host's defaults.
+    /// the host's defaults. Fixed once the session is open (status.sessionId is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<SessionResources>,
 

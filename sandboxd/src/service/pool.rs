@@ -12,14 +12,15 @@
 //!   twice, and a container is only ever used once. The claim renames the pool folder into the
 //!   session's place (`rename(2)`: the bind mounts follow the directory) and records the
 //!   container with `launch = 'warm'`; Docker's rename of the container to the session's name
-//!   follows in the background once the session's first run is done. Anything that fails on the way falls back to a cold start.
+//!   follows in the background once the session's first run is done. Anything that fails on
+//!   the way falls back to a cold start.
 //! - Because a warm container's bind mounts name the pool folder's old path, it is never
 //!   started again: a wake of a session whose warm container stopped replaces it.
 //! - Capacity: pooled containers are counted with the sessions that hold a slot (opening,
 //!   running, stopped) against `max_sessions`. A pool fills only into free capacity, one
 //!   container at a time, in the background, holding back while a session that just took a
-//!   container has not finished its first run (at most [`FIRST_RUN_GRACE`]); a cold open that would take the host past
-//!   `max_sessions` removes pooled containers first.
+//!   container has not finished its first run (at most [`FIRST_RUN_GRACE`]); a cold open
+//!   that would take the host past `max_sessions` removes pooled containers first.
 //! - Disks: on a host that gives each workspace a disk of its own
 //!   (`SANDBOXD_WORKSPACE_QUOTA=loop`), a pooled container's `workspace/` is such a disk, made
 //!   and mounted before the container starts, of the size a session of its runtime opened with
@@ -31,7 +32,8 @@
 //!   reconcile removes every pooled container of this instance that no session holds, and the
 //!   pool folder is emptied.
 //!
-//! Over 600 lines with its tests: the pool's whole life (fill, take, drain, the start's clean-up) in one place.
+//! Over 600 lines with its tests: the pool's whole life (fill, take, drain, the start's
+//! clean-up) in one place.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
