@@ -21,6 +21,18 @@ pub fn failure_delay(failures: u32) -> Duration {
     )
 }
 
+/// Delay before a session's open is tried again after `waits` refusals in a row (a cap, no
+/// host, a name held by another object): 1 s, doubling, at most 30 s. Without it every waiting
+/// session asked its host once a second for ever, so a tenant creating sessions far over its
+/// cap made the operator hammer the host with opens.
+pub fn wait_delay(waits: u32) -> Duration {
+    tombstone_delay(
+        waits.max(1),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +55,13 @@ mod tests {
         assert_eq!(failure_delay(1), Duration::from_secs(1));
         assert_eq!(failure_delay(4), Duration::from_secs(8));
         assert_eq!(failure_delay(40), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn waits_back_off_to_thirty_seconds() {
+        let delays: Vec<u64> = (1..=7).map(|w| wait_delay(w).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(wait_delay(0), Duration::from_secs(1));
+        assert_eq!(wait_delay(u32::MAX), Duration::from_secs(30));
     }
 }

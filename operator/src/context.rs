@@ -128,6 +128,8 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     cpu: Mutex<HashMap<String, (u64, Instant)>>,
     token_seen: Mutex<HashMap<String, Instant>>,
+    /// Refusals in a row of the open of a session (key -> count), until it opens.
+    waits: Mutex<HashMap<String, u32>>,
     /// Sessions this replica opened and wrote the status of, until its cache shows that status:
     /// key -> the object's uid and when.
     opened_unseen: Mutex<HashMap<String, (String, Instant)>>,
@@ -215,6 +217,7 @@ impl Context {
             failures: Mutex::default(),
             cpu: Mutex::default(),
             token_seen: Mutex::default(),
+            waits: Mutex::default(),
             opened_unseen: Mutex::default(),
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
@@ -578,6 +581,23 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
         self.opened_unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// The open of session `key` was refused once more (a cap, no host, a conflict): how long
+    /// until it is tried again ([`crate::backoff::wait_delay`]).
+    pub fn wait_again(&self, key: &str) -> Duration {
+        let mut w = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        let n = w.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        crate::backoff::wait_delay(*n)
+    }
+
+    /// Forgets the refusals of session `key` (it opened, or is gone).
+    pub fn forget_waits(&self, key: &str) {
+        self.waits
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);

@@ -2340,3 +2340,68 @@ async fn an_idle_host_is_probed_on_its_timer_not_after_each_of_its_own_writes() 
     assert_eq!(reconciles, 2, "the host's reconciles (finalizer, probe)");
     scope.delete().await;
 }
+
+/// sandboxd's count of cap refusals of opens.
+async fn refused_opens(host: &Host) -> u64 {
+    let metrics = reqwest::get(format!("{}/metrics", host.endpoint()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sandboxd_session_opens_total{outcome=\"refused\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_far_over_their_tenants_cap_wait_without_hammering_the_host() {
+    let mut scope = Scope::new("overcap").await;
+    let host = Host::start(
+        &format!("oc-host-{}", scope.scope),
+        &[("SANDBOXD_MAX_SESSIONS_PER_TENANT", "1")],
+    );
+    scope.register(&host).await;
+    scope.default_runtime().await;
+    // The production probe period: what spaces the tries is the operator's own backoff.
+    scope.start_operator(&["--follow-seconds", "60"]);
+    scope.kubectl_apply_session("xc-oc-0", serde_json::json!({}));
+    scope
+        .wait_session("xc-oc-0", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let over: Vec<String> = (1..=5).map(|i| format!("xc-oc-{i}")).collect();
+    for name in &over {
+        scope.kubectl_apply_session(name, serde_json::json!({}));
+    }
+    for name in &over {
+        let waiting = scope
+            .wait_session(name, "Pending over the tenant's cap", 30, |s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Admitted" && c.reason == "TenantCap")
+                })
+            })
+            .await;
+        assert_eq!(phase(&waiting), Some(SessionPhase::Pending));
+    }
+    // Tried again after 1 s, 2 s, 4 s…: at most three or four tries each in 6 s. A try every
+    // second, as before, made 30.
+    let before = refused_opens(&host).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let tries = refused_opens(&host).await - before;
+    assert!(
+        tries <= 20,
+        "5 sessions over the cap were refused {tries} times in 6 s"
+    );
+    assert_eq!(
+        host.containers().len(),
+        1,
+        "only the session within the cap runs"
+    );
+    scope.delete().await;
+}

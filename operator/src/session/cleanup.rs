@@ -18,6 +18,7 @@ use crate::context::{Context, Error, key};
 pub(super) async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let status = s.status.clone().unwrap_or_default();
     ctx.forget_cpu(&key(s));
+    ctx.forget_waits(&key(s));
     ctx.forget_token(&key(s));
     ctx.set_phase(&key(s), None);
     let Some(host) = placed_host(s).map(str::to_owned) else {

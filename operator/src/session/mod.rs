@@ -286,6 +286,12 @@ fn backoff(s: &SandboxSession, ctx: &Context) -> Duration {
     crate::backoff::failure_delay(ctx.failures_of(&key(s)).saturating_add(1))
 }
 
+/// The wait before the next try of an open that was refused (a cap, no host, a conflict):
+/// doubling from 1 s to 30 s while the refusals go on, and at most the probe period.
+fn wait_again(s: &SandboxSession, ctx: &Context) -> Duration {
+    ctx.wait_again(&key(s))
+}
+
 /// How soon a session whose cached copy is older than this replica's own open is looked at again.
 const CACHE_CATCH_UP: Duration = Duration::from_millis(100);
 
@@ -309,6 +315,7 @@ async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
         write(s, &status, ctx).await?;
         if old.session_id.is_none() && status.session_id.is_some() {
             ctx.opened(&key(s), &uid);
+            ctx.forget_waits(&key(s));
         }
         if old.phase != status.phase
             && let Some(phase) = status.phase

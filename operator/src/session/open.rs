@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use super::place::Placed;
 use super::{
-    Flow, MANAGER, WAITING_FOR_TOMBSTONE, add, backoff, host_err, secret_name, set_phase, until,
+    Flow, MANAGER, WAITING_FOR_TOMBSTONE, add, host_err, secret_name, set_phase, until, wait_again,
 };
 use crate::conditions;
 use crate::context::{Context, Error, key};
@@ -201,7 +201,7 @@ pub(super) async fn open(
                     generation,
                 );
                 set_phase(status, SessionPhase::Pending, message);
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
                 code: ErrorCode::OwnerMismatch,
@@ -222,7 +222,7 @@ pub(super) async fn open(
                     generation,
                 );
                 set_phase(status, SessionPhase::Pending, m);
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
                 code: ErrorCode::RuntimeFailed,
@@ -281,7 +281,7 @@ pub(super) async fn open(
                     generation,
                 );
                 set_phase(status, SessionPhase::Pending, m);
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
                 code: ErrorCode::UnknownRuntime,
@@ -301,7 +301,7 @@ pub(super) async fn open(
                     generation,
                 );
                 set_phase(status, SessionPhase::Pending, m);
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
                 status: code @ 500..,
@@ -323,7 +323,7 @@ pub(super) async fn open(
                 );
                 set_phase(status, SessionPhase::Pending, m);
                 warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
                 conditions::set(
@@ -337,7 +337,7 @@ pub(super) async fn open(
                 if status.phase.is_none() {
                     set_phase(status, SessionPhase::Pending, e.to_string());
                 }
-                return Ok(Flow::Done(backoff(s, ctx)));
+                return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(e) => return Err(host_err(host_name, e)),
         }

@@ -12,8 +12,8 @@ use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
 
 use super::{
-    Flow, RUNTIME_NOT_FOUND, backoff, claim, has_finalizer, missing_runtime_message, placed_host,
-    set_phase,
+    Flow, RUNTIME_NOT_FOUND, claim, has_finalizer, missing_runtime_message, placed_host, set_phase,
+    wait_again,
 };
 use crate::conditions;
 use crate::context::{Context, Error};
@@ -116,7 +116,7 @@ pub(super) async fn place(
                         generation,
                     );
                     set_phase(status, SessionPhase::Pending, e.to_string());
-                    return Ok(Flow::Done(backoff(s, ctx)));
+                    return Ok(Flow::Done(wait_again(s, ctx)));
                 }
             }
         }
@@ -141,7 +141,7 @@ pub(super) async fn place(
             &format!("SandboxHost {host_name} does not exist"),
             generation,
         );
-        return Ok(Flow::Done(backoff(s, ctx)));
+        return Ok(Flow::Done(wait_again(s, ctx)));
     };
     let client = ctx.host_client(host).await?;
     status.endpoint = Some(host.spec.endpoint.clone());
