@@ -480,10 +480,7 @@ impl Context {
                 error: error.label().to_owned(),
             })
             .inc();
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = f.entry(key.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        crate::backoff::failure_delay(*n)
+        crate::backoff::failure_delay(bump(&self.failures, key))
     }
 
     /// Forgets the failures of `key` after a success.
@@ -589,10 +586,7 @@ impl Context {
     /// The open of session `key` was refused once more (a cap, no host, a conflict): how long
     /// until it is tried again ([`crate::backoff::wait_delay`]).
     pub fn wait_again(&self, key: &str) -> Duration {
-        let mut w = self.waits.lock().unwrap_or_else(|p| p.into_inner());
-        let n = w.entry(key.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        crate::backoff::wait_delay(*n)
+        crate::backoff::wait_delay(bump(&self.waits, key))
     }
 
     /// Forgets the refusals of session `key` (it opened, or is gone).
@@ -724,6 +718,14 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Counts one more for `key` in `counts` and returns the count.
+fn bump(counts: &Mutex<HashMap<String, u32>>, key: &str) -> u32 {
+    let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+    let n = c.entry(key.to_owned()).or_insert(0);
+    *n = n.saturating_add(1);
+    *n
+}
+
 /// A hash of all a reconcile of objects that write their own status reacts to: everything but
 /// that status (the spec through the generation, the finalizers, the annotations, the
 /// deletion). Filtering a controller's watch with it keeps each status write from bringing
@@ -740,4 +742,31 @@ pub fn not_status<K: kube::Resource>(obj: &K) -> Option<u64> {
         .map(|t| t.0.to_string())
         .hash(&mut h);
     Some(h.finish())
+}
+
+/// Every object of `api` in a cache, and the stream of those whose [`not_status`] changed: the
+/// input of a controller of objects that write their own status.
+pub fn without_own_status<K>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>>,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(not_status, kube::runtime::PredicateConfig::default());
+    (store, stream)
 }

@@ -10,12 +10,10 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::{self, reflector};
-use kube::runtime::watcher::watcher;
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState;
 use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
@@ -86,11 +84,7 @@ pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
 /// ever) instead of once per `--probe-seconds`.
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxHost>::all(ctx.client.clone());
-    let (hosts, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, ctx.watcher_config()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(crate::context::not_status, PredicateConfig::default());
+    let (hosts, stream) = crate::context::without_own_status(api, ctx.watcher_config());
     Controller::for_stream(stream, hosts)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)

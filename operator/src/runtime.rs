@@ -10,10 +10,8 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, reflector};
-use kube::runtime::watcher::watcher;
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState as HostBuildState;
 use sandboxd_catalog::CatalogEntry;
@@ -57,11 +55,7 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
 /// which would otherwise bring another hand-out to every host.
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<Runtime>::all(ctx.client.clone());
-    let (runtimes, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, ctx.watcher_config()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(crate::context::not_status, PredicateConfig::default());
+    let (runtimes, stream) = crate::context::without_own_status(api, ctx.watcher_config());
     Controller::for_stream(stream, runtimes)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)

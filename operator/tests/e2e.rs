@@ -1365,6 +1365,25 @@ async fn a_recreated_session_waits_for_the_pending_tombstone_of_the_deleted_one(
 /// saying why, until that sandbox is gone; then it opens on an empty workspace. The deleted
 /// object is played here by a sandbox opened on the host for another owner, with no Tombstone
 /// anywhere: exactly what the operator meets when its cache has not yet seen the Tombstone.
+/// A session told it waits for a sandbox its host holds for another object or tenant: its
+/// message starts with `said`, and nothing of that sandbox (its id, a token) was handed to it.
+fn assert_waits_for_another_owner(waiting: &sandboxd_crds::v1alpha1::SandboxSession, said: &str) {
+    let message = waiting
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .expect("a message");
+    assert!(message.starts_with(said), "{message}");
+    assert!(
+        waiting
+            .status
+            .as_ref()
+            .is_some_and(|st| st.credentials_secret.is_none() && st.session_id.is_none()),
+        "nothing of the held session was handed out: {:?}",
+        waiting.status
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_id_its_host_holds_for_another_owner_waits_and_never_gets_that_workspace() {
     let mut scope = Scope::new("ownerwait").await;
@@ -1405,25 +1424,12 @@ async fn a_session_whose_id_its_host_holds_for_another_owner_waits_and_never_get
             },
         )
         .await;
-    let message = waiting
-        .status
-        .as_ref()
-        .and_then(|st| st.message.clone())
-        .expect("a message");
-    assert!(
-        message.starts_with(&format!(
+    assert_waits_for_another_owner(
+        &waiting,
+        &format!(
             "host {} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: ",
             host.name
-        )),
-        "{message}"
-    );
-    assert!(
-        waiting
-            .status
-            .as_ref()
-            .is_some_and(|st| st.credentials_secret.is_none() && st.session_id.is_none()),
-        "nothing of the held session was handed out: {:?}",
-        waiting.status
+        ),
     );
     let old_containers = host.container_ids(&id);
     assert_eq!(old_containers.len(), 1, "{old_containers:?}");
@@ -1531,25 +1537,12 @@ async fn an_open_the_host_refuses_says_why_and_opens_once_the_cause_is_gone() {
         })
         .await;
     assert_eq!(phase(&waiting), Some(SessionPhase::Pending));
-    let message = waiting
-        .status
-        .as_ref()
-        .and_then(|st| st.message.clone())
-        .expect("a message");
-    assert!(
-        message.starts_with(&format!(
+    assert_waits_for_another_owner(
+        &waiting,
+        &format!(
             "host {} holds session '{id}' for another tenant; this session opens once that one is destroyed: ",
             host.name
-        )),
-        "{message}"
-    );
-    assert!(
-        waiting
-            .status
-            .as_ref()
-            .is_some_and(|st| st.credentials_secret.is_none() && st.session_id.is_none()),
-        "nothing of the other tenant's session was handed out: {:?}",
-        waiting.status
+        ),
     );
     assert!(
         admin

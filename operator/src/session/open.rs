@@ -60,15 +60,14 @@ pub(super) async fn open(
         let tombstones = tombstones(ctx).await?;
         if let Some(t) = owed_destroy(&tombstones, host_name, id, uid) {
             let m = waiting_for(t);
-            conditions::set(
-                &mut status.conditions,
+            not_opened(
+                status,
                 ADMITTED,
-                false,
                 WAITING_FOR_TOMBSTONE,
-                &m,
+                SessionPhase::Pending,
+                m,
                 generation,
             );
-            set_phase(status, SessionPhase::Pending, m);
             return Ok(Flow::Done(tombstone_wait(t, follow)));
         }
     }
@@ -160,27 +159,25 @@ pub(super) async fn open(
                         "the runtime was still not built after {} s: {message}",
                         cfg.prepare_seconds
                     );
-                    conditions::set(
-                        &mut status.conditions,
+                    not_opened(
+                        status,
                         RUNTIME_READY,
-                        false,
                         session_reason::PREPARE_TIMED_OUT,
-                        &m,
+                        SessionPhase::Failed,
+                        m,
                         generation,
                     );
-                    set_phase(status, SessionPhase::Failed, m);
                     return Ok(Flow::Done(Duration::from_secs(60)));
                 }
                 let m = format!("preparing sandbox: {message}");
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     RUNTIME_READY,
-                    false,
                     session_reason::PREPARING,
-                    &m,
+                    SessionPhase::Preparing,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Preparing, m);
                 return Ok(Flow::Done(Duration::from_secs(5)));
             }
             Err(ClientError::Api {
@@ -192,15 +189,14 @@ pub(super) async fn open(
                     ErrorCode::TenantCap => session_reason::TENANT_CAP,
                     _ => session_reason::HOST_CAP,
                 };
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     ADMITTED,
-                    false,
                     reason,
-                    &message,
+                    SessionPhase::Pending,
+                    message,
                     generation,
                 );
-                set_phase(status, SessionPhase::Pending, message);
                 return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
@@ -213,15 +209,14 @@ pub(super) async fn open(
                 let m = format!(
                     "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
                 );
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     ADMITTED,
-                    false,
                     session_reason::OWNER_CONFLICT,
-                    &m,
+                    SessionPhase::Pending,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Pending, m);
                 return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
@@ -229,15 +224,14 @@ pub(super) async fn open(
                 message,
                 ..
             }) => {
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     RUNTIME_READY,
-                    false,
                     session_reason::BUILD_FAILED,
-                    &message,
+                    SessionPhase::Failed,
+                    message,
                     generation,
                 );
-                set_phase(status, SessionPhase::Failed, message);
                 return Ok(Flow::Done(Duration::from_secs(60)));
             }
             Err(ClientError::Api {
@@ -251,15 +245,14 @@ pub(super) async fn open(
                     "host {host_name} refused {}: {message}; change spec.resources and the session opens",
                     asked(s)
                 );
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     ADMITTED,
-                    false,
                     session_reason::REFUSED,
-                    &m,
+                    SessionPhase::Failed,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Failed, m);
                 return Ok(Flow::Done(follow));
             }
             Err(ClientError::Api {
@@ -272,15 +265,14 @@ pub(super) async fn open(
                 let m = format!(
                     "host {host_name} holds session '{id}' for another tenant; this session opens once that one is destroyed: {message}"
                 );
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     ADMITTED,
-                    false,
                     session_reason::NAME_TAKEN,
-                    &m,
+                    SessionPhase::Pending,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Pending, m);
                 return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
@@ -292,15 +284,14 @@ pub(super) async fn open(
                 let m = format!(
                     "the runtime is not on host {host_name} yet; this session opens once it is: {message}"
                 );
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     RUNTIME_READY,
-                    false,
                     session_reason::NOT_ON_HOST,
-                    &m,
+                    SessionPhase::Pending,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Pending, m);
                 return Ok(Flow::Done(wait_again(s, ctx)));
             }
             Err(ClientError::Api {
@@ -313,15 +304,14 @@ pub(super) async fn open(
                 let m = format!(
                     "the open on host {host_name} failed ({code}); it is tried again: {message}"
                 );
-                conditions::set(
-                    &mut status.conditions,
+                not_opened(
+                    status,
                     ADMITTED,
-                    false,
                     session_reason::OPEN_FAILED,
-                    &m,
+                    SessionPhase::Pending,
+                    m,
                     generation,
                 );
-                set_phase(status, SessionPhase::Pending, m);
                 warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
                 return Ok(Flow::Done(wait_again(s, ctx)));
             }
@@ -344,6 +334,27 @@ pub(super) async fn open(
     }
 
     Ok(Flow::Next(opened_view))
+}
+
+/// Says in the status why the open did not happen: condition `type_` False with `reason`, and
+/// `phase` with the same message.
+fn not_opened(
+    status: &mut SandboxSessionStatus,
+    type_: &str,
+    reason: &str,
+    phase: SessionPhase,
+    message: String,
+    generation: Option<i64>,
+) {
+    conditions::set(
+        &mut status.conditions,
+        type_,
+        false,
+        reason,
+        &message,
+        generation,
+    );
+    set_phase(status, phase, message);
 }
 
 /// What the session asks of its host, for a refusal: `spec.resources (milliCpus 64000)`.
