@@ -136,6 +136,8 @@ pub struct Context {
     phases: Mutex<HashMap<String, String>>,
     pending_tombstones: Mutex<std::collections::HashSet<String>>,
     host_clients: Mutex<HashMap<String, CachedClient>>,
+    /// One lock per host, held while its admin token is read for a missing or stale client.
+    host_reads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Hosts already warned about for a plain http:// endpoint.
     plain_http_warned: Mutex<std::collections::HashSet<String>>,
     /// The node token hashes written to the ConfigMap: node -> (hash, when).
@@ -222,6 +224,7 @@ impl Context {
             phases: Mutex::default(),
             pending_tombstones: Mutex::default(),
             host_clients: Mutex::default(),
+            host_reads: Mutex::default(),
             plain_http_warned: Mutex::default(),
             node_hashes: Mutex::default(),
             caches: std::sync::OnceLock::new(),
@@ -257,19 +260,35 @@ impl Context {
     /// A sandboxd client for `host`, with its admin token. Clients are kept per host, so a
     /// reconcile costs no Secret read and no new connection; the token is read again after
     /// [`TOKEN_REFRESH`], when the host's spec changes, and on every probe.
+    ///
+    /// The reconciles that find no kept client at the same time (the first ones after a start,
+    /// up to `--concurrency` of them) wait for one read of the Secret and take its client.
     pub async fn host_client(&self, host: &SandboxHost) -> Result<HostClient, Error> {
-        let name = host.name_any();
-        let cached = self
-            .host_clients
+        if let Some(c) = self.kept_host_client(host) {
+            return Ok(c);
+        }
+        let lock = self
+            .host_reads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&name)
-            .filter(|c| c.serves(host) && c.fetched.elapsed() < TOKEN_REFRESH)
-            .map(|c| c.client.clone());
-        match cached {
+            .entry(host.name_any())
+            .or_default()
+            .clone();
+        let _one_read = lock.lock().await;
+        match self.kept_host_client(host) {
             Some(c) => Ok(c),
             None => self.refresh_host_client(host).await,
         }
+    }
+
+    /// The kept client of `host`, if it serves the host's spec and its token is fresh.
+    fn kept_host_client(&self, host: &SandboxHost) -> Option<HostClient> {
+        self.host_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&host.name_any())
+            .filter(|c| c.serves(host) && c.fetched.elapsed() < TOKEN_REFRESH)
+            .map(|c| c.client.clone())
     }
 
     /// Reads the admin token of `host` now: the master from its Secret, or, when the host names
@@ -454,6 +473,10 @@ impl Context {
     /// Forgets the client of a deleted host.
     pub fn forget_host_client(&self, host: &str) {
         self.host_clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(host);
+        self.host_reads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(host);
