@@ -12,7 +12,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::client::ClientBuilder;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_operator::config::Config;
 use sandboxd_operator::context::Context;
@@ -21,13 +20,8 @@ use serde_json::json;
 
 /// A client for `KUBECONFIG` that counts the GETs of Secret `name` it sends.
 async fn counting_client(name: &str, reads: Arc<AtomicUsize>) -> kube::Client {
-    let path = std::env::var("KUBECONFIG").expect("KUBECONFIG (run `make test`)");
-    let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kube config");
     let suffix = format!("/secrets/{name}");
-    ClientBuilder::try_from(config)
+    ClientBuilder::try_from(sandboxd_tests::kube_config().await)
         .expect("client builder")
         .with_layer(&tower::util::MapRequestLayer::new(
             move |req: http::Request<kube::client::Body>| {

@@ -42,17 +42,24 @@ fn need(what: &str) -> ! {
     )
 }
 
-/// A client for the control plane named by `KUBECONFIG`. Panics (fails the test) when it is unset
-/// or the API server does not answer.
-pub async fn client() -> Client {
+/// The client configuration of the control plane named by `KUBECONFIG`. Panics (fails the
+/// test) when it is unset or unusable.
+pub async fn kube_config() -> Config {
     let Ok(path) = std::env::var("KUBECONFIG") else {
         need("KUBECONFIG is not set")
     };
     let kubeconfig = Kubeconfig::read_from(&path)
         .unwrap_or_else(|e| need(&format!("cannot read KUBECONFIG {path}: {e}")));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .unwrap_or_else(|e| need(&format!("KUBECONFIG {path} is not usable: {e}")));
+        .unwrap_or_else(|e| need(&format!("KUBECONFIG {path} is not usable: {e}")))
+}
+
+/// A client for the control plane named by `KUBECONFIG`. Panics (fails the test) when it is unset
+/// or the API server does not answer.
+pub async fn client() -> Client {
+    let config = kube_config().await;
+    let path = std::env::var("KUBECONFIG").unwrap_or_default();
     let client =
         Client::try_from(config).unwrap_or_else(|e| need(&format!("no client for {path}: {e}")));
     if let Err(e) = client.apiserver_version().await {
