@@ -5,7 +5,7 @@
 //!
 //! Over 600 lines: the agent's side of its one protocol (hello, run, output, stop, status), which reads best in one place.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
@@ -29,6 +29,8 @@ use crate::proto::{self, Frame, Msg, RunExit, RunRequest, RunState};
 /// How long output may keep coming after a run's program exited (background jobs that hold
 /// its stdout); the run is reported then, and its group keeps running.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
+/// How long a connection served without a thread of its own may take to send a frame.
+const CROWDED_READ: Duration = Duration::from_secs(2);
 /// How long a stop or timeout waits for the killed group to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(3);
 /// Finished runs kept for [`Msg::Status`] and [`Msg::Attach`].
@@ -139,10 +141,18 @@ pub fn kill_group(pgid: Pid) {
 
 /// Whether any process of the group is alive (not a zombie), read from /proc.
 fn group_alive(pgid: Pid) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return killpg(pgid, None).is_ok();
-    };
     let want = pgid.as_raw();
+    match processes() {
+        Some(all) => all.iter().any(|&(_, pgrp)| pgrp == want),
+        None => killpg(pgid, None).is_ok(),
+    }
+}
+
+/// Every live process (not a zombie) the agent can see, as its pid and process group, read
+/// from /proc; `None` when /proc cannot be read.
+fn processes() -> Option<Vec<(i32, i32)>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    let mut found = Vec::new();
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
@@ -158,11 +168,14 @@ fn group_alive(pgid: Pid) -> bool {
         let mut fields = rest.split_whitespace();
         let state = fields.next();
         let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(want) && state != Some("Z") && state != Some("X") {
-            return true;
+        if let Some(pgrp) = pgrp
+            && state != Some("Z")
+            && state != Some("X")
+        {
+            found.push((pid, pgrp));
         }
     }
-    false
+    Some(found)
 }
 
 /// Everything the agent holds.
@@ -274,9 +287,33 @@ impl Agent {
             cmd.current_dir(cwd);
         }
         let mut leaders = lock(&self.leaders);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| error("spawn_failed", format!("cannot start {program}: {e}")))?;
+        let mut spawned = cmd.spawn();
+        // A sandbox at its process limit (a fork bomb a finished run left running, or
+        // background jobs): what finished runs left behind makes room for this one.
+        for _ in 0..5 {
+            if !spawned
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(Errno::EAGAIN as i32))
+            {
+                break;
+            }
+            drop(leaders);
+            let reclaimed = self.reclaim(&runs);
+            // The killed processes are zombies until reaped, and zombies count too.
+            self.reap();
+            leaders = lock(&self.leaders);
+            if !reclaimed {
+                break;
+            }
+            spawned = cmd.spawn();
+        }
+        let mut child = spawned.map_err(|e| {
+            if e.raw_os_error() == Some(Errno::EAGAIN as i32) {
+                crowded_error(program, Some(&e))
+            } else {
+                error("spawn_failed", format!("cannot start {program}: {e}"))
+            }
+        })?;
         let pid = i32::try_from(child.id()).unwrap_or(0);
         let run = Arc::new(Run {
             id: req.run_id.clone(),
@@ -383,6 +420,59 @@ impl Agent {
         }
     }
 
+    /// Kills what finished runs left behind (their background jobs, and, when the agent is
+    /// PID 1, any process of the sandbox outside the groups of running runs) so that a run can
+    /// start in a sandbox at its process limit. Running runs are never touched. Returns whether
+    /// anything was killed.
+    fn reclaim(&self, runs: &HashMap<String, Arc<Run>>) -> bool {
+        let running: HashSet<i32> = runs
+            .values()
+            .filter(|r| r.lock().exit.is_none())
+            .map(|r| r.pgid.as_raw())
+            .collect();
+        let (groups, loose): (BTreeSet<i32>, Vec<i32>) = if self.pid1 {
+            let stray: Vec<(i32, i32)> = processes()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|&(pid, pgrp)| pid != 1 && !running.contains(&pgrp))
+                .collect();
+            (
+                stray.iter().map(|&(_, g)| g).filter(|&g| g > 1).collect(),
+                // In the agent's own group: killed one by one, never by group.
+                stray
+                    .iter()
+                    .filter(|&&(_, g)| g <= 1)
+                    .map(|&(p, _)| p)
+                    .collect(),
+            )
+        } else {
+            let finished = runs
+                .values()
+                .filter(|r| r.lock().exit.is_some())
+                .map(|r| r.pgid.as_raw())
+                .filter(|&g| !running.contains(&g) && group_alive(Pid::from_raw(g)))
+                .collect();
+            (finished, Vec::new())
+        };
+        for pid in &loose {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        for g in &groups {
+            kill_group(Pid::from_raw(*g));
+        }
+        !groups.is_empty() || !loose.is_empty()
+    }
+
+    /// [`Self::reclaim`] outside a spawn, then reaps what it killed (zombies count against the
+    /// limit too).
+    fn make_room(&self) -> bool {
+        let runs = lock(&self.runs);
+        let reclaimed = self.reclaim(&runs);
+        drop(runs);
+        self.reap();
+        reclaimed
+    }
+
     /// Keeps a bounded number of finished runs.
     fn retire(&self, id: &str) {
         let mut finished = lock(&self.finished);
@@ -408,8 +498,13 @@ impl Agent {
             .collect()
     }
 
-    /// Serves one connection.
-    fn serve(self: &Arc<Self>, mut conn: UnixStream) -> Result<(), proto::FrameError> {
+    /// Serves one connection. A `crowded` one is served on the accept loop's own thread, as the
+    /// sandbox has no process left for one of its own: it gets no run and no stream.
+    fn serve(
+        self: &Arc<Self>,
+        mut conn: UnixStream,
+        crowded: bool,
+    ) -> Result<(), proto::FrameError> {
         let Some(Frame::Msg(Msg::Hello { protocols, session })) = proto::read_frame(&mut conn)?
         else {
             proto::write_msg(&mut conn, &error("bad_request", "expected hello"))?;
@@ -451,6 +546,13 @@ impl Agent {
             return Ok(());
         };
         match request {
+            Msg::Run(req) if crowded => {
+                let program = req.argv.first().map_or("the run", String::as_str);
+                proto::write_msg(&mut conn, &crowded_error(program, None))?;
+            }
+            Msg::Attach { .. } if crowded => {
+                proto::write_msg(&mut conn, &crowded_error("a stream of the run", None))?;
+            }
             Msg::Run(req) => match self.start(req) {
                 Ok(run) => {
                     proto::write_msg(
@@ -510,6 +612,29 @@ impl Agent {
             }
         }
     }
+}
+
+/// The refusal of a run in a sandbox whose running runs hold every process it may have.
+fn crowded_error(what: &str, cause: Option<&io::Error>) -> Msg {
+    let limit = process_limit().map_or_else(
+        || "its process limit".to_owned(),
+        |n| format!("its limit of {n} processes"),
+    );
+    let cause = cause.map_or_else(String::new, |e| format!(" ({e})"));
+    error(
+        "spawn_failed",
+        format!(
+            "cannot start {what}: the sandbox is at {limit}{cause} and its running runs hold \
+             them all; stop one to make room"
+        ),
+    )
+}
+
+/// The sandbox's limit of processes (its pids cgroup, v2 or v1), when it has one.
+fn process_limit() -> Option<u64> {
+    ["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
 }
 
 fn error(code: &str, message: impl Into<String>) -> Msg {
@@ -688,10 +813,31 @@ pub fn main(opts: Options) -> io::Result<i32> {
     spawn_thread(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
-            let a = a.clone();
-            spawn_thread(move || {
-                let _ = a.serve(conn);
-            });
+            let slot = Arc::new(Mutex::new(Some(conn)));
+            let serve = || {
+                let (slot, a) = (slot.clone(), a.clone());
+                move || {
+                    let conn = lock(&slot).take();
+                    if let Some(conn) = conn {
+                        let _ = a.serve(conn, false);
+                    }
+                }
+            };
+            if std::thread::Builder::new().spawn(serve()).is_ok() {
+                continue;
+            }
+            // No thread for the connection: what finished runs left may hold every process.
+            a.make_room();
+            if std::thread::Builder::new().spawn(serve()).is_ok() {
+                continue;
+            }
+            // Running runs hold them all: answered here and at once (a stop or a status is
+            // served, a run refused), never left waiting for a thread.
+            let conn = lock(&slot).take();
+            if let Some(conn) = conn {
+                let _ = conn.set_read_timeout(Some(CROWDED_READ));
+                let _ = a.serve(conn, true);
+            }
         }
     });
     loop {

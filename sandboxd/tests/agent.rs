@@ -1,8 +1,9 @@
 //! The resident agent against the real dockerd: it is PID 1 of every sandbox and carries the
 //! runs; stop and timeout leave nothing behind (seen from /proc inside and from the host); a
-//! flood leaves it healthy; a busybox-only image works; a `kill -9` of sandboxd mid-run leaves
-//! runs finished or stoppable; a dead agent is reported and its container started again; a
-//! container without the agent is served by Docker exec, never a failed run.
+//! flood leaves it healthy; a sandbox at its process limit frees what finished runs left; a
+//! busybox-only image works; a `kill -9` of sandboxd mid-run leaves runs finished or stoppable;
+//! a dead agent is reported and its container started again; a container without the agent is
+//! served by Docker exec, never a failed run.
 
 mod common;
 
@@ -330,6 +331,129 @@ async fn an_output_flood_and_a_fork_bomb_leave_the_agent_healthy() {
         d.admin().index().await.expect("sandboxd healthy").service,
         "sandboxd"
     );
+}
+
+/// A Perl program that forks children named `child` (each sleeps) while it can: for ever, or,
+/// with `then`, until forks have failed for a while, and then sleeps itself as `then`.
+fn grab(child: &str, then: Option<&str>) -> String {
+    let (keep_going, after) = match then {
+        None => ("1", String::new()),
+        Some(name) => ("$failed < 200", format!(" $0 = \"{name}\"; sleep 1000;")),
+    };
+    format!(
+        "my $failed = 0; while ({keep_going}) {{ my $p = fork; if (!defined $p) {{ $failed++; \
+         select(undef, undef, undef, 0.005); next }} if ($p == 0) {{ $0 = \"{child}\"; \
+         sleep 1000; exit }} }}{after}"
+    )
+}
+
+/// A finished run whose background jobs hold every process the sandbox may have (what a fork
+/// bomb whose own shell gave up leaves behind) does not lock the sandbox: the next run kills
+/// them and starts, and a run still running keeps its processes. When running runs hold every
+/// process, a run is refused with words that say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_at_its_process_limit_frees_what_finished_runs_left_and_says_when_it_cannot() {
+    let d = Daemon::start_on(Backend::Agent, &[("SANDBOXD_PIDS_LIMIT", "48")]);
+    let s = session(&d, "full", None).await;
+    let container = container_of(&d, "full");
+    let keeper = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.run("full", "exec sleep 1001", Some(120), None, Some("keeper"))
+                .await
+        })
+    };
+    until("the keeper runs", Duration::from_secs(20), || {
+        let started = host_processes(&container).iter().any(|p| p == "sleep 1001");
+        async move { started.then_some(()) }
+    })
+    .await;
+    // A background job that takes every process there is, and any that comes free, as a fork
+    // bomb does; the run itself ends at once.
+    let filler = s
+        .run(
+            "full",
+            &format!(
+                "perl -e '{}' >/dev/null 2>&1 & exit 0",
+                grab("filled", None)
+            ),
+            Some(30),
+            None,
+            None,
+        )
+        .await
+        .expect("the filler returns");
+    assert_eq!(filler.exit_code, 0, "{filler:?}");
+    until(
+        "the filler holds the sandbox",
+        Duration::from_secs(30),
+        || {
+            let held = host_processes(&container)
+                .iter()
+                .filter(|p| *p == "filled")
+                .count();
+            async move { (held > 30).then_some(()) }
+        },
+    )
+    .await;
+    let after = s
+        .run("full", "echo alive", Some(30), None, None)
+        .await
+        .expect("a run starts in a sandbox a finished run's jobs filled");
+    assert_eq!(after.stdout, "alive\n");
+    let ps = host_processes(&container);
+    assert!(
+        !ps.iter().any(|p| p == "filled" || p.starts_with("perl")),
+        "the finished run's jobs are gone: {ps:?}"
+    );
+    let kept = s.run_status("full", "keeper").await.expect("keeper status");
+    assert!(kept.running, "the running run was left alone: {kept:?}");
+    // Now a running run holds every process: nothing may be taken from it.
+    let holder = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.run(
+                "full",
+                &format!("exec perl -e '{}'", grab("held", Some("holder"))),
+                Some(120),
+                None,
+                Some("holder"),
+            )
+            .await
+        })
+    };
+    until(
+        "the holder fills the sandbox",
+        Duration::from_secs(30),
+        || {
+            let ps = host_processes(&container);
+            let full =
+                ps.iter().any(|p| p == "holder") && ps.iter().filter(|p| *p == "held").count() > 30;
+            async move { full.then_some(()) }
+        },
+    )
+    .await;
+    match s.run("full", "echo crowded", Some(30), None, None).await {
+        // Refused at once, whether the agent found a thread for the connection or not.
+        Err(sandboxd::client::ClientError::Api { message, .. }) => assert!(
+            message.contains("cannot start /bin/sh: the sandbox is at its limit of 48 processes")
+                && message.ends_with("and its running runs hold them all; stop one to make room"),
+            "{message}"
+        ),
+        other => panic!("a run in a sandbox its running runs fill: {other:?}"),
+    }
+    for id in ["holder", "keeper"] {
+        s.stop_run("full", id).await.expect("stop");
+    }
+    let holder = holder.await.expect("join").expect("the holder returns");
+    assert!(holder.stopped && holder.exit_code == 137, "{holder:?}");
+    let keeper = keeper.await.expect("join").expect("the keeper returns");
+    assert!(keeper.stopped && keeper.exit_code == 137, "{keeper:?}");
+    let again = s
+        .run("full", "echo room", Some(30), None, None)
+        .await
+        .expect("stopping the holder made room");
+    assert_eq!(again.stdout, "room\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
