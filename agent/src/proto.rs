@@ -174,7 +174,9 @@ pub enum Msg {
     },
     /// Agent: the request failed.
     Error {
-        /// A stable code (`wrong_session`, `no_protocol`, `run_exists`, `spawn_failed`, `bad_request`).
+        /// A stable code (`wrong_session`, `no_protocol`, `run_exists`, `spawn_failed`,
+        /// `process_limit`: the sandbox is at its process limit and its running runs hold every
+        /// process, `bad_request`).
         code: String,
         /// In words.
         message: String,

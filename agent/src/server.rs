@@ -622,7 +622,7 @@ fn crowded_error(what: &str, cause: Option<&io::Error>) -> Msg {
     );
     let cause = cause.map_or_else(String::new, |e| format!(" ({e})"));
     error(
-        "spawn_failed",
+        "process_limit",
         format!(
             "cannot start {what}: the sandbox is at {limit}{cause} and its running runs hold \
              them all; stop one to make room"

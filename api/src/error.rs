@@ -66,6 +66,8 @@ pub enum ErrorCode {
     RunExists,
     /// The session's cap of runs in flight is reached (429).
     RunCap,
+    /// The sandbox is at its process limit and its running runs hold every process (429).
+    ProcessLimit,
     /// The run was cancelled before it started.
     RunCancelled,
     /// A policy change was refused (422).
@@ -104,7 +106,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 42] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -130,6 +132,7 @@ impl ErrorCode {
         Self::RunNotFound,
         Self::RunExists,
         Self::RunCap,
+        Self::ProcessLimit,
         Self::RunCancelled,
         Self::PolicyRefused,
         Self::InvalidCatalog,
@@ -176,6 +179,7 @@ impl ErrorCode {
             Self::RunNotFound => "run_not_found",
             Self::RunExists => "run_exists",
             Self::RunCap => "run_cap",
+            Self::ProcessLimit => "process_limit",
             Self::RunCancelled => "run_cancelled",
             Self::PolicyRefused => "policy_refused",
             Self::InvalidCatalog => "invalid_catalog",
@@ -225,6 +229,7 @@ impl From<&str> for ErrorCode {
             "run_not_found" => Self::RunNotFound,
             "run_exists" => Self::RunExists,
             "run_cap" => Self::RunCap,
+            "process_limit" => Self::ProcessLimit,
             "run_cancelled" => Self::RunCancelled,
             "policy_refused" => Self::PolicyRefused,
             "invalid_catalog" => Self::InvalidCatalog,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Daemon, container_of, docker, until};
 use sandboxd::client::Client;
+use sandboxd_api::error::ErrorCode;
 
 async fn token(d: &Daemon, name: &str) -> String {
     let opened = d
@@ -435,9 +436,15 @@ async fn a_sandbox_at_its_process_limit_frees_what_finished_runs_left_and_says_w
     .await;
     match s.run("full", "echo crowded", Some(30), None, None).await {
         // Refused at once, whether the agent found a thread for the connection or not.
-        Err(sandboxd::client::ClientError::Api { message, .. }) => assert!(
-            message.contains("cannot start /bin/sh: the sandbox is at its limit of 48 processes")
-                && message.ends_with("and its running runs hold them all; stop one to make room"),
+        Err(sandboxd::client::ClientError::Api {
+            status: 429,
+            code: ErrorCode::ProcessLimit,
+            message,
+        }) => assert!(
+            message.starts_with(
+                "the run could not start: cannot start /bin/sh: the sandbox is at its limit of \
+                 48 processes"
+            ) && message.ends_with("and its running runs hold them all; stop one to make room"),
             "{message}"
         ),
         other => panic!("a run in a sandbox its running runs fill: {other:?}"),

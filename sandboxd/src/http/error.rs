@@ -13,6 +13,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::run::RunError;
 use crate::runtimes::RuntimeError;
 use crate::service::ServiceError;
 use crate::workspace::FileError;
@@ -90,6 +91,7 @@ impl ServiceError {
             Self::Runtime(e) => e.status_and_code(),
             Self::File(e) => e.status_and_code(),
             Self::HostDiskFull(_) => (507, ErrorCode::HostDiskFull),
+            Self::Run(RunError::ProcessLimit(_)) => (429, ErrorCode::ProcessLimit),
             Self::Docker(_) | Self::Run(_) => (502, ErrorCode::DockerError),
             Self::Disk { .. } | Self::Store(_) | Self::Internal(_) => (500, ErrorCode::Internal),
         }
@@ -174,7 +176,6 @@ mod tests {
     use super::*;
     use crate::container::docker::DockerError;
     use crate::container::network::NetworkError;
-    use crate::run::RunError;
     use crate::workspace::disk::DiskError;
 
     fn id() -> String {
@@ -451,6 +452,18 @@ mod tests {
                 502,
                 ErrorCode::DockerError,
                 docker_message,
+            ),
+            (
+                ServiceError::Run(RunError::ProcessLimit(
+                    "cannot start /bin/sh: the sandbox is at its limit of 512 processes and its \
+                     running runs hold them all; stop one to make room"
+                        .to_owned(),
+                )),
+                429,
+                ErrorCode::ProcessLimit,
+                "the run could not start: cannot start /bin/sh: the sandbox is at its limit of \
+                 512 processes and its running runs hold them all; stop one to make room"
+                    .to_owned(),
             ),
             (
                 ServiceError::Run(RunError::Start("no such container".to_owned())),

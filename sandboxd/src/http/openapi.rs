@@ -217,7 +217,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             ),
             (410, &["session_lost", "session_gone"]),
             (413, &["too_large"]),
-            (429, &["run_cap", "host_cap", "tenant_cap"]),
+            (429, &["run_cap", "process_limit", "host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["docker_error"]),
             (503, &["network_unavailable", "runtime_failed"]),

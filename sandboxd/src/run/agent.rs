@@ -572,6 +572,9 @@ impl AgentRunner {
                     Ok(Some(Frame::Stderr(b))) => output.stderr(&b),
                     Ok(Some(Frame::Msg(Msg::Exit(exit)))) => break exit,
                     Ok(Some(Frame::Msg(Msg::Started { .. }))) => {}
+                    Ok(Some(Frame::Msg(Msg::Error { code, message }))) if code == "process_limit" => {
+                        return Err(RunError::ProcessLimit(message));
+                    }
                     Ok(Some(Frame::Msg(Msg::Error { code, message }))) => {
                         return Err(RunError::Start(format!("the agent refused the run: {code}: {message}")));
                     }

@@ -52,6 +52,10 @@ pub enum RunError {
     /// The container refused or is gone.
     #[error("the run could not start: {0}")]
     Start(String),
+    /// The sandbox is at its process limit and its running runs hold every process (the
+    /// agent's words).
+    #[error("the run could not start: {0}")]
+    ProcessLimit(String),
     /// The stream broke.
     #[error("the run's output stream broke: {0}")]
     Stream(String),

@@ -222,7 +222,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             INVALID,
             (
                 429,
-                "The session's run cap, or the host's or tenant's session cap (waking it), is reached",
+                "The session's run cap, the sandbox's process limit, or the host's or tenant's session cap (waking it), is reached",
             ),
             INTERNAL,
             (502, "Docker failed"),
