@@ -50,13 +50,27 @@ sdk-test: sdk-venv ## the Python SDK's lint, types and tests (pytest, on the sta
 	  && "$$PY" -m mypy
 	$(ENV) && PY="$$(hack/sdk-venv.sh)" && cd sdk/python && timeout --kill-after=30 1500 "$$PY" -m pytest
 
-# The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
-# built first. A hung test must not hold CI to its own limit: the run is bounded.
-test: up lint wire-venv schemathesis-venv sdk-venv ## everything: up, lint, unit and end-to-end tests (the wire and SDK tests run pytest)
-	$(CARGO) build --workspace --bins
-	$(ENV) && timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast
+# Everything: lint, the unit tests, the end-to-end tests, the SDK's, then the fault harness.
+test: up lint ## everything: up, lint, unit and end-to-end tests (the wire and SDK tests run pytest), then the fault harness
+	$(MAKE) unit
+	$(MAKE) e2e
 	$(MAKE) sdk-test
 	$(MAKE) faults
+
+# No stack: every crate's unit tests (library and binaries), the dependency rules of the client
+# crates (`cargo tree`, offline) and the trash's descriptor bound (a child under `ulimit -n 16`).
+# The audit store's PostgreSQL cases (POSTGRES_UNIT) need the stack's PostgreSQL: `make e2e`.
+POSTGRES_UNIT = storage::audit::tests::postgres_
+unit: ## the unit tests: no stack needed (no API server, dockerd or PostgreSQL), a minute once built
+	$(CARGO) test --workspace --no-fail-fast --lib --bins --test dependencies --test trash_descriptors -- --skip $(POSTGRES_UNIT)
+
+# The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
+# built first. A hung test must not hold CI to its own limit: the run is bounded.
+e2e: up wire-venv schemathesis-venv ## the end-to-end tests (every crate's tests/): on the stack `make up` starts
+	$(CARGO) build --workspace --bins
+	$(ENV) && status=0 \
+	  && { timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast --test '*' || status=$$?; } \
+	  && $(CARGO) test -p sandboxd --lib -- $(POSTGRES_UNIT) && exit $$status
 
 # kill -9 of the operator, a sandboxd, the API server, etcd and dockerd during a random workload
 # (tests/src/bin/faults.rs, docs/reliability.md). Not a cargo test: it kills what the tests

@@ -13,15 +13,6 @@ BUILD_LOG="$CACHE_DIR/build-node.log"
 # built DIR VERSION: whether DIR holds a whole build of VERSION.
 built() { [[ -f $1/.complete && $(cat "$1/.complete") == "$2" ]]; }
 
-# step WHAT COMMAND...: runs COMMAND with its output in the build log, timed.
-step() {
-  local what="$1" start=$SECONDS; shift
-  log "  $what"
-  printf '\n== %s (%s)\n' "$what" "$(date -u +%FT%TZ)" >>"$BUILD_LOG"
-  "$@" >>"$BUILD_LOG" 2>&1 || die "$what failed; see $BUILD_LOG"
-  printf '== %s: %ss\n' "$what" "$((SECONDS - start))" >>"$BUILD_LOG"
-}
-
 build_kubelet() {
   built "$KUBELET_BIN" "$KUBERNETES_VERSION" && return 0
   log "building kubelet and kube-scheduler v$KUBERNETES_VERSION (log: $BUILD_LOG)"
@@ -69,7 +60,7 @@ build_pause() {
   built "$PAUSE_DIR" "$PAUSE_VERSION" && return 0
   log "building the pause image v$PAUSE_VERSION (log: $BUILD_LOG)"
   local src
-  src=$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  src=$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" 2>>"$BUILD_LOG" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
   [[ -f $src/build/pause/linux/pause.c ]] || die "no build/pause/linux/pause.c in k8s.io/kubernetes@v$KUBERNETES_VERSION"
   rm -rf "$PAUSE_DIR"; mkdir -p "$PAUSE_DIR"
   step "gcc pause.c" gcc -Os -Wall -Werror -static "-DVERSION=v$PAUSE_VERSION" -o "$PAUSE_DIR/pause" "$src/build/pause/linux/pause.c"

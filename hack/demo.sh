@@ -110,7 +110,7 @@ log "demo: waiting for the operator to discover the sandboxd pod as the SandboxH
 wait_for "SandboxHost $HOST Ready" 180 kubectl wait --for condition=Ready "sandboxhost/$HOST" --timeout 5s
 
 say() { printf '\n$ %s\n' "$*"; }
-say kubectl sandbox open $SESSION --tenant demo-org -n $NS
+say kubectl sandbox open $SESSION --tenant demo-org -n $NS -l $SELECTOR
 kubectl sandbox open "$SESSION" --tenant demo-org -n "$NS" -l "$SELECTOR" --timeout 900 2>&1
 say kubectl sandbox exec $SESSION -n $NS -- "'echo \"hello from \$(hostname) as uid \$(id -u)\"; jq --version'"
 kubectl sandbox exec "$SESSION" -n "$NS" -- 'echo "hello from $(hostname) as uid $(id -u)"; jq --version'
@@ -126,7 +126,8 @@ kubectl get pods -n "$NS"
 cat <<NEXT
 
 The demo took $((SECONDS - started)) s and is still running: the chart's release $RELEASE in $NS on the
-local node (sandboxd on 127.0.0.1:$PORT, two operator replicas). Try next:
+local node (sandboxd on https://127.0.0.1:$PORT with a certificate from the operator's CA, two
+operator replicas). Try next:
 
   eval "\$(make -s env)"; export PATH="$BIN_DIR:\$PATH"
   kubectl sandbox exec $SESSION -n $NS -- ls -la

@@ -9,6 +9,7 @@ DEV_DIR="$ROOT_DIR/.dev"
 KUBE_BIN="$CACHE_DIR/bin/kubernetes-v$KUBERNETES_VERSION"
 ETCD_BIN="$CACHE_DIR/bin/etcd-v$ETCD_VERSION"
 HELM_BIN="$CACHE_DIR/bin/helm-v$HELM_VERSION"
+PROMTOOL_BIN="$CACHE_DIR/bin/promtool-v$PROMETHEUS_MODULE_VERSION"
 # The local node's binaries (hack/build-node.sh), each folder keyed by its version.
 KUBELET_BIN="$CACHE_DIR/bin/kubelet-v$KUBERNETES_VERSION"
 CONTAINERD_BIN="$CACHE_DIR/bin/containerd-v$CONTAINERD_VERSION"
@@ -22,6 +23,17 @@ export CGO_ENABLED=0
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# step WHAT COMMAND...: runs COMMAND with its output (the compilers', `go: downloading …`) in
+# $BUILD_LOG, timed; the terminal gets one line. The build scripts set BUILD_LOG.
+step() {
+  local what="$1" start=$SECONDS; shift
+  log "  $what"
+  mkdir -p "$(dirname "$BUILD_LOG")"
+  printf '\n== %s (%s)\n' "$what" "$(date -u +%FT%TZ)" >>"$BUILD_LOG"
+  "$@" >>"$BUILD_LOG" 2>&1 || die "$what failed; see $BUILD_LOG"
+  printf '== %s: %ss\n' "$what" "$((SECONDS - start))" >>"$BUILD_LOG"
+}
 
 # kube_module DIR: a Go module in DIR that requires k8s.io/kubernetes at the pin. Its go.mod
 # replaces every staging module with ./staging paths (which `go build` of a dependency refuses),

@@ -29,6 +29,13 @@ operator:
     - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
     - {name: KUBERNETES_SERVICE_PORT, value: "$api_port"}
   tolerations: [{key: sandboxd.dev/local-node, operator: Exists, effect: NoSchedule}]
+# TLS as by default: a certificate for the node from the operator's own CA. The init container
+# that asks for it dials the API server on loopback, as the operator does.
+tls:
+  issuer:
+    extraEnv:
+      - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+      - {name: KUBERNETES_SERVICE_PORT, value: "$api_port"}
 sandboxd:
   port: ${SANDBOXD_NODE_PORT:-18490}
   dockerSocket: $socket

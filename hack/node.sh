@@ -53,7 +53,7 @@ alive() {
   [[ -f $file ]] || return 1
   pid=$(cat "$file")
   [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$(marker "$1")"
+  tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "$(marker "$1")"
 }
 marker() {
   case $1 in

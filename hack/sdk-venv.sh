@@ -8,6 +8,7 @@ PINS=(
   "anyio==${SDK_ANYIO_VERSION:?}"
   "kubernetes-asyncio==${SDK_KUBERNETES_ASYNCIO_VERSION:?}"
   "aiohttp==${SDK_AIOHTTP_VERSION:?}"
+  "requests==${TEST_REQUESTS_VERSION:?}"
   "pydantic-ai-slim==${SDK_PYDANTIC_AI_SLIM_VERSION:?}"
   "pytest==${SDK_PYTEST_VERSION:?}"
   "ruff==${SDK_RUFF_VERSION:?}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make up`: everything a developer or a test run needs, started once and reused.
-#   1. kube-apiserver, kube-controller-manager, kubectl, etcd, helm built at the pins (cached)
+#   1. kube-apiserver, kube-controller-manager, kubectl, etcd, helm and promtool built at the pins (cached)
 #   2. dockerd of the project's own (.dev/docker.sock), installing docker.io if missing
 #   3. the local base image ($BASE_IMAGE_TAG), built with debootstrap (cached in dockerd's data root),
 #      and the busybox-only test image (hack/busybox-image.sh)

@@ -1,18 +1,19 @@
 //! The agent itself: PID 1 of a sandbox. It reaps every zombie, forwards signals, and serves
-//! runs on its Unix socket. Plain threads and blocking I/O: a run is a process group, one
-//! thread reading its two pipes, one supervising its timeout and exit; a connection is one
-//! thread writing and one reading.
+//! runs on its Unix socket. Plain threads: a run is a process group, one thread reading its two
+//! pipes (without blocking, so the supervisor may read them too), one supervising its timeout
+//! and exit; a connection is one thread writing and one reading.
 //!
 //! Over 600 lines: the agent's side of its one protocol (hello, run, output, stop, status), which reads best in one place.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -27,8 +28,14 @@ use nix::unistd::Pid;
 use crate::proto::{self, Frame, Msg, RunExit, RunRequest, RunState};
 
 /// How long output may keep coming after a run's program exited (background jobs that hold
-/// its stdout); the run is reported then, and its group keeps running.
+/// its stdout); the run is reported then, and its group keeps running. What the program itself
+/// wrote is read before the run is reported, whether its reader got time or not: see
+/// [`Pipes::drain`].
 const EXIT_GRACE: Duration = Duration::from_millis(100);
+/// Reads of one pipe in one drain: 16 chunks are 1 MiB, the most a pipe can hold
+/// (`/proc/sys/fs/pipe-max-size`, whose default no sandbox can raise), so a drain reads all a
+/// pipe held when it began, and a job that writes on for ever never keeps it going.
+const DRAIN_READS: usize = 16;
 /// How long a connection served without a thread of its own may take to send a frame.
 const CROWDED_READ: Duration = Duration::from_secs(2);
 /// How long a stop or timeout waits for the killed group to be gone.
@@ -68,12 +75,78 @@ struct Out {
     exit: Option<RunExit>,
 }
 
+/// A run's two pipes, read without blocking by its pump and, when its program has exited, by
+/// its supervisor. A read and the push of what it read happen under `reading`, so the two
+/// readers never reorder a stream.
+struct Pipes {
+    out: File,
+    err: File,
+    reading: Mutex<()>,
+}
+
+/// What one read of a pipe gave.
+enum Got {
+    Bytes,
+    Empty,
+    Closed,
+}
+
+impl Pipes {
+    fn new(out: OwnedFd, err: OwnedFd) -> Self {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        for fd in [out.as_fd(), err.as_fd()] {
+            let flags =
+                fcntl(fd, FcntlArg::F_GETFL).map_or(OFlag::empty(), OFlag::from_bits_retain);
+            let _ = fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK));
+        }
+        Self {
+            out: File::from(out),
+            err: File::from(err),
+            reading: Mutex::new(()),
+        }
+    }
+
+    /// Reads what is in one pipe now (at most [`DRAIN_READS`] chunks) into the run.
+    fn read(&self, run: &Run, stderr: bool, buf: &mut [u8]) -> Got {
+        let _reading = self
+            .reading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pipe = if stderr { &self.err } else { &self.out };
+        let mut got = Got::Empty;
+        for _ in 0..DRAIN_READS {
+            match pipe.read(buf) {
+                Ok(0) => return Got::Closed,
+                Ok(n) => {
+                    run.push(stderr, &buf[..n]);
+                    got = Got::Bytes;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return got,
+                Err(_) => return Got::Closed,
+            }
+        }
+        got
+    }
+
+    /// Reads what both pipes hold now. Called once the program has exited: what it wrote is
+    /// in the pipes before it is reaped, so after this the run has it all, even when the pump
+    /// got no time on a busy node (twenty runs waking a sandbox at once).
+    fn drain(&self, run: &Run) {
+        let mut buf = vec![0u8; CHUNK];
+        for stderr in [false, true] {
+            self.read(run, stderr, &mut buf);
+        }
+    }
+}
+
 /// One run.
 struct Run {
     id: String,
     pgid: Pid,
     started: Instant,
     cap: usize,
+    pipes: Pipes,
     state: Mutex<Out>,
     changed: Condvar,
 }
@@ -315,11 +388,19 @@ impl Agent {
             }
         })?;
         let pid = i32::try_from(child.id()).unwrap_or(0);
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            // Never so with piped output; the reaper reaps the killed program.
+            kill_group(Pid::from_raw(pid));
+            return Err(error("spawn_failed", "the run's pipes are missing"));
+        };
+        // The program is reaped by the agent's reaper, never through `child`.
+        drop(child);
         let run = Arc::new(Run {
             id: req.run_id.clone(),
             pgid: Pid::from_raw(pid),
             started: Instant::now(),
             cap: usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX),
+            pipes: Pipes::new(OwnedFd::from(out), OwnedFd::from(err)),
             state: Mutex::new(Out {
                 stdout: Vec::new(),
                 stderr: Vec::new(),
@@ -336,14 +417,8 @@ impl Agent {
         drop(leaders);
         runs.insert(req.run_id.clone(), run.clone());
         drop(runs);
-        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-            run.end(Ended::Stopped);
-            return Err(error("spawn_failed", "the run's pipes are missing"));
-        };
-        // The program is reaped by the agent's reaper, never through `child`.
-        drop(child);
         let r = run.clone();
-        spawn_thread(move || pump(&r, out, err));
+        spawn_thread(move || pump(&r));
         let r = run.clone();
         let agent = self.clone();
         let timeout = Duration::from_millis(req.timeout_ms);
@@ -372,6 +447,14 @@ impl Agent {
                     kill_group(run.pgid);
                     s = run.lock();
                     continue;
+                }
+                if !s.eof && now >= at + EXIT_GRACE {
+                    // The pipes are still open (a background job holds them): read what the
+                    // program left in them before reporting it, its pump may not have had
+                    // the time.
+                    drop(s);
+                    run.pipes.drain(run);
+                    s = run.lock();
                 }
                 if s.eof || now >= at + EXIT_GRACE {
                     let (code, signal) = match status {
@@ -646,19 +729,20 @@ fn error(code: &str, message: impl Into<String>) -> Msg {
 
 /// Reads a run's stdout and stderr into the run until both close, or until the run is over
 /// and no more comes (a background job holding the pipe open does not keep a thread forever).
-fn pump(run: &Run, mut out: ChildStdout, mut err: ChildStderr) {
+fn pump(run: &Run) {
     let mut buf = vec![0u8; CHUNK];
+    let pipes = &run.pipes;
     let (mut out_open, mut err_open) = (true, true);
     while out_open || err_open {
         let mut kinds = Vec::with_capacity(2);
         let mut polled = Vec::with_capacity(2);
         if out_open {
             kinds.push(false);
-            polled.push(PollFd::new(out.as_fd(), PollFlags::POLLIN));
+            polled.push(PollFd::new(pipes.out.as_fd(), PollFlags::POLLIN));
         }
         if err_open {
             kinds.push(true);
-            polled.push(PollFd::new(err.as_fd(), PollFlags::POLLIN));
+            polled.push(PollFd::new(pipes.err.as_fd(), PollFlags::POLLIN));
         }
         match poll(&mut polled, PollTimeout::from(100u16)) {
             Ok(0) => {
@@ -679,20 +763,13 @@ fn pump(run: &Run, mut out: ChildStdout, mut err: ChildStderr) {
             .collect();
         drop(polled);
         for stderr in ready {
-            let got = if stderr {
-                err.read(&mut buf)
-            } else {
-                out.read(&mut buf)
-            };
-            match got {
-                Ok(0) | Err(_) => {
-                    if stderr {
-                        err_open = false;
-                    } else {
-                        out_open = false;
-                    }
+            // Empty: the supervisor read it first.
+            if let Got::Closed = pipes.read(run, stderr, &mut buf) {
+                if stderr {
+                    err_open = false;
+                } else {
+                    out_open = false;
                 }
-                Ok(n) => run.push(stderr, &buf[..n]),
             }
         }
     }

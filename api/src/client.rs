@@ -13,15 +13,15 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::audit::{OperationPage, OperationQuery};
+use crate::audit::{OperationPage, OperationQuery, SessionEvents};
 use crate::error::{ErrorBody, ErrorCode};
 use crate::files::{Entry, Listing, Tree};
-use crate::headers::{AGENT_HEADER, RUN_HEADER};
+use crate::headers::{AGENT_HEADER, RUN_HEADER, TRACEPARENT_HEADER};
 use crate::policy::PolicyView;
 use crate::routes::Index;
 use crate::run::{RunEvent, RunOutcome, RunRequest, RunStatus};
 use crate::runtimes::RuntimeList;
-use crate::session::{Destroyed, Limits, OpenRequest, Opened, SessionView};
+use crate::session::{Destroyed, Limits, OpenRequest, Opened, RebuildRequest, SessionView};
 use sandboxd_catalog::CatalogEntry;
 
 /// The most a read allocates up front from the size the server announces.
@@ -106,6 +106,8 @@ pub struct Client {
     token: String,
     agent: Option<String>,
     run: Option<String>,
+    /// The W3C trace context sent with every request ([`Client::with_traceparent`]).
+    traceparent: Option<String>,
     http: reqwest::Client,
     /// What https:// endpoints are verified against, for messages.
     trust: &'static str,
@@ -262,6 +264,7 @@ impl Client {
             token: token.to_owned(),
             agent: None,
             run: None,
+            traceparent: None,
             http: trust.http.clone(),
             trust: trust.trust,
             deadline: None,
@@ -291,6 +294,15 @@ impl Client {
         Self {
             agent: agent.map(str::to_owned),
             run: run.map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    /// The same client, sending `traceparent` (the W3C trace context of the caller's span) with
+    /// every request, so sandboxd's spans join the caller's trace; `None` sends none.
+    pub fn with_traceparent(&self, traceparent: Option<String>) -> Self {
+        Self {
+            traceparent,
             ..self.clone()
         }
     }
@@ -347,6 +359,9 @@ impl Client {
         }
         if let Some(r) = &self.run {
             req = req.header(RUN_HEADER, r);
+        }
+        if let Some(t) = &self.traceparent {
+            req = req.header(TRACEPARENT_HEADER, t);
         }
         if let Some(v) = json_body {
             req = req.json(&v);
@@ -461,6 +476,17 @@ impl Client {
         .await
     }
 
+    /// One session without its `usage` (`?usage=false`: sandboxd asks Docker nothing for it).
+    pub async fn get_without_usage(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}",
+            &format!("/v1/sessions/{}?usage=false", enc(id)),
+            None,
+        )
+        .await
+    }
+
     /// Every session (admin token).
     pub async fn list(&self) -> Result<Vec<SessionView>, ClientError> {
         #[derive(serde::Deserialize)]
@@ -496,6 +522,25 @@ impl Client {
     /// Removes a session's container, keeping its workspace.
     pub async fn reclaim(&self, id: &str) -> Result<SessionView, ClientError> {
         self.action(id, "reclaim").await
+    }
+
+    /// Rebuilds a session (admin token): its container recreated from its runtime's current
+    /// image with the limits asked, the workspace kept. A running session runs again on the
+    /// new container; a stopped one loses its container (it wakes on the new image); a
+    /// reclaimed one keeps the limits for its next container.
+    pub async fn rebuild(
+        &self,
+        id: &str,
+        req: &RebuildRequest,
+    ) -> Result<SessionView, ClientError> {
+        let body = serde_json::to_value(req).map_err(|e| self.transport(e))?;
+        self.json(
+            Method::POST,
+            "POST /v1/sessions/{id}/rebuild",
+            &format!("/v1/sessions/{}/rebuild", enc(id)),
+            Some(body),
+        )
+        .await
     }
 
     /// Gives a session a new token (admin token).
@@ -836,6 +881,18 @@ impl Client {
         };
         self.json(Method::GET, "GET /v1/operations", &path, None)
             .await
+    }
+
+    /// The session's activity feed after sequence number `after`, newest last
+    /// (`GET /v1/sessions/{id}/events`).
+    pub async fn events(&self, id: &str, after: i64) -> Result<SessionEvents, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}/events",
+            &format!("/v1/sessions/{}/events?after={after}", enc(id)),
+            None,
+        )
+        .await
     }
 
     /// The breadth-first tree of a folder.

@@ -32,6 +32,14 @@ pub enum ErrorCode {
     SessionDestroying,
     /// The session changed under the request (409).
     SessionChanged,
+    /// The session is being rebuilt: runs and other rebuilds wait until it is done (409).
+    SessionRebuilding,
+    /// A rebuild refused as asked: the runtime names another image on this host, or the
+    /// session has runs in flight and the rebuild asked for an idle one (409).
+    RebuildRefused,
+    /// A rebuild that failed after the old container was removed: the workspace is kept and
+    /// the session has no container until it is rebuilt again or woken (502).
+    RebuildFailed,
     /// The workspace vanished (410).
     SessionLost,
     /// The session was destroyed while a command ran (410).
@@ -50,6 +58,11 @@ pub enum ErrorCode {
     TenantCap,
     /// The host's cap of sessions is reached (429).
     HostCap,
+    /// The tenant's cap of workspaces on the host is reached, sleeping and reclaimed ones
+    /// included (429).
+    TenantWorkspaces,
+    /// The host's workspace budget has no room for the workspace asked for (429).
+    WorkspaceBudget,
     /// The host's disk is too full to open a session (507).
     HostDiskFull,
     /// The container could not be created or started (502).
@@ -96,6 +109,13 @@ pub enum ErrorCode {
     PermissionDenied,
     /// Not a regular file (409).
     NotARegularFile,
+    /// A file operation ran past its deadline or lost its client, and was stopped (503).
+    FileWorkStopped,
+    /// The session's share of file work, or the host's, is taken: retry shortly (503).
+    FileWorkBusy,
+    /// sandboxd's budget of bytes in flight (the host's or the session's) is full: retry
+    /// shortly (503).
+    MemoryBusy,
     /// The file operation failed on the host (500).
     IoError,
     /// An answer without a body of this API (made by the client, never sent by sandboxd).
@@ -106,7 +126,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 42] = [
+    pub const ALL: [ErrorCode; 50] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -115,6 +135,9 @@ impl ErrorCode {
         Self::SessionOpening,
         Self::SessionDestroying,
         Self::SessionChanged,
+        Self::SessionRebuilding,
+        Self::RebuildRefused,
+        Self::RebuildFailed,
         Self::SessionLost,
         Self::SessionGone,
         Self::OwnerMismatch,
@@ -124,6 +147,8 @@ impl ErrorCode {
         Self::RuntimeFailed,
         Self::TenantCap,
         Self::HostCap,
+        Self::TenantWorkspaces,
+        Self::WorkspaceBudget,
         Self::HostDiskFull,
         Self::OpenFailed,
         Self::NetworkUnavailable,
@@ -147,6 +172,9 @@ impl ErrorCode {
         Self::WorkspaceFull,
         Self::PermissionDenied,
         Self::NotARegularFile,
+        Self::FileWorkStopped,
+        Self::FileWorkBusy,
+        Self::MemoryBusy,
         Self::IoError,
         Self::HttpError,
     ];
@@ -162,6 +190,9 @@ impl ErrorCode {
             Self::SessionOpening => "session_opening",
             Self::SessionDestroying => "session_destroying",
             Self::SessionChanged => "session_changed",
+            Self::SessionRebuilding => "session_rebuilding",
+            Self::RebuildRefused => "rebuild_refused",
+            Self::RebuildFailed => "rebuild_failed",
             Self::SessionLost => "session_lost",
             Self::SessionGone => "session_gone",
             Self::OwnerMismatch => "owner_mismatch",
@@ -171,6 +202,8 @@ impl ErrorCode {
             Self::RuntimeFailed => "runtime_failed",
             Self::TenantCap => "tenant_cap",
             Self::HostCap => "host_cap",
+            Self::TenantWorkspaces => "tenant_workspaces",
+            Self::WorkspaceBudget => "workspace_budget",
             Self::HostDiskFull => "host_disk_full",
             Self::OpenFailed => "open_failed",
             Self::NetworkUnavailable => "network_unavailable",
@@ -194,6 +227,9 @@ impl ErrorCode {
             Self::WorkspaceFull => "workspace_full",
             Self::PermissionDenied => "permission_denied",
             Self::NotARegularFile => "not_a_regular_file",
+            Self::FileWorkStopped => "file_work_stopped",
+            Self::FileWorkBusy => "file_work_busy",
+            Self::MemoryBusy => "memory_busy",
             Self::IoError => "io_error",
             Self::HttpError => "http_error",
             Self::Other(code) => code,
@@ -212,6 +248,9 @@ impl From<&str> for ErrorCode {
             "session_opening" => Self::SessionOpening,
             "session_destroying" => Self::SessionDestroying,
             "session_changed" => Self::SessionChanged,
+            "session_rebuilding" => Self::SessionRebuilding,
+            "rebuild_refused" => Self::RebuildRefused,
+            "rebuild_failed" => Self::RebuildFailed,
             "session_lost" => Self::SessionLost,
             "session_gone" => Self::SessionGone,
             "owner_mismatch" => Self::OwnerMismatch,
@@ -221,6 +260,8 @@ impl From<&str> for ErrorCode {
             "runtime_failed" => Self::RuntimeFailed,
             "tenant_cap" => Self::TenantCap,
             "host_cap" => Self::HostCap,
+            "tenant_workspaces" => Self::TenantWorkspaces,
+            "workspace_budget" => Self::WorkspaceBudget,
             "host_disk_full" => Self::HostDiskFull,
             "open_failed" => Self::OpenFailed,
             "network_unavailable" => Self::NetworkUnavailable,
@@ -244,6 +285,9 @@ impl From<&str> for ErrorCode {
             "workspace_full" => Self::WorkspaceFull,
             "permission_denied" => Self::PermissionDenied,
             "not_a_regular_file" => Self::NotARegularFile,
+            "file_work_stopped" => Self::FileWorkStopped,
+            "file_work_busy" => Self::FileWorkBusy,
+            "memory_busy" => Self::MemoryBusy,
             "io_error" => Self::IoError,
             "http_error" => Self::HttpError,
             other => Self::Other(other.to_owned()),

@@ -49,6 +49,24 @@ pub struct Fixed {
     /// limited (SANDBOXD_WORKSPACE_QUOTA=off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_size: Option<u64>,
+    /// The bytes of workspace disks the host holds at most, their nominal sizes, sleeping and
+    /// reclaimed workspaces included (`SANDBOXD_WORKSPACE_BUDGET`); absent when workspaces are
+    /// not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_budget: Option<u64>,
+    /// Workspaces one tenant holds at most on the host, in any state until destroyed
+    /// (`SANDBOXD_MAX_WORKSPACES_PER_TENANT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_workspaces_per_tenant: Option<u32>,
+}
+
+/// The workspaces a host holds: every one not yet destroyed (sleeping and reclaimed included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WorkspaceUse {
+    /// How many.
+    pub workspaces: u32,
+    /// Their nominal sizes added up, bytes.
+    pub bytes: u64,
 }
 
 /// The body of `GET /v1/policy` and of a successful `PUT /v1/policy`.
@@ -59,4 +77,7 @@ pub struct PolicyView {
     pub policy: Policy,
     /// What needs a restart.
     pub fixed: Fixed,
+    /// What the host's workspaces hold now, against `fixed.workspace_budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspaces: Option<WorkspaceUse>,
 }

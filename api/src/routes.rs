@@ -1,6 +1,8 @@
 //! The routes of the `/v1` API and the index that lists them. sandboxd's router is checked
 //! against [`ROUTES`] (a test in sandboxd sends every method of every path the router is built
-//! from through it), so a client may trust the list.
+//! from through it), so a client may trust the list. [`REQUIRED_ROUTES`] are the ones the
+//! operator needs of a host, and [`version_mismatch_message`] what the operator's
+//! `VersionMismatch` condition and `kubectl sandbox doctor` say when a host lacks some.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +19,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sessions/{id}/stop",
     "POST /v1/sessions/{id}/start",
     "POST /v1/sessions/{id}/reclaim",
+    "POST /v1/sessions/{id}/rebuild",
     "POST /v1/sessions/{id}/token",
     "POST /v1/sessions/{id}/runs",
     "GET /v1/sessions/{id}/runs/{run_id}",
@@ -27,12 +30,42 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sessions/{id}/mkdir",
     "GET /v1/sessions/{id}/ls",
     "GET /v1/sessions/{id}/tree",
+    "GET /v1/sessions/{id}/events",
     "GET /v1/runtimes",
     "PUT /v1/runtimes",
     "GET /v1/policy",
     "PUT /v1/policy",
     "GET /v1/operations",
+    "GET /v1/operations/stream",
 ];
+
+/// The routes the operator needs from a host's sandboxd; a host that lacks one is a
+/// `VersionMismatch`.
+pub const REQUIRED_ROUTES: &[&str] = &[
+    "POST /v1/sessions",
+    "GET /v1/sessions",
+    "GET /v1/sessions/{id}",
+    "DELETE /v1/sessions/{id}",
+    "POST /v1/sessions/{id}/stop",
+    "POST /v1/sessions/{id}/start",
+    "POST /v1/sessions/{id}/reclaim",
+    "POST /v1/sessions/{id}/rebuild",
+    "POST /v1/sessions/{id}/token",
+    "GET /v1/runtimes",
+    "PUT /v1/runtimes",
+    "GET /v1/policy",
+];
+
+/// The message of a host whose sandboxd lacks `missing` routes: the version expected (this
+/// crate's, the workspace's) and the image to run.
+pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
+    format!(
+        "The sandbox service does not serve {} - its version does not match this platform (expected {}). Run {image}:{} and redeploy it",
+        missing.join(", "),
+        crate::VERSION,
+        crate::VERSION,
+    )
+}
 
 /// The routes anyone may call: the index, health, metrics and the OpenAPI document (no body,
 /// nothing of a session).
@@ -47,4 +80,19 @@ pub struct Index {
     pub version: String,
     /// The routes it serves.
     pub routes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_required_route_is_a_route_of_the_api() {
+        for route in REQUIRED_ROUTES {
+            assert!(
+                ROUTES.contains(route),
+                "{route} is not a route of sandboxd's API"
+            );
+        }
+    }
 }

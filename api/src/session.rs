@@ -119,6 +119,58 @@ pub struct SessionView {
     /// `cold` (created for it).
     #[serde(default)]
     pub launch: Launch,
+    /// The image its runtime names on this host now; another than `image` means the session
+    /// runs an old image until it is rebuilt. Absent when the runtime left the allowlist (or
+    /// from a host before rebuilds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_image: Option<String>,
+    /// The limits its container was made with (the workspace size in bytes); the next
+    /// container it gets has them too.
+    #[serde(default)]
+    pub limits: Limits,
+    /// What its sandbox uses now, as Docker reports the container's cgroup (sampled at most
+    /// every 2 s); `null` when it is not running (asleep, reclaimed, opening).
+    #[serde(default)]
+    pub usage: Option<SessionUsage>,
+}
+
+/// What a running sandbox uses at one moment (the wire protocol's `SessionUsage`). Each figure
+/// is `null` when Docker did not report it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionUsage {
+    /// Memory the container's cgroup holds, bytes (as Docker's stats report it, page cache
+    /// included).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// The container's memory limit, bytes.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+    /// CPU use since the previous sample, in percent of one core (200 is two cores busy).
+    #[serde(default)]
+    pub cpu_percent: Option<f64>,
+    /// Processes (and threads) in the container, its PID 1 included.
+    #[serde(default)]
+    pub pids: Option<u64>,
+}
+
+/// A request to rebuild a session: its container recreated from its runtime's current image
+/// with these limits, the workspace kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RebuildRequest {
+    /// The image the rebuild must land on: refused (409 `rebuild_refused`) when the session's
+    /// runtime names another on this host. Absent: whatever it names now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The limits of the new container, whole (as an open takes them); absent keeps the
+    /// session's. A workspace size grows the disk in place and never shrinks it (400 naming
+    /// the current size); absent keeps the size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// Only while no run is in flight: refused (409 `rebuild_refused`) when one is, instead
+    /// of stopping it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle_only: bool,
 }
 
 /// What a destroy did.

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_crds::v1alpha1::condition::READY;
-use sandboxd_operator::host::{REQUIRED_ROUTES, version_mismatch_message};
 
 use crate::error::Error;
 
@@ -97,7 +97,7 @@ pub async fn doctor(
         // The CA: --ca-file, else the host's spec.caSecret (when this user may read it).
         let trusted = match ca_file {
             Some(_) => crate::session::trust(ca_file, None, ""),
-            None => match sandboxd_operator::trust::host_ca(client, None, None, host).await {
+            None => match sandboxd_crds::ca::from_secret(client, None, host).await {
                 Ok(ca) => {
                     let origin = ca.as_ref().map(|c| c.origin.clone()).unwrap_or_default();
                     crate::session::trust(None, ca.as_ref().map(|c| c.pem.as_slice()), &origin)

@@ -109,6 +109,22 @@ pub enum Error {
         /// What was last seen.
         last: String,
     },
+    /// No running operator's selector matches the session.
+    #[error(
+        "no operator has picked up SandboxSession {name} in namespace {namespace} within {seconds} s: the running operators handle only sessions their selectors match, {selectors}, and it matches none. {next}"
+    )]
+    Unhandled {
+        /// The session.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// How long it waited.
+        seconds: u64,
+        /// The running operators' selectors, in words.
+        selectors: String,
+        /// What to do, with the command.
+        next: String,
+    },
     /// The session's token Secret cannot be read.
     #[error(
         "cannot read the token of session {name} from Secret {namespace}/{secret}: {message}. You need `get` on Secrets in {namespace}; the operator writes it when the session opens"

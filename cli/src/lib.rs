@@ -1,14 +1,17 @@
 //! `kubectl sandbox`, a kubectl plugin for people: open a sandbox session and wait until it
 //! runs, run commands in it, copy files in and out, list and walk its workspace, read its audit
-//! log and briefing, list sessions, and check every SandboxHost.
+//! log (or follow its activity feed) and briefing, list sessions and what their sandboxes use,
+//! and check every SandboxHost.
 //!
 //! It talks to the API server for the `SandboxSession` and `SandboxHost` objects and the session
 //! token Secret, and to the session's sandboxd with that token (sandboxd's typed client).
 
 pub mod doctor;
 pub mod error;
+pub mod operators;
 pub mod render;
 pub mod session;
+pub mod top;
 pub mod workspace;
 
 use clap::{Args, Parser, Subcommand};
@@ -80,12 +83,30 @@ pub enum Command {
         #[arg(default_value = "")]
         path: String,
     },
-    /// The session's audit log, newest first.
+    /// The session's audit log, newest first; with --follow, its activity feed as it grows.
     Ops(OpsArgs),
+    /// What each session's sandbox uses now: CPU, memory and its limit, processes (as `kubectl
+    /// top pods`), heaviest first.
+    Top {
+        /// Only this session.
+        name: Option<String>,
+        /// Order by cpu, memory (the default) or name.
+        #[arg(long, value_enum, default_value = "memory")]
+        sort_by: top::SortBy,
+    },
     /// The paragraph for an agent's instructions: what the session's runtime holds.
     Briefing {
         /// The session.
         name: String,
+    },
+    /// Rebuild the session: its container recreated from its Runtime's current image with its
+    /// spec.resources, the workspace kept (runs in flight are stopped); waits until it runs.
+    Rebuild {
+        /// The session.
+        name: String,
+        /// Seconds to wait until it runs again.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
     },
     /// Sessions with phase, host, runtime and when they sleep.
     List {
@@ -140,7 +161,7 @@ pub struct OpenArgs {
 pub struct OpsArgs {
     /// The session.
     pub name: String,
-    /// Only this kind: read, write, ls, mkdir, remove or execute.
+    /// Only this kind: read, write, ls, mkdir, remove, execute or rebuild.
     #[arg(long)]
     pub op: Option<String>,
     /// Only failed operations.
@@ -161,6 +182,10 @@ pub struct OpsArgs {
     /// The page after this cursor (printed under a full page).
     #[arg(long)]
     pub cursor: Option<String>,
+    /// Follow the session's activity feed: the last `--limit` entries, oldest first, then each
+    /// new one as it comes (every second), until interrupted.
+    #[arg(short = 'f', long, conflicts_with_all = ["op", "failed", "agent", "run", "grep", "cursor"])]
+    pub follow: bool,
 }
 
 fn parse_scope(s: &str) -> Result<Scope, String> {
@@ -207,8 +232,17 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Cp { src, dst } => workspace::cp(&target, &src, &dst).await.map(|()| 0),
         Command::Ls { name, path } => workspace::ls(&target, &name, &path).await.map(|()| 0),
         Command::Tree { name, path } => workspace::tree(&target, &name, &path).await.map(|()| 0),
+        Command::Ops(args) if args.follow => workspace::follow(&target, &args).await.map(|()| 0),
         Command::Ops(args) => workspace::ops(&target, &args).await.map(|()| 0),
+        Command::Top { name, sort_by } => top::top(&target, name.as_deref(), sort_by)
+            .await
+            .map(|()| 0),
         Command::Briefing { name } => session::briefing(&target, &name).await.map(|()| 0),
+        Command::Rebuild { name, timeout } => {
+            session::rebuild(&target, &name, std::time::Duration::from_secs(timeout))
+                .await
+                .map(|()| 0)
+        }
         Command::List {
             all_namespaces,
             selector,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::SandboxSession;
@@ -15,7 +15,12 @@ use sandboxd_crds::v1alpha1::session::SessionPhase;
 use serde_json::json;
 
 use crate::error::Error;
+use crate::operators::{self, Handling};
 use crate::render;
+
+/// How long `open` waits for an operator's first report on a session before it asks which
+/// operators run and whether one handles it.
+pub const PICKUP_SECONDS: u64 = 5;
 
 /// Where commands go: the cluster, the namespace, and an optional sandboxd endpoint override.
 #[derive(Clone)]
@@ -119,7 +124,11 @@ impl Target {
     /// Refuses a session in a phase that has no sandbox to talk to.
     fn usable(&self, s: &SandboxSession) -> Result<(), Error> {
         match phase(s) {
-            SessionPhase::Running | SessionPhase::Sleeping | SessionPhase::Reclaimed => Ok(()),
+            // Rebuilding: the host answers a run with its words (409 session_rebuilding).
+            SessionPhase::Running
+            | SessionPhase::Sleeping
+            | SessionPhase::Reclaimed
+            | SessionPhase::Rebuilding => Ok(()),
             SessionPhase::Lost => Err(self.lost(s)),
             SessionPhase::Failed => Err(Error::Failed {
                 name: s.name_any(),
@@ -185,6 +194,7 @@ pub fn progress(phase: SessionPhase, message: &str) -> String {
         SessionPhase::Preparing => format!("preparing sandbox…{detail}"),
         SessionPhase::Running => "sandbox is running".into(),
         SessionPhase::Sleeping | SessionPhase::Reclaimed => format!("waking sandbox…{detail}"),
+        SessionPhase::Rebuilding => format!("rebuilding sandbox…{detail}"),
         SessionPhase::Lost => format!("workspace lost{detail}"),
         SessionPhase::Failed => format!("failed{detail}"),
         SessionPhase::Terminating => "being deleted…".into(),
@@ -252,7 +262,7 @@ pub async fn open(t: &Target, args: &crate::OpenArgs) -> Result<(), Error> {
         let (client, id) = t.sandbox(name).await?;
         client.run(&id, "true", None, None, None).await?;
     }
-    let running = wait_running(t, name, Duration::from_secs(args.timeout)).await?;
+    let running = wait_running(t, args, existing.is_none()).await?;
     let st = running.status.unwrap_or_default();
     say(&format!(
         "sandbox {name} is running on host {} (runtime {})",
@@ -271,38 +281,32 @@ pub async fn open(t: &Target, args: &crate::OpenArgs) -> Result<(), Error> {
 }
 
 /// Watches the session until it is Running, printing each new phase and message; Lost,
-/// Failed and Terminating end the wait with what to do next.
+/// Failed and Terminating end the wait with what to do next. When no operator has reported on
+/// it after [`PICKUP_SECONDS`], asks which operators run: if none of them handles it, the wait
+/// ends with their selectors and the command that would work (a session this run `created` is
+/// removed again, so that command can create it anew).
 pub async fn wait_running(
     t: &Target,
-    name: &str,
-    limit: Duration,
+    args: &crate::OpenArgs,
+    created: bool,
 ) -> Result<SandboxSession, Error> {
-    let api = t.sessions();
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config)
-        .default_backoff()
-        .applied_objects()
-        .boxed();
+    let name = args.name.as_str();
+    let mut watch = SessionWatch::new(t, name, Duration::from_secs(args.timeout));
+    let pickup = tokio::time::sleep(Duration::from_secs(PICKUP_SECONDS));
+    tokio::pin!(pickup);
+    let mut asked = false;
+    let mut latest: Option<SandboxSession> = None;
     let mut last = String::new();
-    let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let next = tokio::time::timeout_at(deadline, stream.next()).await;
-        let s = match next {
-            Err(_) => {
-                return Err(Error::Timeout {
-                    name: name.to_owned(),
-                    namespace: t.namespace.clone(),
-                    seconds: limit.as_secs(),
-                    last,
-                });
+        let s = tokio::select! {
+            s = watch.next(&last) => s?,
+            () = &mut pickup, if !asked && latest.as_ref().is_none_or(unreported) => {
+                asked = true;
+                if let Some(s) = &latest {
+                    t.picked_up(s, args, created).await?;
+                }
+                continue;
             }
-            Ok(None) => return Err(Error::Usage("the watch of the session ended".into())),
-            Ok(Some(Err(e))) => {
-                return Err(Error::Usage(format!(
-                    "watching SandboxSession {name} failed: {e}"
-                )));
-            }
-            Ok(Some(Ok(s))) => s,
         };
         let p = phase(&s);
         let m = s
@@ -322,6 +326,186 @@ pub async fn wait_running(
         if words != last {
             say(&words);
             last = words;
+        }
+        latest = Some(s);
+    }
+}
+
+/// No operator has touched the session: no status, no finalizer.
+fn unreported(s: &SandboxSession) -> bool {
+    s.status.is_none() && s.finalizers().is_empty()
+}
+
+impl Target {
+    /// After [`PICKUP_SECONDS`] without a report on `s`: an error naming the running
+    /// operators' selectors when none handles it (removing `s` when this run `created` it);
+    /// a line said when no operator runs or they cannot be seen (the wait goes on: one may be
+    /// starting); nothing when one handles it.
+    async fn picked_up(
+        &self,
+        s: &SandboxSession,
+        args: &crate::OpenArgs,
+        created: bool,
+    ) -> Result<(), Error> {
+        let name = &args.name;
+        let operators = match operators::handling(&self.client, s).await {
+            Handling::Handled => return Ok(()),
+            Handling::NoneRunning => {
+                say(&format!(
+                    "no operator has picked up SandboxSession {name} yet, and none runs (no Lease labelled {}=true was renewed in time): install the chart (`helm install sandboxd charts/sandboxd`); still waiting…",
+                    sandboxd_crds::lease::LABEL
+                ));
+                return Ok(());
+            }
+            Handling::Unknown(why) => {
+                say(&format!(
+                    "no operator has picked up SandboxSession {name} yet, and which operators run cannot be seen ({why}); still waiting…"
+                ));
+                return Ok(());
+            }
+            Handling::Unhandled(operators) => operators,
+        };
+        let ns = &self.namespace;
+        let labels = operators.first().and_then(operators::label_args);
+        let next = match (created, labels) {
+            (true, Some(labels)) => {
+                self.sessions()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| Error::kube(format!("removing SandboxSession {name}"), e))?;
+                format!(
+                    "It was removed again; open it with the labels of {}: `kubectl sandbox open {}{labels}`",
+                    operators[0].lease,
+                    open_command(args, ns)
+                )
+            }
+            (false, Some(labels)) => format!(
+                "Label it for {} and wait for it: `kubectl label sbx {name} -n {ns}{} && kubectl sandbox open {}`",
+                operators[0].lease,
+                labels.replace(" -l ", " "),
+                open_command(args, ns)
+            ),
+            (_, None) => format!(
+                "Label it so that a selector matches it (`kubectl label sbx {name} -n {ns} <key>=<value>`), then `kubectl sandbox open {}`",
+                open_command(args, ns)
+            ),
+        };
+        Err(Error::Unhandled {
+            name: name.clone(),
+            namespace: ns.clone(),
+            seconds: PICKUP_SECONDS,
+            selectors: operators::selectors(&operators),
+            next,
+        })
+    }
+}
+
+/// `open`'s arguments as a person types them, in namespace `ns` (`-n` after the tenant).
+fn open_command(args: &crate::OpenArgs, ns: &str) -> String {
+    let mut c = format!("{} --tenant {} -n {ns}", args.name, args.tenant);
+    if args.scope != sandboxd_crds::v1alpha1::session::Scope::Conversation {
+        c += &format!(" --scope {}", args.scope);
+    }
+    if !args.runtime.is_empty() {
+        c += &format!(" --runtime {}", args.runtime);
+    }
+    if let Some(subject) = &args.subject {
+        c += &format!(" --subject {subject}");
+    }
+    for (k, v) in &args.labels {
+        c += &format!(" -l {k}={v}");
+    }
+    c
+}
+
+/// `rebuild`: raises the session's `spec.rebuildGeneration` by one, so the operator recreates
+/// its container from its Runtime's current image with its spec.resources (the workspace
+/// kept), and waits until that rebuild is done: Running (on which image), or Failed with the
+/// operator's words.
+pub async fn rebuild(t: &Target, name: &str, limit: Duration) -> Result<(), Error> {
+    let s = t.find(name).await?;
+    let generation = s.spec.rebuild_generation.unwrap_or(0) + 1;
+    let patch = json!({
+        "metadata": {"resourceVersion": s.resource_version()},
+        "spec": {"rebuildGeneration": generation},
+    });
+    t.sessions()
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("asking SandboxSession {name} to rebuild"), e))?;
+    say(&format!("rebuild {generation} of {name} asked"));
+    let mut watch = SessionWatch::new(t, name, limit);
+    let mut last = String::new();
+    loop {
+        let s = watch.next(&last).await?;
+        let st = s.status.clone().unwrap_or_default();
+        let m = st.message.clone().unwrap_or_default();
+        if st.rebuild_generation.unwrap_or(0) >= generation {
+            match phase(&s) {
+                SessionPhase::Running => {
+                    say(&format!(
+                        "rebuilt: running on image {}, the workspace kept",
+                        st.image.unwrap_or_default()
+                    ));
+                    return Ok(());
+                }
+                SessionPhase::Failed => return Err(Error::Usage(m)),
+                _ => {}
+            }
+        }
+        let words = progress(phase(&s), &m);
+        if words != last {
+            say(&words);
+            last = words;
+        }
+    }
+}
+
+/// A watch of one session until a deadline: each copy of it as it changes, or the error that
+/// ends the wait (the time limit, with the last progress shown; the watch ending or failing).
+struct SessionWatch<'a> {
+    t: &'a Target,
+    name: &'a str,
+    limit: Duration,
+    deadline: tokio::time::Instant,
+    stream: futures::stream::BoxStream<'static, Result<SandboxSession, watcher::Error>>,
+}
+
+impl<'a> SessionWatch<'a> {
+    fn new(t: &'a Target, name: &'a str, limit: Duration) -> Self {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let stream = watcher(t.sessions(), config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        Self {
+            t,
+            name,
+            limit,
+            deadline: tokio::time::Instant::now() + limit,
+            stream,
+        }
+    }
+
+    /// The session's next copy; `last` is the progress last shown, for the timeout's words.
+    async fn next(&mut self, last: &str) -> Result<SandboxSession, Error> {
+        let name = self.name;
+        match tokio::time::timeout_at(self.deadline, self.stream.next()).await {
+            Err(_) => Err(Error::Timeout {
+                name: name.to_owned(),
+                namespace: self.t.namespace.clone(),
+                seconds: self.limit.as_secs(),
+                last: last.to_owned(),
+            }),
+            Ok(None) => Err(Error::Usage("the watch of the session ended".into())),
+            Ok(Some(Err(e))) => Err(Error::Usage(format!(
+                "watching SandboxSession {name} failed: {e}"
+            ))),
+            Ok(Some(Ok(s))) => Ok(s),
         }
     }
 }

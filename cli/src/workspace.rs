@@ -1,5 +1,5 @@
 //! A session's sandbox through its sandboxd, with the session's own token: exec (streamed),
-//! cp in and out, ls, tree and the audit log.
+//! cp in and out, ls, tree, the audit log and the activity feed.
 
 use std::io::{Read as _, Write as _};
 use std::path::Path;
@@ -259,7 +259,7 @@ pub async fn ops(t: &Target, args: &crate::OpsArgs) -> Result<(), Error> {
         None => None,
         Some(s) => Some(Op::parse(s).ok_or_else(|| {
             Error::Usage(format!(
-                "--op {s}: use read, write, ls, mkdir, remove or execute"
+                "--op {s}: use read, write, ls, mkdir, remove, execute or rebuild"
             ))
         })?),
     };
@@ -312,9 +312,75 @@ pub async fn ops(t: &Target, args: &crate::OpsArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// How often `ops --follow` asks for new entries.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One line of the activity feed: when, what, how it went, how long, on what.
+pub fn event_line(e: &sandboxd_api::audit::SessionEvent) -> String {
+    let at = k8s_openapi::jiff::Timestamp::from_millisecond((e.at * 1000.0) as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{:.3}", e.at));
+    let result = match (e.ok, e.detail.as_str()) {
+        (true, "") => "ok".to_owned(),
+        (_, "") => "failed".to_owned(),
+        (_, d) => d.to_owned(),
+    };
+    format!(
+        "{at}  {:<6}  {:<10}  {:>7}  {}",
+        e.op,
+        result,
+        format!("{}ms", e.duration_ms.round() as i64),
+        e.target.replace('\n', "⏎")
+    )
+}
+
+/// `ops --follow`: the last `--limit` entries of the session's activity feed, then each new one
+/// as it comes, until interrupted (or the session goes).
+pub async fn follow(t: &Target, args: &crate::OpsArgs) -> Result<(), Error> {
+    let (client, id) = t.sandbox(&args.name).await?;
+    let first = client.events(&id, 0).await?;
+    let skip = first.events.len().saturating_sub(args.limit as usize);
+    let mut out = std::io::stdout();
+    for e in &first.events[skip..] {
+        let _ = writeln!(out, "{}", event_line(e));
+    }
+    let _ = out.flush();
+    let mut after = first.latest_seq;
+    loop {
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        let next = client.events(&id, after).await?;
+        for e in &next.events {
+            let _ = writeln!(out, "{}", event_line(e));
+        }
+        let _ = out.flush();
+        after = after.max(next.latest_seq);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn feed_lines_say_what_happened() {
+        let e = |op: &str, ok, detail: &str| sandboxd_api::audit::SessionEvent {
+            seq: 1,
+            at: 1_800_000_000.5,
+            op: op.into(),
+            target: "ls\n-la".into(),
+            ok,
+            detail: detail.into(),
+            duration_ms: 12.4,
+        };
+        assert_eq!(
+            event_line(&e("run", false, "exit 2")),
+            "2027-01-15T08:00:00.5Z  run     exit 2         12ms  ls⏎-la"
+        );
+        assert_eq!(
+            event_line(&e("write", true, "")),
+            "2027-01-15T08:00:00.5Z  write   ok             12ms  ls⏎-la"
+        );
+    }
 
     fn entry(path: &str, kind: EntryKind) -> Entry {
         Entry {

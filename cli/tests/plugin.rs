@@ -10,7 +10,7 @@ use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost};
 use sandboxd_tests::host::{Host, bin, free_port};
 use sandboxd_tests::process::Operator;
-use sandboxd_tests::{TestNamespace, base_image, client, install_crds};
+use sandboxd_tests::{TestNamespace, base_image, client, install_crds, within};
 use serde_json::json;
 
 const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
@@ -83,7 +83,9 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         serde_json::from_value(json!({
             "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
             "metadata": {"name": name, "labels": labels},
-            "spec": {"endpoint": endpoint, "adminTokenSecret": {"namespace": ns, "name": "host-admin"}},
+            // The node each host's sandboxd takes the token of (a host names its node, or the
+            // operator sends it nothing).
+            "spec": {"endpoint": endpoint, "node": name, "adminTokenSecret": {"namespace": ns, "name": "host-admin"}},
         }))
         .expect("host")
     };
@@ -221,6 +223,115 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     let (out, _) = ok(&ns, &["ops", "s1", "--op", "write"]);
     assert!(out.contains("notes/report.txt"), "{out}");
 
+    // ops --follow: the feed so far, then each new entry as it comes.
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-sandbox"))
+        .args(["-n", &ns, "ops", "s1", "--follow", "--limit", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl-sandbox runs");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = follow.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || {
+        lines
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a line of ops --follow within 30 s")
+    };
+    // The last three so far: the run, the ls and the tree (a listing of the workspace root).
+    let (first, second, third) = (next_line(), next_line(), next_line());
+    assert!(
+        first.contains("  run     exit 0  ") && first.ends_with("cat notes/report.txt"),
+        "{first}"
+    );
+    assert!(
+        second.contains("  ls      ok  ") && second.ends_with("notes"),
+        "{second}"
+    );
+    assert!(third.contains("  ls      ok  "), "{third}");
+    let exited = plugin(&ns, &["exec", "s1", "--", "echo followed; exit 5"]);
+    assert_eq!(exited.status.code(), Some(5));
+    let followed = next_line();
+    assert!(
+        followed.contains("  run     exit 5") && followed.ends_with("echo followed; exit 5"),
+        "{followed}"
+    );
+    let _ = follow.kill();
+    let _ = follow.wait();
+
+    // top: both sessions of the namespace, what each uses.
+    ok(
+        &ns,
+        &[
+            "open",
+            "s2",
+            "--tenant",
+            "org-1",
+            "--label",
+            &label,
+            "--timeout",
+            "120",
+        ],
+    );
+    ok(&ns, &["exec", "s2", "--", "true"]);
+    let (out, _) = ok(&ns, &["top"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "NAME",
+            "PHASE",
+            "CPU",
+            "MEMORY",
+            "MEMORY",
+            "LIMIT",
+            "PROCESSES"
+        ],
+        "{out}"
+    );
+    let mut names: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap_or_default())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["s1", "s2"], "{out}");
+    for row in &lines[1..] {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[1], "Running", "{out}");
+        assert!(cells[2].ends_with('%'), "{out}");
+        assert!(["KiB", "MiB", "GiB"].contains(&cells[4]), "{out}");
+        assert!(cells[7].parse::<u32>().is_ok_and(|p| p >= 1), "{out}");
+    }
+    let (out, _) = ok(&ns, &["top", "s2", "--sort-by", "cpu"]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.lines().nth(1).is_some_and(|l| l.starts_with("s2 ")),
+        "{out}"
+    );
+
+    // rebuild: a new container from the runtime's image, the workspace kept.
+    let (_, err) = ok(&ns, &["rebuild", "s1", "--timeout", "120"]);
+    assert!(err.contains("rebuild 1 of s1 asked"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "rebuilt: running on image {}, the workspace kept",
+            base_image()
+        )),
+        "{err}"
+    );
+    let (out, _) = ok(&ns, &["exec", "s1", "--", "cat notes/report.txt"]);
+    assert_eq!(out, payload);
+
     // briefing and list.
     let (out, _) = ok(&ns, &["briefing", "s1"]);
     assert!(out.contains("/bin/sh"), "{out}");
@@ -297,11 +408,13 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         strip_and_delete(&hosts, &name).await;
     }
     strip_and_delete(&runtimes, &format!("base-{scope}")).await;
-    strip_and_delete(
-        &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
-        "s1",
-    )
-    .await;
+    for name in ["s1", "s2"] {
+        strip_and_delete(
+            &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
+            name,
+        )
+        .await;
+    }
     let tombstones = Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone());
     if let Ok(list) = tombstones
         .list(&kube::api::ListParams::default().labels(&selector))
@@ -382,6 +495,7 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
         "metadata": {"name": host_name, "labels": labels},
         "spec": {
             "endpoint": endpoint,
+            "node": sandboxd_host.node,
             "adminTokenSecret": {"namespace": ns, "name": "host-admin"},
             "caSecret": {"namespace": ns, "name": "host-ca"},
         },
@@ -467,5 +581,88 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
             strip_and_delete(&tombstones, &kube::ResourceExt::name_any(&t)).await;
         }
     }
+    namespace.delete().await;
+}
+
+/// A session no running operator selects: within seconds `open` names the operators'
+/// selectors and the command that works (instead of waiting out its timeout), and removes the
+/// session it made; that command's session is then picked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_names_the_operators_selectors_when_none_picks_the_session_up() {
+    let client = client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "plugin-unhandled").await;
+    let ns = namespace.name.clone();
+    let scope = format!("plugin-{:08x}", rand::rng().random::<u32>());
+    let selector = format!("{SCOPE_LABEL}={scope}");
+    let operator = operator(&ns, &selector, &scope);
+    // The operator leads: its Lease carries its selector.
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns);
+    within(
+        std::time::Duration::from_secs(60),
+        kube::runtime::wait::await_condition(leases, "sandbox-operator", |l: Option<&_>| {
+            l.and_then(|l| sandboxd_crds::lease::running(l, k8s_openapi::jiff::Timestamp::now()))
+                .is_some_and(|p| p.selector == selector)
+        }),
+    )
+    .await
+    .expect("the Lease is watched");
+
+    // Without the operator's label: named within seconds, not after --timeout.
+    let started = std::time::Instant::now();
+    let o = plugin(
+        &ns,
+        &["open", "lone", "--tenant", "org-1", "--timeout", "120"],
+    );
+    let took = started.elapsed();
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "took {took:?}: {err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "kubectl sandbox: no operator has picked up SandboxSession lone in namespace {ns} within 5 s: the running operators handle only sessions their selectors match, `{selector}` (Lease {ns}/sandbox-operator)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.ends_with(&format!(
+            ", and it matches none. It was removed again; open it with the labels of {ns}/sandbox-operator: `kubectl sandbox open lone --tenant org-1 -n {ns} -l {selector}`\n"
+        )),
+        "{err}"
+    );
+    let sessions = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns);
+    assert!(
+        sessions.get_opt("lone").await.expect("get").is_none(),
+        "the session open made is removed again"
+    );
+
+    // The named command: the operator reports on it (no host runs here, so it waits).
+    let o = plugin(
+        &ns,
+        &[
+            "open",
+            "lone",
+            "--tenant",
+            "org-1",
+            "-l",
+            &selector,
+            "--timeout",
+            "10",
+        ],
+    );
+    let (_, err) = text(&o);
+    assert!(!err.contains("no operator has picked up"), "{err}");
+    assert!(
+        err.contains(
+            "kubectl sandbox: session lone was not Running after 10 s (last: waiting for a host…"
+        ),
+        "{err}"
+    );
+
+    drop(operator);
+    strip_and_delete(&sessions, "lone").await;
     namespace.delete().await;
 }

@@ -23,6 +23,8 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
             default,
+            rebuild_policy: None,
+            max_unavailable: None,
             warm_pool: (entry.warm_pool > 0).then(|| WarmPool {
                 size: i32::try_from(entry.warm_pool).unwrap_or(i32::MAX),
             }),

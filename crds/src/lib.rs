@@ -1,5 +1,7 @@
 //! The API of sandboxd: the `sandboxd.dev/v1alpha1` custom resources, the session key that names
-//! a `SandboxSession`, and the runtime catalog that `Runtime` objects are generated from.
+//! a `SandboxSession`, the runtime catalog that `Runtime` objects are generated from, the read
+//! of the CA a `SandboxHost` names (`ca`), and what a running operator publishes on its Lease
+//! (`lease`).
 //!
 //! Of this workspace it depends only on `sandboxd-catalog` (the kube-free catalog format); the
 //! operator and the tests build on it.
@@ -7,9 +9,11 @@
 // kube's `printcolumn(...)` repeats `type_ = ...` by design; clippy reads it as a duplicate.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod ca;
 pub mod catalog;
 pub mod generate;
 pub mod key;
+pub mod lease;
 pub mod v1alpha1;
 
 pub use sandboxd_catalog::memory;

@@ -1,5 +1,6 @@
 //! The operator's configuration: clap flags with `SANDBOX_OPERATOR_*` variables.
 
+use sandboxd_crds::v1alpha1::host::SecretKeyRef;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -159,6 +160,12 @@ pub struct Config {
     )]
     pub host_pod_namespace: String,
 
+    /// The sandboxd DaemonSet (in --host-pod-namespace): a labelled pod becomes a host only
+    /// when this DaemonSet controls it (its controller owner reference, uid checked) and it runs
+    /// in the node's network (`hostNetwork`). Unset: discovery makes no host.
+    #[arg(long, env = "SANDBOX_OPERATOR_HOST_DAEMONSET")]
+    pub host_daemonset: Option<String>,
+
     /// Port sandboxd listens on in its pods.
     #[arg(long, env = "SANDBOX_OPERATOR_HOST_PORT", default_value_t = 8080)]
     pub host_port: u16,
@@ -192,6 +199,18 @@ pub struct Config {
     /// the pod runs on, and discovered hosts are https:// with spec.caSecret naming this CA.
     #[arg(long, env = "SANDBOX_OPERATOR_CSR_CA_SECRET")]
     pub csr_ca_secret: Option<String>,
+
+    /// Make the --csr-ca-secret CA when that Secret does not exist: a new self-signed CA with
+    /// a PKCS#8 key, created once (create-if-absent, so replicas never race) and never
+    /// overwritten. Without it, the operator waits for the Secret to be made by someone else
+    /// (cert-manager, the platform team).
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_CSR_CA_GENERATE",
+        default_value_t = false,
+        requires = "csr_ca_secret"
+    )]
+    pub csr_ca_generate: bool,
 
     /// The signer name whose CertificateSigningRequests the operator signs; others are left
     /// alone.
@@ -252,6 +271,26 @@ impl Config {
     "POD_NAMESPACE is not set: the operator reads Secrets (the SandboxHosts' admin tokens) only in its own namespace, and POD_NAMESPACE (or --namespace) names it; the chart sets it from the pod's namespace, set it yourself when you run the operator by hand"
 )]
 pub struct MissingNamespace;
+
+impl Config {
+    /// `--host-token-secret` as a reference (`namespace/name[/key]`, key `token` by default);
+    /// `None` when it is not one.
+    pub fn host_token_secret_ref(&self) -> Option<SecretKeyRef> {
+        parse_secret(&self.host_token_secret)
+    }
+}
+
+/// Parses a Secret reference, `namespace/name[/key]` (key `token` by default).
+pub fn parse_secret(s: &str) -> Option<SecretKeyRef> {
+    let mut parts = s.split('/');
+    let (namespace, name) = (parts.next()?.to_owned(), parts.next()?.to_owned());
+    let key = parts.next().unwrap_or("token").to_owned();
+    (!namespace.is_empty() && !name.is_empty()).then_some(SecretKeyRef {
+        namespace,
+        name,
+        key,
+    })
+}
 
 #[cfg(test)]
 mod tests {

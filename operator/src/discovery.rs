@@ -2,22 +2,31 @@
 //! named after the node (a restarted pod keeps its host, and sessions never move), with the
 //! endpoint taken from the pod IP and `spec.node` from the pod's node (the operator then sends
 //! that node's own admin token). Hosts outside the cluster are registered by hand.
+//!
+//! The label alone makes no host: whoever may create a pod in the namespace can label it. A pod
+//! becomes a host only when `--host-daemonset` controls it (its controller owner reference,
+//! with that DaemonSet's uid) and it runs in the node's network, so its IP is its node's; any
+//! other labelled pod is ignored, with a warning in the log and a Warning event `NotAHost` on
+//! the pod saying why.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use sandboxd_crds::v1alpha1::host::{CaSecretRef, SecretKeyRef};
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostSpec};
 use tracing::{info, warn};
 
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// Field manager of the hosts this controller keeps.
 pub const MANAGER: &str = "sandbox-operator/discovery";
@@ -72,16 +81,47 @@ pub fn host_for(
     })
 }
 
-/// Parses `namespace/name[/key]`.
-pub fn parse_secret(s: &str) -> Option<SecretKeyRef> {
-    let mut parts = s.split('/');
-    let (namespace, name) = (parts.next()?.to_owned(), parts.next()?.to_owned());
-    let key = parts.next().unwrap_or("token").to_owned();
-    (!namespace.is_empty() && !name.is_empty()).then_some(SecretKeyRef {
-        namespace,
-        name,
-        key,
-    })
+/// The reason of the Warning event on a labelled pod that is not made a host.
+pub const NOT_A_HOST: &str = "NotAHost";
+
+/// Why the labelled `pod` is not a sandboxd pod of DaemonSet `daemonset` (name and uid, None
+/// when it does not exist) in the node's network, or None when it is one.
+pub fn not_a_host(pod: &Pod, daemonset: &str, uid: Option<&str>) -> Option<String> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let Some(uid) = uid else {
+        return Some(format!(
+            "pod {namespace}/{name} is not made a host: DaemonSet {namespace}/{daemonset} (--host-daemonset) does not exist"
+        ));
+    };
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    let owned = controller.is_some_and(|o| {
+        o.api_version == "apps/v1" && o.kind == "DaemonSet" && o.name == daemonset && o.uid == uid
+    });
+    if !owned {
+        let whose = match controller {
+            Some(o) if o.kind == "DaemonSet" && o.name == daemonset => {
+                format!(
+                    "its controller is a DaemonSet of that name with uid {}, not {uid}",
+                    o.uid
+                )
+            }
+            Some(o) => format!("its controller is {} {}", o.kind, o.name),
+            None => "it has no controller".to_owned(),
+        };
+        return Some(format!(
+            "pod {namespace}/{name} carries the sandboxd pods' labels but is not a pod of DaemonSet {namespace}/{daemonset} ({whose}): it is not made a host"
+        ));
+    }
+    if pod.spec.as_ref().and_then(|s| s.host_network) != Some(true) {
+        return Some(format!(
+            "pod {namespace}/{name} of DaemonSet {namespace}/{daemonset} does not run in the node's network (spec.hostNetwork is not true), so its IP is not its node's: it is not made a host"
+        ));
+    }
+    None
 }
 
 /// Runs the controller while a pod selector is configured.
@@ -108,13 +148,16 @@ fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
 
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let token = parse_secret(&ctx.config.host_token_secret).ok_or_else(|| Error::Token {
-        host: pod.name_any(),
-        why: format!(
-            "--host-token-secret '{}' is not namespace/name[/key]",
-            ctx.config.host_token_secret
-        ),
-    })?;
+    let token = ctx
+        .config
+        .host_token_secret_ref()
+        .ok_or_else(|| Error::Token {
+            host: pod.name_any(),
+            why: format!(
+                "--host-token-secret '{}' is not namespace/name[/key]",
+                ctx.config.host_token_secret
+            ),
+        })?;
     // With the signer on, each sandboxd serves the certificate it got from it: trusted through
     // the signer's CA Secret (its tls.crt), read where the operator reads Secrets.
     let ca = match (&ctx.config.csr_ca_secret, ctx.config.own_namespace()) {
@@ -125,6 +168,39 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         }),
         _ => None,
     };
+    let daemonset = ctx.config.host_daemonset.as_deref().unwrap_or("");
+    let uid = if daemonset.is_empty() {
+        None
+    } else {
+        Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.config.host_pod_namespace)
+            .get_opt(daemonset)
+            .await?
+            .and_then(|d| d.metadata.uid)
+    };
+    if let Some(why) = not_a_host(&pod, daemonset, uid.as_deref()) {
+        let why = if daemonset.is_empty() {
+            format!(
+                "pod {}/{} is not made a host: the operator has no --host-daemonset (SANDBOX_OPERATOR_HOST_DAEMONSET), the DaemonSet whose pods alone become hosts",
+                pod.namespace().unwrap_or_default(),
+                pod.name_any()
+            )
+        } else {
+            why
+        };
+        warn!(pod = %pod.name_any(), reason = %why, "labelled pod ignored by host discovery");
+        ctx.event(
+            pod.as_ref(),
+            EventType::Warning,
+            NOT_A_HOST,
+            "Discover",
+            why,
+        )
+        .await;
+        ctx.observe("discovery", started);
+        ctx.succeeded(&key(pod.as_ref()));
+        // Looked at again when the pod changes.
+        return Ok(Action::await_change());
+    }
     if pod.metadata.deletion_timestamp.is_none()
         && let Some(host) = host_for(
             &pod,
@@ -171,7 +247,8 @@ mod tests {
             "status": {"podIP": "10.1.2.3"},
         }))
         .expect("pod");
-        let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
+        let token =
+            crate::config::parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
         let host = host_for(&pod, 8080, false, None, &token, &Default::default()).expect("a host");
         assert_eq!(host.name_any(), "node-worker-1");
         assert_eq!(host.spec.endpoint, "http://10.1.2.3:8080");
@@ -179,7 +256,69 @@ mod tests {
         assert_eq!(host.spec.node.as_deref(), Some("worker-1"));
         let pending: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "w", "containers": []}})).expect("pod");
         assert!(host_for(&pending, 8080, false, None, &token, &Default::default()).is_none());
-        assert!(parse_secret("nonamespace").is_none());
+        assert!(crate::config::parse_secret("nonamespace").is_none());
+    }
+
+    #[test]
+    fn only_the_daemonsets_pods_in_the_nodes_network_are_hosts() {
+        let pod = |owner: serde_json::Value, host_network: bool| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "sbx", "ownerReferences": owner},
+                "spec": {"nodeName": "w", "hostNetwork": host_network, "containers": []},
+            }))
+            .expect("pod")
+        };
+        let by = |kind: &str, name: &str, uid: &str| serde_json::json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
+        let ours = by("DaemonSet", "sbx-sandboxd", "u1");
+        assert_eq!(
+            not_a_host(&pod(ours.clone(), true), "sbx-sandboxd", Some("u1")),
+            None
+        );
+        assert_eq!(
+            not_a_host(
+                &pod(serde_json::json!([]), true),
+                "sbx-sandboxd",
+                Some("u1")
+            )
+            .as_deref(),
+            Some(
+                "pod sbx/p carries the sandboxd pods' labels but is not a pod of DaemonSet sbx/sbx-sandboxd (it has no controller): it is not made a host"
+            )
+        );
+        assert_eq!(
+            not_a_host(
+                &pod(by("ReplicaSet", "web", "u2"), true),
+                "sbx-sandboxd",
+                Some("u1")
+            )
+            .as_deref(),
+            Some(
+                "pod sbx/p carries the sandboxd pods' labels but is not a pod of DaemonSet sbx/sbx-sandboxd (its controller is ReplicaSet web): it is not made a host"
+            )
+        );
+        assert_eq!(
+            not_a_host(
+                &pod(by("DaemonSet", "sbx-sandboxd", "u9"), true),
+                "sbx-sandboxd",
+                Some("u1")
+            )
+            .as_deref(),
+            Some(
+                "pod sbx/p carries the sandboxd pods' labels but is not a pod of DaemonSet sbx/sbx-sandboxd (its controller is a DaemonSet of that name with uid u9, not u1): it is not made a host"
+            )
+        );
+        assert_eq!(
+            not_a_host(&pod(ours.clone(), false), "sbx-sandboxd", Some("u1")).as_deref(),
+            Some(
+                "pod sbx/p of DaemonSet sbx/sbx-sandboxd does not run in the node's network (spec.hostNetwork is not true), so its IP is not its node's: it is not made a host"
+            )
+        );
+        assert_eq!(
+            not_a_host(&pod(ours, true), "sbx-sandboxd", None).as_deref(),
+            Some(
+                "pod sbx/p is not made a host: DaemonSet sbx/sbx-sandboxd (--host-daemonset) does not exist"
+            )
+        );
     }
 
     #[test]
@@ -190,7 +329,8 @@ mod tests {
             "status": {"podIP": "fd00::7"},
         }))
         .expect("pod");
-        let token = parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
+        let token =
+            crate::config::parse_secret("sandboxd-system/sandboxd-admin-token").expect("secret");
         let host = host_for(&pod, 8443, true, None, &token, &Default::default()).expect("a host");
         assert_eq!(host.spec.endpoint, "https://[fd00::7]:8443");
     }

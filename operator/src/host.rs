@@ -1,6 +1,6 @@
 //! The SandboxHost controller: probes each sandboxd's index, capacity and runtimes on a timer;
 //! conditions Reachable, Ready and VersionMismatch (Ready=False `TokenRefused` when sandboxd
-//! refuses the admin token). A host with tombstones left cannot be
+//! refuses the admin token, `NodeUnset` for a host that names no node: it is sent nothing). A host with tombstones left cannot be
 //! deleted unless the deletion is confirmed by annotation.
 
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState;
+use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
 use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
 use sandboxd_crds::v1alpha1::host::HostCapacity;
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostStatus, Tombstone};
@@ -23,7 +24,9 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use crate::conditions;
-use crate::context::{Context, Error, chain, key};
+use crate::context::{Context, key};
+use crate::error::Error;
+use crate::error::chain;
 
 /// Field manager of this controller's status writes.
 pub const MANAGER: &str = "sandbox-operator/sandboxhost";
@@ -32,46 +35,18 @@ pub const FINALIZER: &str = "sandboxd.dev/host-tombstones";
 /// Annotation that confirms deleting a host with tombstones left (they are forgotten).
 pub const FORGET_ANNOTATION: &str = "sandboxd.dev/forget-tombstones";
 
-/// The routes this operator needs from a host's sandboxd.
-pub const REQUIRED_ROUTES: &[&str] = &[
-    "POST /v1/sessions",
-    "GET /v1/sessions",
-    "GET /v1/sessions/{id}",
-    "DELETE /v1/sessions/{id}",
-    "POST /v1/sessions/{id}/stop",
-    "POST /v1/sessions/{id}/reclaim",
-    "POST /v1/sessions/{id}/token",
-    "GET /v1/runtimes",
-    "PUT /v1/runtimes",
-    "GET /v1/policy",
-];
-
 /// The reason of `Ready=False` on a host whose sandboxd refused the admin token (401).
 pub const TOKEN_REFUSED: &str = "TokenRefused";
 
 /// The message of a host whose sandboxd refused the admin token the operator sent: which
 /// token it was, and what has to match for it to be taken.
+/// (A host without `spec.node` is sent no token at all: [`Error::NodeUnset`].)
 pub fn token_refused_message(host: &SandboxHost) -> String {
     let r = &host.spec.admin_token_secret;
-    match &host.spec.node {
-        Some(node) => format!(
-            "sandboxd at {} refused the admin token (401): the operator sent the token derived for node '{node}' (spec.node) from the master in Secret {}/{} key {}. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN) or whose node token's hash it reads (SANDBOXD_NODE_TOKEN_HASHES, written by the operator with --node-token-hashes)",
-            host.spec.endpoint, r.namespace, r.name, r.key
-        ),
-        None => format!(
-            "sandboxd at {} refused the admin token (401): spec.node is unset, so the operator sent the master from Secret {}/{} key {}, which a sandboxd with SANDBOXD_NODE_NAME set refuses. Set spec.node to the node name in sandboxd's SANDBOXD_NODE_NAME, or make the Secret hold the token sandboxd was started with (SANDBOXD_TOKEN)",
-            host.spec.endpoint, r.namespace, r.name, r.key
-        ),
-    }
-}
-
-/// The message of a host whose sandboxd lacks routes.
-pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
+    let node = host.spec.node.as_deref().unwrap_or_default();
     format!(
-        "The sandbox service does not serve {} - its version does not match this platform (expected {}). Run {image}:{} and redeploy it",
-        missing.join(", "),
-        crate::VERSION_EXPECTED,
-        crate::VERSION_EXPECTED,
+        "sandboxd at {} refused the admin token (401): the operator sent the token derived for node '{node}' (spec.node) from the master in Secret {}/{} key {}. The node name in spec.node must match sandboxd's SANDBOXD_NODE_NAME, and the Secret must hold the master sandboxd was started with (SANDBOXD_TOKEN) or whose node token's hash it reads (SANDBOXD_NODE_TOKEN_HASHES, written by the operator with --node-token-hashes)",
+        host.spec.endpoint, r.namespace, r.name, r.key
     )
 }
 
@@ -128,11 +103,15 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     let client = match ctx.refresh_host_client(host).await {
         Ok(c) => c,
         Err(e) => {
-            // A Secret in another namespace is refused unread; any other failure is a token
-            // (or a CA) that could not be read. Either way no session is placed here (not Ready).
-            let refused = matches!(e, Error::TokenSecretRefused { .. });
+            // A host without a node is sent nothing and a Secret in another namespace is
+            // refused unread; any other failure is a token (or a CA) that could not be read.
+            // Either way no session is placed here (not Ready).
+            let refused = matches!(
+                e,
+                Error::TokenSecretRefused { .. } | Error::NodeUnset { .. }
+            );
             let reason = match e {
-                Error::TokenSecretRefused { .. } => e.label(),
+                Error::TokenSecretRefused { .. } | Error::NodeUnset { .. } => e.label(),
                 Error::Ca { .. } => "CaUnusable",
                 _ => "TokenUnreadable",
             };
@@ -311,12 +290,21 @@ async fn observe(
     status: &mut SandboxHostStatus,
 ) -> Result<(), sandboxd_api::client::ClientError> {
     let policy = client.policy().await?;
+    let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
     status.capacity = Some(HostCapacity {
         max_sessions: i32::try_from(policy.policy.max_sessions).unwrap_or(i32::MAX),
         max_sessions_per_tenant: i32::try_from(policy.policy.max_sessions_per_tenant)
             .unwrap_or(i32::MAX),
+        workspace_budget: policy.fixed.workspace_budget.map(bytes),
+        workspace_size: policy.fixed.workspace_size.map(bytes),
     });
     let sessions = client.list().await?;
+    // Every workspace not yet destroyed holds its size of the budget, as sandboxd counts it.
+    status.workspace_bytes = policy
+        .fixed
+        .workspace_budget
+        .and(policy.workspaces)
+        .map(|w| bytes(w.bytes));
     let held = sessions
         .iter()
         .filter(|s| {
@@ -339,7 +327,16 @@ async fn observe(
     Ok(())
 }
 
+/// Writes the status of `host` and sets its gauges from it (`sandbox_operator_host_*`).
 async fn write(host: &SandboxHost, status: &SandboxHostStatus, ctx: &Context) -> Result<(), Error> {
+    ctx.metrics.set_host(
+        &host.name_any(),
+        Some(crate::metrics::HostState {
+            ready: conditions::is_true(&status.conditions, READY),
+            reachable: conditions::is_true(&status.conditions, REACHABLE),
+            disabled: host.spec.disabled,
+        }),
+    );
     let api = Api::<SandboxHost>::all(ctx.client.clone());
     let patch =
         json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost", "status": status});
@@ -363,6 +360,7 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
         .filter(|t| t.spec.host == name)
         .collect();
     if owed.is_empty() {
+        ctx.metrics.set_host(&name, None);
         ctx.forget_host_client(&name);
         return Ok(Action::await_change());
     }
@@ -389,6 +387,7 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
         let _ = tombstones
             .delete(&t.name_any(), &DeleteParams::default())
             .await;
+        ctx.set_tombstone_pending(&key(t), None);
     }
     let note = format!(
         "Host {name} was deleted with {} tombstones left, confirmed by {FORGET_ANNOTATION}: their sandboxes were forgotten ({})",
@@ -399,6 +398,7 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
             .join(", ")
     );
     warn!(host = %name, count = owed.len(), "tombstones forgotten");
+    ctx.metrics.set_host(&name, None);
     ctx.forget_host_client(&name);
     ctx.event(
         host,
@@ -409,19 +409,4 @@ async fn cleanup(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     Ok(Action::await_change())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_required_route_is_a_route_of_the_api() {
-        for route in REQUIRED_ROUTES {
-            assert!(
-                sandboxd_api::routes::ROUTES.contains(route),
-                "{route} is not a route of sandboxd's API"
-            );
-        }
-    }
 }

@@ -1,5 +1,7 @@
 //! Leader election through a `coordination.k8s.io` Lease: of several replicas exactly one acts;
-//! another takes over within the lease duration when it dies.
+//! another takes over within the lease duration when it dies. The leader writes its
+//! `--selector` on the Lease ([`sandboxd_crds::lease`]), so `kubectl sandbox` can name the
+//! sessions it handles.
 
 use std::time::Duration;
 
@@ -8,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
+use sandboxd_crds::lease::{LABEL, SELECTOR_ANNOTATION};
 use tracing::info;
 
 /// One replica's view of the Lease.
@@ -15,24 +18,39 @@ pub struct Elector {
     api: Api<Lease>,
     name: String,
     identity: String,
+    selector: String,
     duration: Duration,
 }
 
 impl Elector {
-    /// An elector for the Lease `namespace/name`.
+    /// An elector for the Lease `namespace/name`, of an operator handling the objects of
+    /// `selector`.
     pub fn new(
         client: Client,
         namespace: &str,
         name: &str,
         identity: &str,
+        selector: &str,
         duration: Duration,
     ) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             identity: identity.to_owned(),
+            selector: selector.to_owned(),
             duration,
         }
+    }
+
+    /// What the leader publishes in the Lease's metadata: the label it is listed by and its
+    /// selector.
+    fn publish(&self, meta: &mut ObjectMeta) {
+        meta.labels
+            .get_or_insert_default()
+            .insert(LABEL.to_owned(), "true".to_owned());
+        meta.annotations
+            .get_or_insert_default()
+            .insert(SELECTOR_ANNOTATION.to_owned(), self.selector.clone());
     }
 
     /// How often to renew: a third of the lease.
@@ -45,11 +63,13 @@ impl Elector {
         let now = Timestamp::now();
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let mut metadata = ObjectMeta {
+                name: Some(self.name.clone()),
+                ..Default::default()
+            };
+            self.publish(&mut metadata);
             let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    ..Default::default()
-                },
+                metadata,
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.identity.clone()),
                     lease_duration_seconds: Some(seconds),
@@ -89,6 +109,7 @@ impl Elector {
             new.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         lease.spec = Some(new);
+        self.publish(&mut lease.metadata);
         // The resourceVersion in the object makes this a compare-and-swap.
         match self
             .api

@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod discovery;
+pub mod error;
 pub mod host;
 pub mod http;
 pub mod leader;
@@ -23,7 +24,5 @@ pub mod signer;
 pub mod tombstone;
 pub mod trust;
 
-pub use context::{Context, Error};
-
-/// The version of this operator, which is the sandboxd version it expects on every host.
-pub const VERSION_EXPECTED: &str = env!("CARGO_PKG_VERSION");
+pub use context::Context;
+pub use error::Error;

@@ -18,6 +18,10 @@ pub struct Candidate {
     /// that has it is preferred; one still building it is chosen when no other can take the
     /// session, and the session waits there in Preparing.
     pub runtime_ready: Option<bool>,
+    /// The host's workspace budget as (held, budget, a new workspace's size), bytes; `None`
+    /// where workspaces are not limited. A host whose budget has no room for one more
+    /// workspace is not chosen: sandboxd would refuse the open.
+    pub workspaces: Option<(u64, u64, u64)>,
 }
 
 /// Why no host was chosen.
@@ -49,9 +53,23 @@ fn why_not(c: &Candidate) -> Option<String> {
             "it holds {} of {} sessions",
             c.sessions, c.max_sessions
         ))
+    } else if let Some((held, budget, size)) = c.workspaces
+        && held.saturating_add(size) > budget
+    {
+        Some(format!(
+            "its workspaces hold {} of its {} budget, no room for one of {}",
+            gib(held),
+            gib(budget),
+            gib(size)
+        ))
     } else {
         None
     }
+}
+
+/// Bytes in GiB, as the budget is usually set.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
 /// Picks a host for a session, honouring `pin`.
@@ -115,6 +133,7 @@ mod tests {
             sessions,
             max_sessions: max,
             runtime_ready: None,
+            workspaces: None,
         }
     }
 
@@ -164,6 +183,29 @@ mod tests {
             place(&[], None),
             Err(PlacementError::NoHost(
                 "no SandboxHost is registered".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_host_whose_workspace_budget_is_spent_is_passed_over() {
+        let gib = 1u64 << 30;
+        let hosts = [
+            Candidate {
+                workspaces: Some((92 * gib, 95 * gib, 4 * gib)),
+                ..host("a", 1, 20)
+            },
+            Candidate {
+                workspaces: Some((40 * gib, 95 * gib, 4 * gib)),
+                ..host("b", 9, 20)
+            },
+        ];
+        assert_eq!(place(&hosts, None), Ok("b".into()));
+        assert_eq!(
+            place(&hosts[..1], None),
+            Err(PlacementError::NoHost(
+                "a: its workspaces hold 92.0 GiB of its 95.0 GiB budget, no room for one of 4.0 GiB"
+                    .into()
             ))
         );
     }

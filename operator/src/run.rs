@@ -42,6 +42,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.lease_namespace,
         &config.lease_name,
         &identity,
+        &config.selector,
         Duration::from_secs(config.lease_seconds),
     );
     info!(%identity, lease = %format!("{}/{}", config.lease_namespace, config.lease_name), "waiting for the lease");

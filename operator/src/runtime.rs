@@ -22,7 +22,8 @@ use serde_json::json;
 use tracing::{instrument, warn};
 
 use crate::conditions;
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// Field manager of this controller's status writes.
 pub const MANAGER: &str = "sandbox-operator/runtime";

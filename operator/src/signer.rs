@@ -5,16 +5,20 @@
 //! that does not:
 //! - its requester (`spec.username`, set by the API server) is `--csr-requester`, the sandboxd
 //!   pods' ServiceAccount;
-//! - it was made with a pod-bound token, so the API server recorded the pod's node in
-//!   `spec.extra["authentication.kubernetes.io/node-name"]`;
-//! - every DNS name it asks for is that node's name, every IP is one of that Node's
-//!   `status.addresses`, and it asks for nothing else (no e-mail, URI or other name);
+//! - it was made with a pod-bound token, so the API server recorded the pod and its node in
+//!   `spec.extra` (`authentication.kubernetes.io/pod-name`, `pod-uid` and `node-name`);
+//! - every DNS name it asks for is that node's name, every IP is one the requesting pod's own
+//!   `status.hostIP` (or `status.hostIPs`) shows, and it asks for nothing else (no e-mail, URI
+//!   or other name). The Node's `status.addresses` are not read: a node's kubelet may list
+//!   there any address, another node's included;
 //! - its usages are exactly digital signature, key encipherment and server auth.
 //!
 //! A pod can thus get a certificate for its own node only: a compromised node cannot pose as
 //! another. The certificate is short-lived (`--csr-certificate-days`), signed with the CA of
 //! the kubernetes.io/tls Secret `--csr-ca-secret` in the operator's namespace, and written as
-//! the certificate followed by that CA.
+//! the certificate followed by that CA. With `--csr-ca-generate` (the chart's default) the
+//! operator makes that Secret itself when it does not exist ([`ensure_ca`]): once, never
+//! overwriting one that is there, whoever made it.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -26,7 +30,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
@@ -34,10 +38,15 @@ use kube::{Api, ResourceExt};
 use rcgen::{CertificateSigningRequestParams, SanType};
 use tracing::{info, warn};
 
-use crate::context::{Context, Error};
+use crate::context::Context;
+use crate::error::Error;
 
 /// The extra attribute in which the API server records the node of a pod-bound token.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// The extra attribute in which the API server records the pod of a pod-bound token.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+/// The extra attribute in which the API server records the uid of that pod.
+pub const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 
 /// The reason of the Approved condition.
 pub const APPROVED_REASON: &str = "SandboxdNodeCertificate";
@@ -51,13 +60,15 @@ pub const FAILED_REASON: &str = "NotThisNodesCertificate";
 pub struct Checked {
     /// The node the token was bound to (and the one DNS name asked for).
     pub node: String,
-    /// The IPs asked for (each must be one of the node's addresses).
+    /// The pod the token was bound to: namespace (the ServiceAccount's), name and uid.
+    pub pod: (String, String, Option<String>),
+    /// The IPs asked for (each must be the pod's `status.hostIP`).
     pub ips: Vec<IpAddr>,
     /// The parsed request.
     pub params: CertificateSigningRequestParams,
 }
 
-/// Checks what can be checked without the Node: requester, bound node, usages and names. The
+/// Checks what can be checked without the pod: requester, bound pod and node, usages and names. The
 /// error is the denial's message.
 pub fn check_request(
     spec: &CertificateSigningRequestSpec,
@@ -72,19 +83,33 @@ pub fn check_request(
             "the requester {username:?} is not the sandboxd ServiceAccount {requester:?}"
         ));
     }
-    let node = spec
-        .extra
-        .as_ref()
-        .and_then(|e| e.get(NODE_NAME_EXTRA))
-        .and_then(|v| match v.as_slice() {
-            [one] if !one.is_empty() => Some(one.clone()),
-            _ => None,
-        })
+    let extra = |key: &str| {
+        spec.extra
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(|v| match v.as_slice() {
+                [one] if !one.is_empty() => Some(one.clone()),
+                _ => None,
+            })
+    };
+    let not_bound = |key: &str| {
+        format!(
+            "the request was not made with a pod-bound ServiceAccount token (no {key} in spec.extra): the node it comes from is unknown"
+        )
+    };
+    let node = extra(NODE_NAME_EXTRA).ok_or_else(|| not_bound(NODE_NAME_EXTRA))?;
+    let pod_name = extra(POD_NAME_EXTRA).ok_or_else(|| not_bound(POD_NAME_EXTRA))?;
+    // `system:serviceaccount:<namespace>:<name>`: the pod lives in its ServiceAccount's
+    // namespace.
+    let namespace = username
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(ns, _)| ns.to_owned())
+        .filter(|ns| !ns.is_empty())
         .ok_or_else(|| {
-            format!(
-                "the request was not made with a pod-bound ServiceAccount token (no {NODE_NAME_EXTRA} in spec.extra): the node it comes from is unknown"
-            )
+            format!("the requester {username:?} is not a ServiceAccount: its pod is unknown")
         })?;
+    let pod = (namespace, pod_name, extra(POD_UID_EXTRA));
     let usages: BTreeSet<&str> = spec.usages.iter().flatten().map(String::as_str).collect();
     let wanted: BTreeSet<&str> = sandboxd_api::enrol::USAGES.into_iter().collect();
     if usages != wanted {
@@ -121,36 +146,56 @@ pub fn check_request(
             }
         }
     }
-    Ok(Checked { node, ips, params })
+    Ok(Checked {
+        node,
+        pod,
+        ips,
+        params,
+    })
 }
 
-/// Checks the IPs asked for against the Node's `status.addresses`.
-pub fn check_addresses(node_name: &str, ips: &[IpAddr], node: Option<&Node>) -> Result<(), String> {
-    if ips.is_empty() {
+/// Checks the IPs asked for against the requesting pod's own `status.hostIP` and
+/// `status.hostIPs`: the pod must be the one the token was bound to (same uid) and on the
+/// token's node.
+pub fn check_addresses(checked: &Checked, pod: Option<&Pod>) -> Result<(), String> {
+    if checked.ips.is_empty() {
         return Ok(());
     }
-    let Some(node) = node else {
+    let (namespace, name, uid) = &checked.pod;
+    let node = &checked.node;
+    let Some(pod) = pod.filter(|p| uid.is_none() || p.metadata.uid == *uid) else {
         return Err(format!(
-            "Node {node_name} does not exist: the IPs asked for cannot be checked"
+            "the requesting pod {namespace}/{name} is gone: the IPs asked for cannot be checked"
         ));
     };
-    let addresses: Vec<IpAddr> = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
-    if addresses.is_empty() {
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()) {
         return Err(format!(
-            "Node {node_name} has no IP in status.addresses: the IPs asked for cannot be checked"
+            "the requesting pod {namespace}/{name} is not on node {node}: the IPs asked for cannot be checked"
         ));
     }
-    for ip in ips {
+    let status = pod.status.as_ref();
+    let mut addresses: Vec<IpAddr> = status
+        .and_then(|s| s.host_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.ip.parse().ok())
+        .collect();
+    if let Some(ip) = status
+        .and_then(|s| s.host_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        && !addresses.contains(&ip)
+    {
+        addresses.push(ip);
+    }
+    if addresses.is_empty() {
+        return Err(format!(
+            "the requesting pod {namespace}/{name} shows no status.hostIP yet: the IPs asked for cannot be checked"
+        ));
+    }
+    for ip in &checked.ips {
         if !addresses.contains(ip) {
             return Err(format!(
-                "the IP {ip} is not an address of the requesting pod's node {node_name} ({})",
+                "the IP {ip} is not the address of node {node} that the requesting pod {namespace}/{name} shows in status.hostIP ({})",
                 addresses
                     .iter()
                     .map(ToString::to_string)
@@ -172,7 +217,7 @@ pub fn sign(
     expiration_seconds: Option<i32>,
 ) -> Result<String, String> {
     let key = rcgen::KeyPair::from_pem(ca_key_pem)
-        .map_err(|e| format!("its tls.key is not a usable PKCS#8 private key: {e}"))?;
+        .map_err(|e| format!("its tls.key is not a usable PKCS#8 private key (an RSA key from Helm's genCA or openssl is PKCS#1: convert it with `openssl pkcs8 -topk8 -nocrypt`): {e}"))?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, key)
         .map_err(|e| format!("its tls.crt is not a usable certificate: {e}"))?;
     let mut request = CertificateSigningRequestParams {
@@ -210,11 +255,140 @@ pub fn sign(
     Ok(chain)
 }
 
+/// The label on a CA Secret the operator made (`--csr-ca-generate`).
+pub const MADE_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MADE_BY: &str = "sandbox-operator";
+/// How long a CA the operator makes is valid, in days (ten years: it is never rotated in place).
+pub const CA_DAYS: i64 = 3650;
+
+/// A new self-signed CA for the nodes' serving certificates: the certificate and its PKCS#8
+/// key (ECDSA P-256), both PEM.
+pub fn new_ca(common_name: &str) -> Result<(String, String), rcgen::Error> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::days(CA_DAYS);
+    let serial: [u8; 16] = rand::random();
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Why [`ensure_ca`] has no CA Secret to give.
+#[derive(Debug, thiserror::Error)]
+pub enum CaSecretError {
+    /// The API server failed.
+    #[error("the Kubernetes API failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The CA could not be made.
+    #[error("a new CA for Secret {secret} could not be made: {error}")]
+    Make {
+        /// `namespace/name`.
+        secret: String,
+        /// rcgen's error.
+        error: rcgen::Error,
+    },
+    /// Another replica made it and it was deleted before this one could read it.
+    #[error("the CA Secret {0} was made by another replica and is gone again")]
+    Gone(String),
+}
+
+/// Whether [`ensure_ca`] made the Secret or found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaSecret {
+    /// This call created it.
+    Created,
+    /// It was there already (made earlier, by another replica, or by someone else).
+    Found,
+}
+
+/// The CA Secret `namespace/name`, made with a new CA if it does not exist. Create-if-absent:
+/// an existing Secret is never changed, and of replicas racing to make it the API server lets
+/// one create it and tells the others it exists (409), so all go on with the same CA.
+pub async fn ensure_ca(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(Secret, CaSecret), CaSecretError> {
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
+    if let Some(found) = api.get_opt(name).await? {
+        return Ok((found, CaSecret::Found));
+    }
+    let (cert, key) =
+        new_ca(&format!("sandboxd node CA ({namespace}/{name})")).map_err(|error| {
+            CaSecretError::Make {
+                secret: format!("{namespace}/{name}"),
+                error,
+            }
+        })?;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some([(MADE_BY_LABEL.to_owned(), MADE_BY.to_owned())].into()),
+            annotations: Some(
+                [(
+                    "sandboxd.dev/description".to_owned(),
+                    "The CA of sandboxd's per-node serving certificates, made once by the operator (--csr-ca-generate) and never overwritten. Deleting it makes a new CA: every sandboxd pod must then be restarted to be trusted again.".to_owned(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(
+            [
+                ("tls.crt".to_owned(), ByteString(cert.into_bytes())),
+                ("tls.key".to_owned(), ByteString(key.into_bytes())),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    match api.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(created) => {
+            info!(secret = %format!("{namespace}/{name}"), "made the CA of the nodes' serving certificates");
+            Ok((created, CaSecret::Created))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let found = api
+                .get_opt(name)
+                .await?
+                .ok_or_else(|| CaSecretError::Gone(format!("{namespace}/{name}")))?;
+            Ok((found, CaSecret::Found))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs the signer while `--csr-ca-secret` is set.
 pub async fn run(ctx: Arc<Context>) {
-    if ctx.config.csr_ca_secret.is_none() {
+    let Some(ca_secret) = ctx.config.csr_ca_secret.clone() else {
         futures::future::pending::<()>().await;
         return;
+    };
+    // Made before the first request comes, so discovered hosts' trust (spec.caSecret) finds
+    // it; a failure here is tried again at each request.
+    if ctx.config.csr_ca_generate {
+        match ctx.config.own_namespace() {
+            Ok(namespace) => {
+                if let Err(e) = ensure_ca(&ctx.client, namespace, &ca_secret).await {
+                    warn!(secret = %ca_secret, error = %e, "the CA Secret could not be made yet");
+                }
+            }
+            Err(e) => warn!(secret = %ca_secret, error = %e, "the CA Secret cannot be made"),
+        }
     }
     let csrs = Api::<CertificateSigningRequest>::all(ctx.client.clone());
     let fields = format!("spec.signerName={}", ctx.config.csr_signer_name);
@@ -263,11 +437,13 @@ async fn reconcile(
     let api = Api::<CertificateSigningRequest>::all(ctx.client.clone());
     let verdict = match check_request(&csr.spec, ctx.config.csr_requester.as_deref()) {
         Err(why) => Err(why),
+        Ok(checked) if checked.ips.is_empty() => Ok(checked),
         Ok(checked) => {
-            let node = Api::<Node>::all(ctx.client.clone())
-                .get_opt(&checked.node)
+            let (namespace, name, _) = &checked.pod;
+            let pod = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
+                .get_opt(name)
                 .await?;
-            check_addresses(&checked.node, &checked.ips, node.as_ref()).map(|()| checked)
+            check_addresses(&checked, pod.as_ref()).map(|()| checked)
         }
     };
     let checked = match verdict {
@@ -352,10 +528,18 @@ async fn ca(ctx: &Context, csr: &str) -> Result<(String, String), Error> {
         .own_namespace()
         .map_err(|e| fail(e.to_string()))?;
     let name = ctx.config.csr_ca_secret.as_deref().unwrap_or("");
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), namespace)
-        .get_opt(name)
-        .await?
-        .ok_or_else(|| fail(format!("the CA Secret {namespace}/{name} does not exist")))?;
+    let secret = if ctx.config.csr_ca_generate {
+        match ensure_ca(&ctx.client, namespace, name).await {
+            Ok((secret, _)) => secret,
+            Err(CaSecretError::Kube(e)) => return Err(e.into()),
+            Err(e) => return Err(fail(e.to_string())),
+        }
+    } else {
+        Api::<Secret>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| fail(format!("the CA Secret {namespace}/{name} does not exist")))?
+    };
     let field = |key: &str| {
         secret
             .data
@@ -392,7 +576,14 @@ mod tests {
             signer_name: sandboxd_api::enrol::SIGNER_NAME.to_owned(),
             username: Some(user.to_owned()),
             usages: Some(usages.iter().map(|u| (*u).to_owned()).collect()),
-            extra: node.map(|n| [(NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()])].into()),
+            extra: node.map(|n| {
+                [
+                    (NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()]),
+                    (POD_NAME_EXTRA.to_owned(), vec![format!("sandboxd-on-{n}")]),
+                    (POD_UID_EXTRA.to_owned(), vec!["uid-1".to_owned()]),
+                ]
+                .into()
+            }),
             ..Default::default()
         }
     }
@@ -460,26 +651,84 @@ mod tests {
     }
 
     #[test]
-    fn ips_must_be_the_nodes_addresses() {
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a"},
-            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "a"}]},
-        }))
-        .expect("node");
-        let one: IpAddr = "10.0.0.1".parse().expect("ip");
-        let two: IpAddr = "10.0.0.2".parse().expect("ip");
-        assert!(check_addresses("a", &[one], Some(&node)).is_ok());
-        assert_eq!(
-            check_addresses("a", &[two], Some(&node)).expect_err("not its IP"),
-            "the IP 10.0.0.2 is not an address of the requesting pod's node a (10.0.0.1)"
-        );
-        let bare: Node =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "a"}})).expect("node");
+    fn a_ca_the_operator_makes_signs_a_nodes_certificate() {
+        let (ca_cert, ca_key) = new_ca("test CA").expect("a CA");
         assert!(
-            check_addresses("a", &[one], Some(&bare))
-                .expect_err("no addresses")
-                .starts_with("Node a has no IP in status.addresses")
+            ca_key.starts_with("-----BEGIN PRIVATE KEY-----"),
+            "not PKCS#8"
         );
-        assert!(check_addresses("a", &[one], None).is_err());
+        let checked = check_request(
+            &spec(SA, Some("a"), &["a"], &sandboxd_api::enrol::USAGES),
+            Some(SA),
+        )
+        .expect("signable");
+        let chain = sign(&checked, &ca_cert, &ca_key, 30, None).expect("signed");
+        assert!(chain.ends_with(&ca_cert), "the chain ends with the CA");
+        // A PKCS#1 RSA key (Helm's genCA) is refused naming the conversion.
+        let rsa = "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA PRIVATE KEY-----\n";
+        let e = sign(&checked, &ca_cert, rsa, 30, None).expect_err("PKCS#1");
+        assert!(e.contains("openssl pkcs8 -topk8 -nocrypt"), "{e}");
+    }
+
+    #[test]
+    fn ips_must_be_the_ones_the_requesting_pod_shows() {
+        let checked = |ips: &[&str]| {
+            check_request(
+                &spec(
+                    SA,
+                    Some("a"),
+                    &[&["a"][..], ips].concat(),
+                    &sandboxd_api::enrol::USAGES,
+                ),
+                Some(SA),
+            )
+            .expect("signable")
+        };
+        let pod = |uid: &str, node: &str, status: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "sandboxd-on-a", "namespace": "sandboxd-system", "uid": uid},
+                "spec": {"nodeName": node, "containers": []},
+                "status": status,
+            }))
+            .expect("pod")
+        };
+        let shown = serde_json::json!({"hostIP": "10.0.0.1", "hostIPs": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}]});
+        let on_a = pod("uid-1", "a", shown.clone());
+        assert_eq!(
+            checked(&["10.0.0.1"]).pod,
+            (
+                "sandboxd-system".to_owned(),
+                "sandboxd-on-a".to_owned(),
+                Some("uid-1".to_owned())
+            )
+        );
+        assert!(check_addresses(&checked(&["10.0.0.1", "fd00::1"]), Some(&on_a)).is_ok());
+        assert!(check_addresses(&checked(&[]), None).is_ok());
+        assert_eq!(
+            check_addresses(&checked(&["10.0.0.2"]), Some(&on_a)).expect_err("not its IP"),
+            "the IP 10.0.0.2 is not the address of node a that the requesting pod sandboxd-system/sandboxd-on-a shows in status.hostIP (10.0.0.1, fd00::1)"
+        );
+        assert_eq!(
+            check_addresses(
+                &checked(&["10.0.0.1"]),
+                Some(&pod("uid-2", "a", shown.clone()))
+            )
+            .expect_err("another pod of the name"),
+            "the requesting pod sandboxd-system/sandboxd-on-a is gone: the IPs asked for cannot be checked"
+        );
+        assert_eq!(
+            check_addresses(&checked(&["10.0.0.1"]), Some(&pod("uid-1", "b", shown)))
+                .expect_err("on another node"),
+            "the requesting pod sandboxd-system/sandboxd-on-a is not on node a: the IPs asked for cannot be checked"
+        );
+        assert_eq!(
+            check_addresses(
+                &checked(&["10.0.0.1"]),
+                Some(&pod("uid-1", "a", serde_json::json!({})))
+            )
+            .expect_err("no hostIP"),
+            "the requesting pod sandboxd-system/sandboxd-on-a shows no status.hostIP yet: the IPs asked for cannot be checked"
+        );
+        assert!(check_addresses(&checked(&["10.0.0.1"]), None).is_err());
     }
 }

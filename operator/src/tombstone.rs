@@ -25,7 +25,8 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use crate::backoff::tombstone_delay;
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// Field manager of this controller's status writes.
 pub const MANAGER: &str = "sandbox-operator/tombstone";
@@ -39,6 +40,15 @@ pub async fn run(ctx: Arc<Context>) {
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// When `t` was made, in Unix seconds (now when the API server did not say).
+fn created_at(t: &Tombstone) -> i64 {
+    t.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(Timestamp::now, |c| c.0)
+        .as_second()
 }
 
 fn error_policy(t: Arc<Tombstone>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -57,6 +67,8 @@ async fn reconcile(t: Arc<Tombstone>, ctx: Arc<Context>) -> Result<Action, Error
 async fn destroy(t: &Tombstone, ctx: &Context) -> Result<Action, Error> {
     let api = Api::<Tombstone>::all(ctx.client.clone());
     let status = t.status.clone().unwrap_or_default();
+    // Owed until the host confirms the destroy, also while it waits for its next attempt.
+    ctx.set_tombstone_pending(&key(t), Some(created_at(t)));
     if let Some(next) = &status.next_attempt_at {
         let wait = next.0.duration_since(Timestamp::now());
         if wait > SignedDuration::ZERO {
@@ -109,11 +121,10 @@ async fn destroy(t: &Tombstone, ctx: &Context) -> Result<Action, Error> {
                 Err(e) => return Err(e.into()),
             }
             ctx.succeeded(&key(t));
-            ctx.set_tombstone_pending(&key(t), false);
+            ctx.set_tombstone_pending(&key(t), None);
             Ok(Action::await_change())
         }
         Err(why) => {
-            ctx.set_tombstone_pending(&key(t), true);
             let attempts = status.attempts.saturating_add(1);
             let delay = tombstone_delay(
                 u32::try_from(attempts).unwrap_or(u32::MAX),

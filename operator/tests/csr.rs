@@ -98,7 +98,8 @@ async fn pod_bound_kubeconfig(
     pod_bound_kubeconfig_labelled(client, ns, sa, node_name, dir, json!({})).await
 }
 
-/// [`pod_bound_kubeconfig`], the pod carrying `labels`.
+/// [`pod_bound_kubeconfig`], the pod carrying `labels`; in the node's network, as the chart's
+/// sandboxd pods are.
 async fn pod_bound_kubeconfig_labelled(
     client: &Client,
     ns: &str,
@@ -121,6 +122,7 @@ async fn pod_bound_kubeconfig_labelled(
         "metadata": {"name": pod_name, "labels": labels},
         "spec": {
             "nodeName": node_name,
+            "hostNetwork": true,
             "serviceAccountName": sa,
             "automountServiceAccountToken": false,
             "containers": [{"name": "sandboxd", "image": "sandboxd:never-started"}],
@@ -315,7 +317,8 @@ subjects:
         &requester,
     ]);
     let dir = tempfile::tempdir().expect("temp dir");
-    // The pod is also what discovery finds (below): labelled as the chart's sandboxd pods are.
+    // The pod is also what discovery finds (below): labelled as the chart's sandboxd pods are,
+    // and a pod of their DaemonSet (which runs on node A and adopts it).
     let app = format!("sandboxd-{suffix}");
     let as_a = pod_bound_kubeconfig_labelled(
         &client,
@@ -323,9 +326,30 @@ subjects:
         "sandboxd",
         &node_a,
         dir.path(),
-        json!({"app": app}),
+        json!({"app": app, "ds": "sandboxd"}),
     )
     .await;
+    Api::<Node>::all(client.clone())
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {common::TEST_NODE_LABEL: suffix}}})),
+        )
+        .await
+        .expect("node A labelled for the DaemonSet");
+    let ds_uid = common::daemonset(&client, &ns, "sandboxd", &suffix).await;
+    common::adopted(&client, &ns, &format!("sandboxd-on-{node_a}"), &ds_uid).await;
+    // Its status as node A's kubelet writes it: the node's address in status.hostIP.
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &format!("sandboxd-on-{node_a}"),
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"status": {"hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}]}}),
+            ),
+        )
+        .await
+        .expect("the pod's hostIP (as a kubelet would write it)");
 
     // Node A's pod asks for node A's name and IP: signed.
     let tls = dir.path().join("tls");
@@ -389,12 +413,22 @@ subjects:
         "a name not in the certificate was accepted: {wrong:?}"
     );
 
-    // Node A's pod asks for node B's IP, then node B's name: denied, saying why.
+    // Node A's kubelet, compromised, lists node B's IP among node A's addresses; node A's pod
+    // then asks for node B's IP, and for node B's name: denied, saying why.
+    let claimed = json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": "127.0.0.1"},
+        {"type": "InternalIP", "address": "127.0.0.2"},
+        {"type": "Hostname", "address": node_a},
+    ]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(&node_a, &PatchParams::default(), &Patch::Merge(&claimed))
+        .await
+        .expect("node A's addresses, rewritten");
     let refused = dir.path().join("refused");
     let (ok, stderr) = enrol(&as_a, &node_a, "127.0.0.2", &refused, &signer);
     assert!(!ok);
     assert!(
-        stderr.contains(&format!("was denied by the signer: NotThisNodesCertificate: the IP 127.0.0.2 is not an address of the requesting pod's node {node_a} (127.0.0.1)")),
+        stderr.contains(&format!("was denied by the signer: NotThisNodesCertificate: the IP 127.0.0.2 is not the address of node {node_a} that the requesting pod {ns}/sandboxd-on-{node_a} shows in status.hostIP (127.0.0.1)")),
         "{stderr}"
     );
     let (ok, stderr) = enrol(&as_a, &node_b, "127.0.0.2", &refused, &signer);
@@ -470,6 +504,8 @@ subjects:
         &format!("app={app}"),
         "--host-pod-namespace",
         &ns,
+        "--host-daemonset",
+        "sandboxd",
         "--host-port",
         &host.sandboxd.port.to_string(),
         "--host-token-secret",
@@ -510,6 +546,301 @@ subjects:
         ),
         (ns.as_str(), "signer-ca", "tls.crt")
     );
+
+    drop(host);
+    drop(_cleanup);
+    scope.delete().await;
+}
+
+/// The Secret `name` once it exists (watching, with a deadline).
+async fn secret_made(client: &Client, ns: &str, name: &str, secs: u64) -> Secret {
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    let found = tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(secrets.clone(), name, |s: Option<&Secret>| s.is_some()),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(secret))) => secret,
+        other => panic!("Secret {ns}/{name} was not made within {secs} s: {other:?}"),
+    }
+}
+
+fn field(secret: &Secret, key: &str) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .unwrap_or_else(|| panic!("Secret {} has no {key}", secret.name_any()));
+    String::from_utf8(bytes).expect("utf-8")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_operator_makes_its_ca_once_keeps_it_across_restarts_and_a_session_opens_over_tls() {
+    sandboxd_api::tls::install_provider();
+    let mut scope = Scope::new("csrca").await;
+    let client = scope.client.clone();
+    let ns = scope.ns.clone();
+    let suffix = format!("{:08x}", rand::rng().random::<u32>());
+    let node_name = format!("csrca-{suffix}");
+    let signer = format!("sandboxd.dev/test-{suffix}");
+    let _cleanup = ClusterObjects {
+        role: format!("csrca-test-{suffix}"),
+        nodes: vec![node_name.clone()],
+        signers: vec![signer.clone()],
+        pods_in: ns.clone(),
+    };
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+
+    // Makers racing for one Secret: the API server lets one create it, the others find it;
+    // all go on with the same CA, a usable one with a PKCS#8 key.
+    let raced = futures::future::join_all(
+        (0..4).map(|_| sandboxd_operator::signer::ensure_ca(&client, &ns, "raced-ca")),
+    )
+    .await;
+    let raced: Vec<_> = raced
+        .into_iter()
+        .map(|r| r.expect("the CA Secret is made or found"))
+        .collect();
+    let created = raced
+        .iter()
+        .filter(|(_, how)| *how == sandboxd_operator::signer::CaSecret::Created)
+        .count();
+    assert_eq!(created, 1, "exactly one maker creates the Secret");
+    let certs: std::collections::BTreeSet<String> =
+        raced.iter().map(|(s, _)| field(s, "tls.crt")).collect();
+    assert_eq!(certs.len(), 1, "the makers got different CAs: {certs:?}");
+    // A Secret that is there is never changed, whatever it holds.
+    let foreign: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "someone-elses-ca"},
+        "stringData": {"tls.crt": "not ours", "tls.key": "not ours"},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("a Secret of someone else");
+    let (kept, how) = sandboxd_operator::signer::ensure_ca(&client, &ns, "someone-elses-ca")
+        .await
+        .expect("found");
+    assert_eq!(how, sandboxd_operator::signer::CaSecret::Found);
+    assert_eq!(field(&kept, "tls.crt"), "not ours");
+
+    // What the chart grants sandboxd's ServiceAccount.
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: csrca-test-{suffix}}}
+rules:
+  - {{apiGroups: [certificates.k8s.io], resources: [certificatesigningrequests], verbs: [create, get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: csrca-test-{suffix}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: csrca-test-{suffix}}}
+subjects:
+  - {{kind: ServiceAccount, name: sandboxd, namespace: {ns}}}
+"
+    );
+    let mut apply = Command::new(sandboxd_tests::kubectl())
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl apply");
+    std::io::Write::write_all(&mut apply.stdin.take().expect("stdin"), rbac.as_bytes())
+        .expect("write");
+    assert!(apply.wait().expect("kubectl apply").success());
+    node(&client, &node_name, "127.0.0.1").await;
+
+    // The operator as the chart runs it by default: no CA given, `--csr-ca-generate`.
+    let requester = format!("system:serviceaccount:{ns}:sandboxd");
+    let app = format!("sandboxd-{suffix}");
+    let port = sandboxd_tests::host::free_port();
+    let operator_args = [
+        "--csr-ca-secret",
+        "node-ca",
+        "--csr-ca-generate",
+        "--csr-signer-name",
+        &signer,
+        "--csr-requester",
+        &requester,
+        "--host-pod-selector",
+        &format!("app={app}"),
+        "--host-pod-namespace",
+        &ns,
+        "--host-daemonset",
+        "sandboxd",
+        "--host-port",
+        &port.to_string(),
+        "--host-token-secret",
+        &format!("{ns}/admin"),
+    ];
+    scope.default_runtime().await;
+    scope.start_operator(&operator_args);
+    let made = secret_made(&client, &ns, "node-ca", 60).await;
+    assert_eq!(made.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(
+        made.labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("sandbox-operator")
+    );
+    let ca_pem = field(&made, "tls.crt");
+    // What the signer reads: a PKCS#8 key and the certificate as an issuer (that it is a CA
+    // shows below, where a client that trusts only it verifies sandboxd's certificate).
+    let key = rcgen::KeyPair::from_pem(&field(&made, "tls.key")).expect("a PKCS#8 key");
+    rcgen::Issuer::from_ca_cert_pem(&ca_pem, key).expect("a CA certificate the signer uses");
+
+    // The node's sandboxd pod (of the DaemonSet, in the node's network) gets its certificate.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let as_pod = pod_bound_kubeconfig_labelled(
+        &client,
+        &ns,
+        "sandboxd",
+        &node_name,
+        dir.path(),
+        json!({"app": app, "ds": "sandboxd"}),
+    )
+    .await;
+    Api::<Node>::all(client.clone())
+        .patch(
+            &node_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {common::TEST_NODE_LABEL: suffix}}})),
+        )
+        .await
+        .expect("the node labelled for the DaemonSet");
+    let ds_uid = common::daemonset(&client, &ns, "sandboxd", &suffix).await;
+    let pod_name = format!("sandboxd-on-{node_name}");
+    common::adopted(&client, &ns, &pod_name, &ds_uid).await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"podIP": "127.0.0.1", "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}]}})),
+        )
+        .await
+        .expect("the pod's addresses (as a kubelet would write them)");
+    let tls = dir.path().join("tls");
+    let (ok, stderr) = enrol(&as_pod, &node_name, "127.0.0.1", &tls, &signer);
+    assert!(ok, "enrol failed: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(tls.join("ca.crt")).expect("ca.crt"),
+        ca_pem
+    );
+
+    // The operator restarts (another replica takes over): the CA is the same Secret, untouched,
+    // and what it signs now chains to it.
+    scope.kill9_operator(0);
+    scope.start_operator(&operator_args);
+    let again = dir.path().join("again");
+    let (ok, stderr) = enrol(&as_pod, &node_name, "127.0.0.1", &again, &signer);
+    assert!(ok, "enrol after the restart failed: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(again.join("ca.crt")).expect("ca.crt"),
+        ca_pem
+    );
+    let now = secrets.get("node-ca").await.expect("the CA Secret");
+    assert_eq!(
+        now.metadata.resource_version, made.metadata.resource_version,
+        "the CA Secret was changed"
+    );
+
+    // sandboxd serves the node's certificate on the discovered host's port; the operator
+    // reaches it over https trusting the CA it made, and a session opens through it.
+    let mut host = Host::new("csrca", &sandboxd_tests::base_image()).expect("a sandboxd host");
+    host.node = node_name.clone();
+    host.sandboxd.port = port;
+    host.sandboxd.with_env(&[
+        ("SANDBOXD_NODE_NAME", node_name.as_str()),
+        (
+            "SANDBOXD_TLS_CERT_FILE",
+            tls.join("tls.crt").to_str().expect("path"),
+        ),
+        (
+            "SANDBOXD_TLS_KEY_FILE",
+            tls.join("tls.key").to_str().expect("path"),
+        ),
+    ]);
+    host.spawn();
+    let admin: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "admin"},
+        "stringData": {"token": host.sandboxd.token},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &admin)
+        .await
+        .expect("the admin token");
+    let host_name = format!("node-{node_name}");
+    let hosts = Api::<SandboxHost>::all(client.clone());
+    let ready = |h: &SandboxHost| {
+        h.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True")
+    };
+    let found = tokio::time::timeout(
+        Duration::from_secs(120),
+        await_condition(hosts.clone(), &host_name, move |h: Option<&SandboxHost>| {
+            h.is_some_and(ready)
+        }),
+    )
+    .await;
+    let discovered = hosts.get_opt(&host_name).await.expect("get host");
+    assert!(
+        matches!(found, Ok(Ok(Some(_)))),
+        "host {host_name} is not Ready: {:?}",
+        discovered.as_ref().map(|h| (&h.spec, &h.status))
+    );
+    let discovered = discovered.expect("the discovered host");
+    assert_eq!(
+        discovered.spec.endpoint,
+        format!("https://127.0.0.1:{port}")
+    );
+    assert_eq!(
+        discovered.spec.ca_secret.map(|r| (r.name, r.key)),
+        Some(("node-ca".to_owned(), "tls.crt".to_owned()))
+    );
+
+    scope.kubectl_apply_session("over-tls", json!({}));
+    let running = scope
+        .wait_session("over-tls", "Running", 120, |s| {
+            common::phase(s) == Some(sandboxd_crds::v1alpha1::session::SessionPhase::Running)
+        })
+        .await;
+    let status = running.status.clone().expect("status");
+    assert_eq!(status.host.as_deref(), Some(host_name.as_str()));
+    let token_secret = secrets
+        .get(
+            status
+                .credentials_secret
+                .as_deref()
+                .expect("a credentials Secret"),
+        )
+        .await
+        .expect("the token Secret");
+    assert_eq!(field(&token_secret, "ca.crt"), ca_pem);
+    let trust =
+        sandboxd_api::client::Trust::ca(Some(field(&token_secret, "ca.crt").as_bytes()), "ca.crt")
+            .expect("the Secret's CA is usable");
+    let platform = sandboxd_api::client::Client::with_trust(
+        &field(&token_secret, "endpoint"),
+        &common::token_of(&token_secret),
+        &trust,
+    );
+    let ran = platform
+        .run(
+            status.session_id.as_deref().expect("a session id"),
+            "echo over-the-operators-ca",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("a command runs over https with the Secret's token and CA");
+    assert_eq!(ran.stdout.trim(), "over-the-operators-ca");
 
     drop(host);
     drop(_cleanup);

@@ -62,7 +62,7 @@ async fn reconciles_that_need_a_hosts_client_at_once_read_its_admin_token_once()
     let host: SandboxHost = serde_json::from_value(json!({
         "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
         "metadata": {"name": format!("{}-host", ns.name)},
-        "spec": {"endpoint": "https://127.0.0.1:9", "adminTokenSecret": {"namespace": ns.name, "name": "admin", "key": "token"}},
+        "spec": {"endpoint": "https://127.0.0.1:9", "node": "worker-1", "adminTokenSecret": {"namespace": ns.name, "name": "admin", "key": "token"}},
     }))
     .expect("host");
 

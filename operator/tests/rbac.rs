@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Host, Scope, mount_config_map, node_token_hashes, phase, token_of, wait_gone};
+use common::{
+    Host, Scope, mount_config_map, node_token_hashes, phase, token_of, wait_gone,
+    wait_host_ready_condition,
+};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -75,6 +78,7 @@ impl ChartRbac {
                     "adminToken.value=render-only-admin-token-0123456789abcdef",
                 ])
                 .args(["--show-only", "templates/operator-rbac.yaml"])
+                .args(["--show-only", "templates/secret-policy.yaml"])
                 .args(["--show-only", "templates/node-token-hashes.yaml"]),
             None,
         );
@@ -88,12 +92,35 @@ impl ChartRbac {
     }
 }
 
+/// Whether the chart's policy on the operator's Secret writes is in force: a dry-run create,
+/// as the operator, of a Secret that is not a session token Secret is refused.
+async fn secret_policy_in_force(operator: &Client, ns: &str) -> bool {
+    let probe: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "not-a-token"}, "stringData": {"k": "v"},
+    }))
+    .expect("secret");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    forbidden(
+        Api::<Secret>::namespaced(operator.clone(), ns)
+            .create(&dry_run, &probe)
+            .await,
+    )
+}
+
 impl Drop for ChartRbac {
     fn drop(&mut self) {
         let _ = Command::new(sandboxd_tests::kubectl())
             .args(["delete", "--ignore-not-found", "--wait=false"])
             .arg(format!("clusterrole/{}", self.name))
             .arg(format!("clusterrolebinding/{}", self.name))
+            .arg(format!("validatingadmissionpolicy/{}-secrets", self.name))
+            .arg(format!(
+                "validatingadmissionpolicybinding/{}-secrets",
+                self.name
+            ))
             .output();
     }
 }
@@ -143,7 +170,12 @@ async fn chart_host(scope: &Scope, release: &str, name: &str) -> Host {
         .await
         .expect("the admin-token Secret");
     scope
-        .register_endpoint(&host.name, &host.endpoint(), &admin_secret)
+        .register_endpoint_on_node(
+            &host.name,
+            &host.endpoint(),
+            &admin_secret,
+            Some(&host.node),
+        )
         .await;
     scope.default_runtime().await;
     host
@@ -185,7 +217,7 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     // the create meets it, and it is replaced whole, without being read.
     let secrets = Api::<Secret>::namespaced(scope.client.clone(), &scope.ns);
     let left: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "xc-rbac-token"},
+        "metadata": {"name": "xc-rbac-token", "labels": {"app.kubernetes.io/managed-by": "sandbox-operator"}},
         "type": "sandboxd.dev/session-token",
         "stringData": {"token": "a-token-of-long-ago", "left": "over"},
     }))
@@ -245,6 +277,65 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
             .get(&secret_name)
             .await
     ));
+
+    // A session named so that its token Secret's name is a Secret of the same type that the
+    // operator did not make (a platform's copy of a token): it is not replaced (the chart's
+    // policy refuses the write), and the session says why.
+    // An admission policy is in force once the API server has loaded it: seconds after it is
+    // applied, longer on a busy machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !secret_policy_in_force(&operator_client, &scope.ns).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the chart's policy on the operator's Secrets is not in force 60 s after it was applied"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let own: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "xc-taken-token"},
+        "type": "sandboxd.dev/session-token",
+        "stringData": {"password": "the platform's own"},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &own)
+        .await
+        .expect("the platform's Secret");
+    scope.kubectl_apply_session("xc-taken", serde_json::json!({"tenant": "org-taken"}));
+    let refused = scope
+        .wait_session("xc-taken", "refused its token Secret", 60, |s| {
+            s.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == "Admitted"
+                        && c.status == "False"
+                        && c.reason == "TokenSecretNotWritten"
+                })
+            })
+        })
+        .await;
+    let message = refused.status.and_then(|s| s.message).expect("a message");
+    assert!(
+        message.starts_with("the token Secret xc-taken-token could not be written, so the session's token is not handed out: ")
+            && message.contains(&format!(
+                "Secret {}/xc-taken-token exists and is not a session token Secret of the sandbox operator: it is not replaced",
+                scope.ns
+            )),
+        "{message}"
+    );
+    let untouched = secrets
+        .get("xc-taken-token")
+        .await
+        .expect("the platform's Secret");
+    assert!(untouched.metadata.labels.is_none());
+    assert_eq!(
+        untouched
+            .data
+            .as_ref()
+            .and_then(|d| d.get("password"))
+            .map(|b| b.0.as_slice()),
+        Some(b"the platform's own".as_slice())
+    );
+    assert!(untouched.metadata.owner_references.is_none());
 
     // Deleted by someone: issued again at the session's next reconcile (here, a change to it),
     // with a new token; the old one stops working, the files stay.
@@ -311,44 +402,13 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
         30,
     )
     .await;
-    assert!(host.containers().is_empty(), "{:?}", host.containers());
+    assert!(
+        host.container_ids(&id).is_empty(),
+        "{:?}",
+        host.containers()
+    );
     scope.delete().await;
     drop(rbac);
-}
-
-/// Waits up to `secs` for host `name`'s Ready condition to satisfy `cond`, and returns it.
-async fn host_ready(
-    client: &Client,
-    name: &str,
-    secs: u64,
-    cond: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool + Send + 'static,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-    let ready = |h: &SandboxHost| {
-        h.status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-            .cloned()
-    };
-    let hosts = Api::<SandboxHost>::all(client.clone());
-    let found = tokio::time::timeout(
-        Duration::from_secs(secs),
-        await_condition(hosts.clone(), name, move |h: Option<&SandboxHost>| {
-            h.and_then(ready).is_some_and(|c| cond(&c))
-        }),
-    )
-    .await;
-    match found {
-        Ok(Ok(Some(h))) => ready(&h).expect("a Ready condition"),
-        _ => panic!(
-            "host {name}'s Ready did not turn as awaited within {secs} s: {:?}",
-            hosts
-                .get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|h| ready(&h))
-        ),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,7 +471,8 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
     );
 
     // Not yet in the sandboxd's folder (the kubelet has not copied it): the token is refused.
-    let refused = host_ready(&scope.client, &host.name, 30, |c| {
+    let hosts = Api::<SandboxHost>::all(scope.client.clone());
+    let refused = wait_host_ready_condition(&hosts, &host.name, 30, |c| {
         c.status == "False" && c.reason == "TokenRefused"
     })
     .await;
@@ -423,7 +484,7 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
 
     // The test plays the kubelet: the ConfigMap's data, file by file, into the mounted folder.
     mount_config_map(mounted.path(), &data);
-    host_ready(&scope.client, &host.name, 30, |c| c.status == "True").await;
+    wait_host_ready_condition(&hosts, &host.name, 30, |c| c.status == "True").await;
 
     // A session runs there, through the node's token.
     scope.kubectl_apply_session("xc-hash", serde_json::json!({}));

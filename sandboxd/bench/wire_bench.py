@@ -58,6 +58,7 @@ def start_seed(image: str, root: Path, log: Path) -> tuple[subprocess.Popen, str
         "SANDBOXD_WORKSPACE_ROOT": str(root / "seed-ws"),
         "SANDBOXD_MAX_SESSIONS": "100",
         "SANDBOXD_MAX_SESSIONS_PER_TENANT": "100",
+        "SANDBOXD_MAX_WORKSPACES_PER_TENANT": "100",
         "SANDBOXD_PREWARM": "false",
     }
     proc = subprocess.Popen(

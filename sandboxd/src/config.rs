@@ -123,9 +123,26 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_NODE_TOKEN_HASHES")]
     pub node_token_hashes: Option<PathBuf>,
 
-    /// Address to listen on.
+    /// The address to listen on: one address of the node (the one the operator and the
+    /// platform reach it on; in the Helm chart the pod's status.hostIP), so sandboxd answers on
+    /// no other interface. 0.0.0.0 listens on all of them.
     #[arg(long, env = "SANDBOXD_HOST", default_value = "127.0.0.1")]
     pub host: IpAddr,
+
+    /// HTTP connections sandboxd holds open at once; one past it is closed at its accept
+    /// (counted in `sandboxd_connections_refused_total{cap="total"}`).
+    #[arg(long, env = "SANDBOXD_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// HTTP connections one source address holds open at once; one past it is closed at its
+    /// accept (counted in `sandboxd_connections_refused_total{cap="per_source"}`), so a client
+    /// that floods sandboxd with connections leaves room for every other.
+    #[arg(
+        long,
+        env = "SANDBOXD_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 512
+    )]
+    pub max_connections_per_source: usize,
 
     /// Port to listen on (0 picks a free one and prints it).
     #[arg(long, env = "SANDBOXD_PORT", default_value_t = 8080)]
@@ -210,6 +227,50 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_MAX_SESSIONS_PER_TENANT", default_value_t = 10)]
     pub max_sessions_per_tenant: u32,
 
+    /// Workspaces one tenant holds at most on this host, in any state until they are destroyed
+    /// (sleeping and reclaimed ones keep their disks, so they count).
+    #[arg(long, env = "SANDBOXD_MAX_WORKSPACES_PER_TENANT", default_value_t = 20)]
+    pub max_workspaces_per_tenant: u32,
+
+    /// The bytes of workspace disks this host holds at most, in Docker's syntax: the nominal
+    /// sizes of every workspace until it is destroyed (sleeping and reclaimed ones included),
+    /// checked at open. Unset: the size of the filesystem under SANDBOXD_WORKSPACE_ROOT less a
+    /// reserve for sandboxd's own state (5%, at least 1 GiB). Only with SANDBOXD_WORKSPACE_QUOTA=loop.
+    #[arg(long, env = "SANDBOXD_WORKSPACE_BUDGET")]
+    pub workspace_budget: Option<String>,
+
+    /// File operations (reads, writes, listings, removes) running at once on this host.
+    #[arg(long, env = "SANDBOXD_FILE_WORKERS", default_value_t = 16)]
+    pub file_workers: usize,
+
+    /// File operations of one session running at once: its share of SANDBOXD_FILE_WORKERS.
+    #[arg(long, env = "SANDBOXD_FILE_WORKERS_PER_SESSION", default_value_t = 4)]
+    pub file_workers_per_session: usize,
+
+    /// File operations of one session waiting for a worker at once; the next is refused (503).
+    #[arg(long, env = "SANDBOXD_FILE_QUEUE_PER_SESSION", default_value_t = 64)]
+    pub file_queue_per_session: usize,
+
+    /// Seconds one file operation may take, its wait for a worker included; past it the
+    /// operation is stopped and answered 503 (what it had done stays done).
+    #[arg(long, env = "SANDBOXD_FILE_DEADLINE", default_value_t = 30)]
+    pub file_deadline: u64,
+
+    /// Bytes of reads and writes sandboxd holds in flight at once on this host, in Docker's
+    /// syntax; a request past it waits briefly, then is refused (503).
+    #[arg(long, env = "SANDBOXD_MEMORY_BUDGET", default_value = "256m")]
+    pub memory_budget: String,
+
+    /// Bytes of reads and writes one session holds in flight at once, in Docker's syntax (at
+    /// least the largest read, SANDBOXD_MAX_READ_BYTES).
+    #[arg(long, env = "SANDBOXD_SESSION_MEMORY_BUDGET", default_value = "64m")]
+    pub session_memory_budget: String,
+
+    /// Bytes per second a client must at least send a request body at, or read an answer at,
+    /// measured over SANDBOXD_BODY_TIMEOUT; a slower one is cut off (0: no minimum).
+    #[arg(long, env = "SANDBOXD_MIN_TRANSFER_RATE", default_value_t = 16 * 1024)]
+    pub min_transfer_rate: u64,
+
     /// Longest a command may run, in seconds; a run asking for more gets this.
     #[arg(long, env = "SANDBOXD_EXECUTE_TIMEOUT", default_value_t = 300)]
     pub execute_timeout: u64,
@@ -251,6 +312,13 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::container::network::DEFAULT_DENY)]
     pub network_deny: String,
 
+    /// Seconds between two checks of the sandbox network's firewall (its chains as installed,
+    /// each jump first in its chain, the node's addresses denied); it is also checked after
+    /// each Docker network event. Whatever is missing is installed again and counted in
+    /// `sandboxd_firewall_repairs_total`; `/healthz` answers 503 while it cannot be.
+    #[arg(long, env = "SANDBOXD_FIREWALL_CHECK", default_value_t = 10)]
+    pub firewall_check: u64,
+
     /// CPUs a sandbox may use.
     #[arg(long, env = "SANDBOXD_CPUS", default_value_t = 2.0)]
     pub cpus: f64,
@@ -282,9 +350,10 @@ pub struct Config {
     pub workspace_root: PathBuf,
 
     /// Size of a session's workspace, in Docker's syntax: the default and the ceiling (a runtime
-    /// or a session may ask for less). Each workspace is a filesystem of its own of this size,
-    /// allocated on the node's disk when the session is created.
-    #[arg(long, env = "SANDBOXD_WORKSPACE_SIZE", default_value = "10g")]
+    /// or a session may ask for less). Each workspace is a filesystem of its own of this size, a
+    /// sparse image on the node's disk that takes what is written; its full size counts
+    /// against SANDBOXD_WORKSPACE_BUDGET.
+    #[arg(long, env = "SANDBOXD_WORKSPACE_SIZE", default_value = "4g")]
     pub workspace_size: String,
 
     /// How workspace sizes are held: `loop` (each workspace is an ext4 image of its size,
@@ -427,6 +496,15 @@ impl Config {
             body: std::time::Duration::from_secs(self.body_timeout),
             idle: std::time::Duration::from_secs(self.idle_timeout),
             handshake: std::time::Duration::from_secs(self.tls_handshake_timeout),
+            min_rate: self.min_transfer_rate,
+        }
+    }
+
+    /// The caps on connections open at once.
+    pub fn connection_caps(&self) -> crate::http::connections::Caps {
+        crate::http::connections::Caps {
+            total: self.max_connections,
+            per_source: self.max_connections_per_source,
         }
     }
 
@@ -506,6 +584,25 @@ impl Config {
         }
     }
 
+    /// The workspace budget in bytes: SANDBOXD_WORKSPACE_BUDGET, or the size of the filesystem
+    /// under the workspace root (its nearest folder that exists) less the reserve.
+    pub fn workspace_budget_bytes(&self) -> u64 {
+        if let Some(b) = self
+            .workspace_budget
+            .as_deref()
+            .and_then(parse_bytes)
+            .and_then(|b| u64::try_from(b).ok())
+        {
+            return b;
+        }
+        let size = self
+            .workspace_root
+            .ancestors()
+            .find_map(|p| rustix::fs::statvfs(p).ok())
+            .map_or(0, |s| s.f_blocks.saturating_mul(s.f_frsize));
+        size.saturating_sub(budget_reserve(size))
+    }
+
     /// Checks everything that can be checked before start-up and returns the admin token this
     /// sandboxd accepts and the allowlist.
     pub fn validate(&self) -> Result<(crate::service::auth::AdminToken, Allowlist), ConfigError> {
@@ -517,10 +614,19 @@ impl Config {
             ));
         }
         for (name, value) in [
-            ("SANDBOXD_TMPFS_SIZE", &self.tmpfs_size),
-            ("SANDBOXD_HOME_SIZE", &self.home_size),
-            ("SANDBOXD_MEM_LIMIT", &self.mem_limit),
-            ("SANDBOXD_WORKSPACE_SIZE", &self.workspace_size),
+            ("SANDBOXD_TMPFS_SIZE", self.tmpfs_size.as_str()),
+            ("SANDBOXD_HOME_SIZE", self.home_size.as_str()),
+            ("SANDBOXD_MEM_LIMIT", self.mem_limit.as_str()),
+            ("SANDBOXD_WORKSPACE_SIZE", self.workspace_size.as_str()),
+            (
+                "SANDBOXD_WORKSPACE_BUDGET",
+                self.workspace_budget.as_deref().unwrap_or("1"),
+            ),
+            ("SANDBOXD_MEMORY_BUDGET", self.memory_budget.as_str()),
+            (
+                "SANDBOXD_SESSION_MEMORY_BUDGET",
+                self.session_memory_budget.as_str(),
+            ),
         ] {
             if parse_bytes(value).is_none() {
                 return Err(ConfigError::Invalid(format!(
@@ -535,6 +641,35 @@ impl Config {
                 "SANDBOXD_WORKSPACE_SIZE '{}' is below the smallest workspace of {}",
                 self.workspace_size,
                 crate::workspace::disk::human(crate::workspace::disk::MIN_SIZE)
+            )));
+        }
+        for (name, value) in [
+            ("SANDBOXD_FILE_WORKERS", self.file_workers),
+            (
+                "SANDBOXD_FILE_WORKERS_PER_SESSION",
+                self.file_workers_per_session,
+            ),
+            (
+                "SANDBOXD_FILE_QUEUE_PER_SESSION",
+                self.file_queue_per_session,
+            ),
+            (
+                "SANDBOXD_FILE_DEADLINE",
+                usize::try_from(self.file_deadline).unwrap_or(usize::MAX),
+            ),
+        ] {
+            if !(1..=4096).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be between 1 and 4096, not {value}"
+                )));
+            }
+        }
+        if bytes_of(&self.session_memory_budget, 0) < self.max_read_bytes
+            || bytes_of(&self.memory_budget, 0) < bytes_of(&self.session_memory_budget, 0)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "SANDBOXD_SESSION_MEMORY_BUDGET '{}' must hold at least one read of SANDBOXD_MAX_READ_BYTES ({} bytes), and SANDBOXD_MEMORY_BUDGET '{}' at least a session's",
+                self.session_memory_budget, self.max_read_bytes, self.memory_budget
             )));
         }
         if self.max_runs_per_session == 0 {
@@ -555,6 +690,17 @@ impl Config {
             ));
         }
         self.network_plan()?;
+        if self.max_connections == 0 || self.max_connections_per_source == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_MAX_CONNECTIONS and SANDBOXD_MAX_CONNECTIONS_PER_SOURCE must be at least 1".into(),
+            ));
+        }
+        if !(1..=3600).contains(&self.firewall_check) {
+            return Err(ConfigError::Invalid(format!(
+                "SANDBOXD_FIREWALL_CHECK must be between 1 and 3600 seconds, not {}",
+                self.firewall_check
+            )));
+        }
         for (name, value) in [
             ("SANDBOXD_HEADER_TIMEOUT", self.header_timeout),
             ("SANDBOXD_BODY_TIMEOUT", self.body_timeout),
@@ -585,6 +731,19 @@ impl Config {
     }
 }
 
+/// A size in Docker's syntax as bytes, `default` when it is not one (validated before).
+fn bytes_of(text: &str, default: u64) -> u64 {
+    parse_bytes(text)
+        .and_then(|b| u64::try_from(b).ok())
+        .unwrap_or(default)
+}
+
+/// What the default workspace budget leaves of a filesystem of `size` bytes for sandboxd's own
+/// state, its trash and the node: 5%, at least 1 GiB.
+pub fn budget_reserve(size: u64) -> u64 {
+    (size / 20).max(1 << 30)
+}
+
 impl crate::service::Settings {
     /// The settings of a validated config.
     pub fn from_config(c: &Config) -> Self {
@@ -593,6 +752,11 @@ impl crate::service::Settings {
             caps: crate::storage::store::Caps {
                 max_sessions: c.max_sessions,
                 max_per_tenant: c.max_sessions_per_tenant,
+                max_workspaces_per_tenant: c.max_workspaces_per_tenant,
+                workspace_budget: match c.workspace_quota {
+                    crate::config::WorkspaceQuota::Loop => Some(c.workspace_budget_bytes()),
+                    crate::config::WorkspaceQuota::Off => None,
+                },
             },
             execute_timeout: std::time::Duration::from_secs(c.execute_timeout),
             max_read_bytes: c.max_read_bytes,
@@ -610,6 +774,14 @@ impl crate::service::Settings {
             home_size: c.home_size.clone(),
             oci_runtime: c.oci_runtime.clone(),
             persist_containers: c.persist_containers,
+            file_work: crate::service::work::FileWorkLimits {
+                workers: c.file_workers,
+                per_session: c.file_workers_per_session,
+                queue_per_session: c.file_queue_per_session,
+                deadline: std::time::Duration::from_secs(c.file_deadline),
+                memory: bytes_of(&c.memory_budget, 256 << 20),
+                memory_per_session: bytes_of(&c.session_memory_budget, 64 << 20),
+            },
             workspace_size: match c.workspace_quota {
                 crate::config::WorkspaceQuota::Loop => Some(
                     parse_bytes(&c.workspace_size)
@@ -626,6 +798,49 @@ impl crate::service::Settings {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn the_default_budget_is_the_filesystem_less_its_reserve() {
+        assert_eq!(budget_reserve(100 << 30), 5 << 30);
+        assert_eq!(budget_reserve(4 << 30), 1 << 30);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("not/yet/made");
+        let c = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            "base=img",
+            "--workspace-root",
+            root.to_str().expect("utf-8"),
+        ]);
+        let fs = rustix::fs::statvfs(dir.path()).expect("statvfs");
+        let size = fs.f_blocks * fs.f_frsize;
+        assert_eq!(c.workspace_budget_bytes(), size - budget_reserve(size));
+        let set = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            "base=img",
+            "--workspace-budget",
+            "95g",
+        ]);
+        assert_eq!(set.workspace_budget_bytes(), 95 << 30);
+        let bad = Config::parse_from([
+            "sandboxd",
+            "--token",
+            "t",
+            "--runtimes",
+            "base=img",
+            "--workspace-budget",
+            "lots",
+        ]);
+        assert!(bad.validate().is_err_and(|e| {
+            e.to_string()
+                .contains("SANDBOXD_WORKSPACE_BUDGET 'lots' is not a size")
+        }));
+    }
 
     #[test]
     fn command_is_well_formed() {
@@ -648,8 +863,9 @@ mod tests {
         assert_eq!((c.host.to_string(), c.port), ("127.0.0.1".to_owned(), 8080));
         assert_eq!(
             (c.workspace_size.as_str(), c.workspace_quota),
-            ("10g", WorkspaceQuota::Loop)
+            ("4g", WorkspaceQuota::Loop)
         );
+        assert_eq!(c.max_workspaces_per_tenant, 20);
         assert!(c.validate().is_ok());
     }
 

@@ -62,7 +62,7 @@ pub enum EnrolError {
     },
     /// Nothing came in time.
     #[error(
-        "CertificateSigningRequest {name} (signer {signer}) got no certificate within {secs} s: is the operator running with its signer enabled (tls.issuer.caSecret in the chart)?"
+        "CertificateSigningRequest {name} (signer {signer}) got no certificate within {secs} s: is the operator running, with its signer on (the chart's default, tls.enabled=true)?"
     )]
     Timeout {
         /// The request's name.

@@ -18,10 +18,11 @@
 //! - [`storage`]: sandboxd's state in SQLite, and the audit log in SQLite or PostgreSQL.
 //!
 //! Beside the rooms: [`config`] (flags and variables), [`server`] (start-up), [`tls`] (HTTPS
-//! and its clients' trust), [`enrol`] (`sandboxd enrol`), [`metrics`] and [`client`] (the
-//! typed client of the `sandboxd-api` crate, re-exported).
+//! and its clients' trust), [`enrol`] (`sandboxd enrol`) and [`metrics`]. The typed client of
+//! the `/v1` API is `sandboxd_api::client`; every type has one name.
 
-pub mod client;
+#[cfg(test)]
+mod client;
 pub mod config;
 pub mod container;
 pub mod enrol;
@@ -34,12 +35,6 @@ pub mod service;
 pub mod storage;
 pub mod tls;
 pub mod workspace;
-
-// Paths other crates of the workspace still name (the operator bench).
-#[doc(hidden)]
-pub use container::docker;
-#[doc(hidden)]
-pub use service::auth;
 
 /// The service name sandboxd reports in its index.
 pub const SERVICE: &str = "sandboxd";

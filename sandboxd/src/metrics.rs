@@ -8,6 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use sandboxd_api::run::RunOutcome;
+use sandboxd_api::session::Launch;
 
 /// A label set with one `outcome` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,6 +47,55 @@ pub struct RuntimeLabel {
     pub runtime: String,
 }
 
+/// A label set with one `cap` label: which cap refused a connection.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapLabel {
+    /// total (SANDBOXD_MAX_CONNECTIONS) or per_source (SANDBOXD_MAX_CONNECTIONS_PER_SOURCE).
+    pub cap: String,
+}
+
+/// A label set with one `launch` label: how an open started its sandbox.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaunchLabel {
+    /// cold (a container created and started) or warm (one taken from a warm pool).
+    pub launch: String,
+}
+
+/// A label set with one `from` label: what a wake found.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WakeLabel {
+    /// stopped (its container started again) or reclaimed (a container created anew).
+    pub from: String,
+}
+
+/// A label set with one `op` label: a workspace operation as the audit log names it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// read, write, ls, mkdir, remove.
+    pub op: String,
+}
+
+/// The labels of an HTTP request: method, route and status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// GET, PUT, POST, DELETE.
+    pub method: String,
+    /// The route as the router names it (`/v1/sessions/{id}/runs`).
+    pub route: String,
+    /// The status code of the answer.
+    pub status: String,
+}
+
+/// Buckets of the HTTP request histogram: 1 ms to about 33 s, doubling.
+fn request_latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Buckets of the latency histograms: 5 ms to about 160 s, doubling.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
 /// The metrics.
 pub struct Metrics {
     registry: Registry,
@@ -75,9 +125,45 @@ pub struct Metrics {
     pub warm_pool_ready: Family<RuntimeLabel, Gauge>,
     /// Memory of each runtime's warm pool: the sum of its ready containers' memory limits.
     pub warm_pool_memory: Family<RuntimeLabel, Gauge>,
+    /// Docker stats calls made for sessions' `usage` (at most one per session per
+    /// [`crate::service::USAGE_FRESH`], however often it is asked).
+    pub usage_samples: Counter,
+    /// Times the sandbox network's firewall was found changed (a chain flushed or removed, a
+    /// jump gone or pushed down) and installed again.
+    pub firewall_repairs: Counter,
+    /// 1 while the sandbox network's firewall is whole (or no network is set up), 0 while it
+    /// is missing and cannot be installed again.
+    pub firewall_intact: Gauge,
+    /// Connections closed at their accept, by the cap they were over.
+    pub connections_refused: Family<CapLabel, Counter>,
+    /// Connections open now.
+    pub connections_open: Gauge,
+    /// Wall time of opens that created a session, by launch.
+    pub open_seconds: Family<LaunchLabel, Histogram>,
+    /// Wall time of wakes of a session that was not running, by what they found.
+    pub wake_seconds: Family<WakeLabel, Histogram>,
+    /// Time from a run's start on its path until its program runs, by path.
+    pub run_start_seconds: Family<PathLabel, Histogram>,
+    /// Wall time of workspace operations, by operation.
+    pub file_op_seconds: Family<OpLabel, Histogram>,
+    /// Opens of a runtime that keeps a warm pool which found it empty and started cold.
+    pub warm_pool_empty_opens: Family<RuntimeLabel, Counter>,
+    /// The workspace budget (SANDBOXD_WORKSPACE_BUDGET or its default); 0 where there is none.
+    pub workspace_budget: Gauge,
+    /// The nominal bytes of the workspace disks held now, set at each scrape.
+    pub workspace_held: Gauge,
+    /// HTTP requests: time until the answer's head, by method, route and status.
+    pub request_seconds: Family<RequestLabels, Histogram>,
+    /// Audit rows waiting in the queue for the store, set at each scrape.
+    pub audit_queue: Gauge,
+    /// The audit queue's size (SANDBOXD_AUDIT_QUEUE).
+    pub audit_queue_capacity: Gauge,
 }
 
 impl Default for Metrics {
+    /// Every metric, registered with its name and help, and every series whose labels are
+    /// known beforehand created at 0. Over 150 lines: one flat list, a metric a few lines,
+    /// which reads best whole (a split would only scatter the names a dashboard looks for).
     fn default() -> Self {
         let mut registry = Registry::with_prefix("sandboxd");
         let opens = Family::<Outcome, Counter>::default();
@@ -137,8 +223,156 @@ impl Default for Metrics {
             prometheus_client::registry::Unit::Bytes,
             warm_pool_memory.clone(),
         );
+        let usage_samples = Counter::default();
+        registry.register(
+            "usage_samples",
+            "Docker stats calls made for sessions' usage (each answer is kept for 2 s)",
+            usage_samples.clone(),
+        );
+        let firewall_repairs = Counter::default();
+        registry.register(
+            "firewall_repairs",
+            "Times the sandbox network's firewall was found changed (a chain flushed, a jump gone or no longer first) and installed again",
+            firewall_repairs.clone(),
+        );
+        let firewall_intact = Gauge::default();
+        firewall_intact.set(1);
+        registry.register(
+            "firewall_intact",
+            "1 while the sandbox network's firewall is whole or no network is set up; 0 while it is missing and cannot be installed again",
+            firewall_intact.clone(),
+        );
+        let connections_refused = Family::<CapLabel, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed at their accept, by the cap they were over (total: SANDBOXD_MAX_CONNECTIONS, per_source: SANDBOXD_MAX_CONNECTIONS_PER_SOURCE)",
+            connections_refused.clone(),
+        );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "HTTP connections open now",
+            connections_open.clone(),
+        );
+        let open_seconds = Family::<LaunchLabel, Histogram>::new_with_constructor(latency);
+        registry.register(
+            "open_seconds",
+            "Wall time of opens that created a session, by launch (cold: created and started; warm: taken from a warm pool)",
+            open_seconds.clone(),
+        );
+        let wake_seconds = Family::<WakeLabel, Histogram>::new_with_constructor(latency);
+        registry.register(
+            "wake_seconds",
+            "Wall time of wakes of a session that was not running, by what they found (stopped: started again; reclaimed: created anew)",
+            wake_seconds.clone(),
+        );
+        let run_start_seconds =
+            Family::<PathLabel, Histogram>::new_with_constructor(request_latency);
+        registry.register(
+            "run_start_seconds",
+            "Time from a run's start on its path (agent: the sandbox's agent reached; exec: Docker exec created) until its program runs",
+            run_start_seconds.clone(),
+        );
+        let file_op_seconds = Family::<OpLabel, Histogram>::new_with_constructor(latency);
+        registry.register(
+            "file_op_seconds",
+            "Wall time of workspace operations (read, write, ls, mkdir, remove), refused and failed ones included",
+            file_op_seconds.clone(),
+        );
+        let warm_pool_empty_opens = Family::<RuntimeLabel, Counter>::default();
+        registry.register(
+            "warm_pool_empty_opens",
+            "Opens of a runtime that keeps a warm pool which found the pool empty and started cold",
+            warm_pool_empty_opens.clone(),
+        );
+        let workspace_budget = Gauge::default();
+        registry.register_with_unit(
+            "workspace_budget",
+            "The bytes of workspace disks this host holds at most (SANDBOXD_WORKSPACE_BUDGET); 0 without workspace disks (no budget)",
+            prometheus_client::registry::Unit::Bytes,
+            workspace_budget.clone(),
+        );
+        let workspace_held = Gauge::default();
+        registry.register_with_unit(
+            "workspace_held",
+            "The nominal bytes of the workspace disks this host holds now (sleeping and reclaimed sessions' included)",
+            prometheus_client::registry::Unit::Bytes,
+            workspace_held.clone(),
+        );
+        let request_seconds =
+            Family::<RequestLabels, Histogram>::new_with_constructor(request_latency);
+        registry.register(
+            "http_request_seconds",
+            "HTTP requests of both surfaces: the time until the answer's head, by method, route and status",
+            request_seconds.clone(),
+        );
+        let audit_queue = Gauge::default();
+        registry.register_with_unit(
+            "audit_queue",
+            "Audit rows waiting in the queue for the audit store",
+            prometheus_client::registry::Unit::Other("rows".to_owned()),
+            audit_queue.clone(),
+        );
+        let audit_queue_capacity = Gauge::default();
+        registry.register_with_unit(
+            "audit_queue_capacity",
+            "Audit rows the queue holds at most (SANDBOXD_AUDIT_QUEUE); a row recorded while it is full is dropped",
+            prometheus_client::registry::Unit::Other("rows".to_owned()),
+            audit_queue_capacity.clone(),
+        );
+        // Every label value known beforehand has its series from the start, at 0: a rate is
+        // right from the first event on, and a dashboard or alert finds what it queries.
+        for outcome in ["created", "found", "refused", "failed"] {
+            let _ = opens.get_or_create(&Outcome::new(outcome));
+        }
+        for outcome in ["exited", "failed", "timed_out", "stopped"] {
+            let _ = runs.get_or_create(&Outcome::new(outcome));
+        }
+        for path in ["agent", "exec", "exec_fallback"] {
+            let _ = run_paths.get_or_create(&PathLabel {
+                path: path.to_owned(),
+            });
+        }
+        for cap in ["total", "per_source"] {
+            let _ = connections_refused.get_or_create(&CapLabel {
+                cap: cap.to_owned(),
+            });
+        }
+        for launch in ["cold", "warm"] {
+            let _ = open_seconds.get_or_create(&LaunchLabel {
+                launch: launch.to_owned(),
+            });
+        }
+        for from in ["stopped", "reclaimed"] {
+            let _ = wake_seconds.get_or_create(&WakeLabel {
+                from: from.to_owned(),
+            });
+        }
+        for op in ["read", "write", "ls", "mkdir", "remove"] {
+            let _ = file_op_seconds.get_or_create(&OpLabel { op: op.to_owned() });
+        }
+        for path in ["agent", "exec"] {
+            let _ = run_start_seconds.get_or_create(&PathLabel {
+                path: path.to_owned(),
+            });
+        }
         Self {
             registry,
+            request_seconds,
+            audit_queue,
+            audit_queue_capacity,
+            open_seconds,
+            wake_seconds,
+            run_start_seconds,
+            file_op_seconds,
+            warm_pool_empty_opens,
+            workspace_budget,
+            workspace_held,
+            usage_samples,
+            connections_refused,
+            connections_open,
+            firewall_repairs,
+            firewall_intact,
             warm_pool_size,
             warm_pool_ready,
             warm_pool_memory,
@@ -171,6 +405,15 @@ impl Metrics {
         self.run_seconds.observe(run.duration_ms as f64 / 1000.0);
     }
 
+    /// Times a run's start on `path` (agent or exec), from `started` until its program runs.
+    pub fn observe_run_start(&self, path: &str, started: std::time::Instant) {
+        self.run_start_seconds
+            .get_or_create(&PathLabel {
+                path: path.to_owned(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
     /// Counts a run by the path that carried it.
     pub fn run_path(&self, path: &str) {
         self.run_paths
@@ -178,6 +421,52 @@ impl Metrics {
                 path: path.to_owned(),
             })
             .inc();
+    }
+
+    /// Times an open that created a session, launched `launch`, from `started`.
+    pub fn observe_open(&self, launch: Launch, started: std::time::Instant) {
+        let launch = match launch {
+            Launch::Cold => "cold",
+            Launch::Warm => "warm",
+        };
+        self.open_seconds
+            .get_or_create(&LaunchLabel {
+                launch: launch.to_owned(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Times a wake of a session found `from` (stopped, reclaimed), from `started`.
+    pub fn observe_wake(&self, from: &str, started: std::time::Instant) {
+        self.wake_seconds
+            .get_or_create(&WakeLabel {
+                from: from.to_owned(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Times an HTTP request answered `status`, from `started`.
+    pub fn observe_request(
+        &self,
+        method: String,
+        route: String,
+        status: u16,
+        started: std::time::Instant,
+    ) {
+        self.request_seconds
+            .get_or_create(&RequestLabels {
+                method,
+                route,
+                status: status.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Times workspace operation `op`, from `started`.
+    pub fn observe_file_op(&self, op: &str, started: std::time::Instant) {
+        self.file_op_seconds
+            .get_or_create(&OpLabel { op: op.to_owned() })
+            .observe(started.elapsed().as_secs_f64());
     }
 
     /// The text exposition.

@@ -10,9 +10,9 @@ use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 use crate::config::{Config, RunBackend, WorkspaceQuota};
-use crate::container::docker::Engine;
+use crate::container::Engine;
 use crate::container::network::SandboxNetwork;
-use crate::http::v1::{AppState, router};
+use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::run::ExecRunner;
 use crate::run::agent::{self, AgentRunner};
@@ -30,12 +30,44 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         "http"
     };
+    raise_descriptor_limit(config.max_connections);
     let (addr, serve) = start(config).await?;
     // The first line on stdout says where it listens (tests and scripts read it with port 0).
     println!("sandboxd listening on {scheme}://{addr}");
     serve.await?;
     info!("sandboxd stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open descriptors to the hard limit, as a server that holds up to
+/// `SANDBOXD_MAX_CONNECTIONS` connections needs (a login shell's soft limit is often 1,024),
+/// and warns when even the hard limit leaves less than that cap and some room for the rest.
+fn raise_descriptor_limit(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let now = if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                warn!(soft, hard, error = %e, "raising the limit on open descriptors failed");
+                soft
+            }
+        }
+    } else {
+        soft
+    };
+    // Room for the state, Docker's connections, workspaces and the trash.
+    let needed = max_connections as u64 + 256;
+    if now < needed {
+        warn!(
+            limit = now,
+            needed,
+            "the limit on open descriptors is below SANDBOXD_MAX_CONNECTIONS and some room: \
+             past it, connections wait in the kernel's queue (raise the limit or lower the cap)"
+        );
+    }
 }
 
 /// Checks the configuration, opens the state, connects to Docker, reconciles, and binds the
@@ -89,7 +121,7 @@ async fn start_with(
         }
         None => {
             warn!(
-                "SERVING PLAIN HTTP: the admin token, the session tokens and every file and command cross the network unencrypted. Set SANDBOXD_TLS_CERT_FILE and SANDBOXD_TLS_KEY_FILE (PEM) to serve HTTPS (in the Helm chart: tls.enabled=true)"
+                "SERVING PLAIN HTTP: the admin token, the session tokens and every file and command cross the network unencrypted. Set SANDBOXD_TLS_CERT_FILE and SANDBOXD_TLS_KEY_FILE (PEM) to serve HTTPS (the Helm chart does, unless tls.enabled=false)"
             );
             None
         }
@@ -171,7 +203,7 @@ async fn start_with(
                     )
                 })?,
         ),
-        RunBackend::Exec => Arc::new(ExecRunner::new(engine.clone())),
+        RunBackend::Exec => Arc::new(ExecRunner::counted(engine.clone(), metrics.clone())),
     };
     let needs_network = runtimes.list().runtimes.iter().any(|r| r.needs_network);
     let network = Arc::new(SandboxNetwork::new(engine.clone(), config.network_plan()?));
@@ -197,6 +229,7 @@ async fn start_with(
         .map_err(|e| anyhow::anyhow!("reconcile with docker failed: {e}"))?;
     // The warm pools fill in the background from now on (what an earlier run left is gone).
     crate::service::pool::spawn(&core);
+    let served_metrics = metrics.clone();
     let state = AppState {
         core,
         admin,
@@ -221,15 +254,30 @@ async fn start_with(
             .await
             .context("the sandbox network of an earlier run is there")?;
     }
+    // From now on the firewall is checked on its timer and after Docker's network events.
+    let guard = crate::container::network::spawn_guard(
+        network.clone(),
+        std::time::Duration::from_secs(config.firewall_check),
+        served_metrics.firewall_repairs.clone(),
+        served_metrics.firewall_intact.clone(),
+    );
     info!(%addr, version = crate::VERSION, containers_removed = reconciled.containers_removed, sessions_fixed = reconciled.sessions_fixed, sessions_failed = reconciled.sessions_failed, "sandboxd listening");
     let watcher = tls.as_ref().map(Reloading::spawn_watcher);
-    let serve =
-        crate::http::connections::serve(listener, router(state), config.timeouts(), tls, stop);
+    let serve = crate::http::connections::serve(
+        listener,
+        router(state),
+        config.timeouts(),
+        config.connection_caps(),
+        served_metrics,
+        tls,
+        stop,
+    );
     Ok((addr, async move {
         let served = serve.await;
         if let Some(w) = watcher {
             w.abort();
         }
+        guard.abort();
         // A deletion under way stops within one entry and goes on at the next start, so that
         // stopping never waits for a deep tree to go.
         trash.stop();
@@ -316,9 +364,9 @@ pub(crate) mod noop {
 
     use clap::Parser as _;
 
-    use crate::client::Client;
     use crate::config::Config;
-    use crate::container::docker::Engine;
+    use crate::container::Engine;
+    use sandboxd_api::client::Client;
 
     /// A running sandboxd and its admin client.
     pub(crate) struct Noop {
@@ -386,8 +434,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::client::ClientError;
     use sandboxd_api::SessionState as State;
+    use sandboxd_api::client::ClientError;
 
     async fn prompt<T>(what: &str, f: impl Future<Output = T>) -> T {
         tokio::time::timeout(Duration::from_secs(5), f)

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Backend, Daemon, container_of, docker, until};
-use sandboxd::client::Client;
+use sandboxd_api::client::Client;
 use sandboxd_api::error::ErrorCode;
 
 async fn token(d: &Daemon, name: &str) -> String {
@@ -436,7 +436,7 @@ async fn a_sandbox_at_its_process_limit_frees_what_finished_runs_left_and_says_w
     .await;
     match s.run("full", "echo crowded", Some(30), None, None).await {
         // Refused at once, whether the agent found a thread for the connection or not.
-        Err(sandboxd::client::ClientError::Api {
+        Err(sandboxd_api::client::ClientError::Api {
             status: 429,
             code: ErrorCode::ProcessLimit,
             message,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::{Daemon, postgres_database, raw};
 use rand::Rng;
 use reqwest::Method;
-use sandboxd::client::{Client, ClientError};
 use sandboxd::storage::audit::{AuditStore, NewOperation, Op, OperationQuery};
+use sandboxd_api::client::{Client, ClientError};
 use serde_json::json;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -360,6 +360,7 @@ async fn suite(postgres: Option<String>) {
     let old = |days: i64, target: &str| NewOperation {
         at_ms: now - days * DAY_MS,
         session: "aud-1".into(),
+        incarnation: String::new(),
         tenant: tenant.clone(),
         agent: None,
         run: None,
@@ -409,6 +410,168 @@ async fn audit_log_in_sqlite() {
 #[tokio::test]
 async fn audit_log_in_postgres() {
     suite(Some(postgres_database().await)).await;
+}
+
+/// Reads the audit stream of `d` after `after` until `want` rows came; then waits `quiet` for
+/// one more, which must not come. Returns the rows' (id, target).
+async fn stream_rows(
+    d: &Daemon,
+    after: Option<i64>,
+    want: usize,
+    quiet: Duration,
+) -> Vec<(i64, String)> {
+    use futures::StreamExt;
+    let url = match after {
+        Some(a) => format!("{}/v1/operations/stream?after={a}", d.base),
+        None => format!("{}/v1/operations/stream", d.base),
+    };
+    let response = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(&d.token)
+        .send()
+        .await
+        .expect("the stream answers");
+    assert_eq!(response.status().as_u16(), 200, "{url}");
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("application/x-ndjson")
+    );
+    let mut body = response.bytes_stream();
+    let mut text = Vec::new();
+    let mut rows = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let wait = if rows.len() < want {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            quiet
+        };
+        let chunk = match tokio::time::timeout(wait, body.next()).await {
+            Ok(Some(chunk)) => chunk.expect("the stream's bytes"),
+            Ok(None) => panic!("the stream ended after {rows:?}"),
+            Err(_) if rows.len() >= want => return rows,
+            Err(_) => panic!("{} of {want} rows in 30 s: {rows:?}", rows.len()),
+        };
+        text.extend_from_slice(&chunk);
+        while let Some(end) = text.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = text.drain(..=end).collect();
+            let row: sandboxd::storage::audit::Operation =
+                serde_json::from_slice(&line).expect("each line is a row");
+            rows.push((row.id, row.target));
+        }
+        assert!(rows.len() <= want, "more rows than happened: {rows:?}");
+    }
+}
+
+/// A SIEM follows the audit log as JSON lines: the rows so far, then each new one; cut off, it
+/// resumes from the id of the last line it read, also across a restart of sandboxd, and gets
+/// every row after it once, in order.
+async fn the_audit_stream_resumes_from_its_cursor_after_a_restart(postgres: Option<String>) {
+    let mut env = vec![];
+    if let Some(url) = &postgres {
+        env.push(("SANDBOXD_AUDIT_DATABASE_URL", url.as_str()));
+    }
+    let mut d = Daemon::start(&env);
+    let tenant = format!("org-stream-{:08x}", rand::rng().random::<u32>());
+    d.admin()
+        .open("stream-1", &tenant, None, None)
+        .await
+        .expect("open");
+    for i in 0..5 {
+        d.admin()
+            .mkdir("stream-1", &format!("a/{i}"))
+            .await
+            .expect("mkdir");
+    }
+    let first = stream_rows(&d, None, 5, Duration::from_secs(2)).await;
+    assert_eq!(
+        first.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(),
+        ["a/0", "a/1", "a/2", "a/3", "a/4"]
+    );
+    let cursor = first.last().map(|(id, _)| *id);
+
+    // The reader is gone; rows go on, sandboxd restarts (a clean stop writes what it queued),
+    // and more rows come after it.
+    for i in 0..3 {
+        d.admin()
+            .mkdir("stream-1", &format!("b/{i}"))
+            .await
+            .expect("mkdir");
+    }
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}");
+    d.launch().expect("sandboxd starts again");
+    for i in 0..3 {
+        d.admin()
+            .mkdir("stream-1", &format!("c/{i}"))
+            .await
+            .expect("mkdir after the restart");
+    }
+    let resumed = stream_rows(&d, cursor, 6, Duration::from_secs(2)).await;
+    assert_eq!(
+        resumed.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(),
+        ["b/0", "b/1", "b/2", "c/0", "c/1", "c/2"],
+        "every row after the cursor, once, in order"
+    );
+    assert!(
+        resumed.windows(2).all(|w| w[0].0 < w[1].0) && resumed[0].0 > cursor.unwrap_or(0),
+        "{resumed:?}"
+    );
+    // A row written while the stream is open comes down it.
+    let follower = tokio::spawn({
+        let base = d.base.clone();
+        let token = d.token.clone();
+        let after = resumed.last().map(|(id, _)| *id);
+        async move {
+            let client = Client::new(&base, &token);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.mkdir("stream-1", "d/live").await.expect("mkdir");
+            after
+        }
+    });
+    let after = resumed.last().map(|(id, _)| *id);
+    let live = stream_rows(&d, after, 1, Duration::from_secs(1)).await;
+    assert_eq!(live[0].1, "d/live");
+    follower.await.expect("the writer");
+
+    // Only the admin reads it; a cursor this server never gave out is refused, saying why.
+    let session_token = d
+        .admin()
+        .open("stream-2", &tenant, None, None)
+        .await
+        .expect("open")
+        .token
+        .expect("token");
+    let (code, _) = raw(
+        Method::GET,
+        &format!("{}/v1/operations/stream", d.base),
+        Some(&session_token),
+        None,
+    )
+    .await;
+    assert_eq!(code, 403);
+    let (code, body) = raw(
+        Method::GET,
+        &format!("{}/v1/operations/stream?after=yesterday", d.base),
+        Some(&d.token),
+        None,
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        body["message"],
+        "after 'yesterday' is not a row id; pass the id of the last row received"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_stream_in_sqlite() {
+    the_audit_stream_resumes_from_its_cursor_after_a_restart(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_stream_in_postgres() {
+    the_audit_stream_resumes_from_its_cursor_after_a_restart(Some(postgres_database().await)).await;
 }
 
 #[tokio::test]

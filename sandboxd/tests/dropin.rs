@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Daemon, raw, until};
 use reqwest::Method;
-use sandboxd::client::{Client, ClientError};
+use sandboxd_api::client::{Client, ClientError};
 
 async fn session(d: &Daemon, name: &str) -> Client {
     let opened = d

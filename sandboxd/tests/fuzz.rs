@@ -66,11 +66,15 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
             params: format!("\"path.id\" = \"{session}\"\n\"path.run_id\" = \"{RUN}\"\n"),
             // Replacing the allowlist builds images from whatever the fuzzer names (minutes of
             // builds and pulls); destroying the session leaves nothing for the other routes.
+            // The audit stream follows the log for as long as its client reads, so no answer
+            // of it ever ends: its bad input and its cursor are `audit.rs`'s tests.
             filters: &[
                 "--exclude-operation-id",
                 "put_runtimes",
                 "--exclude-operation-id",
                 "destroy",
+                "--exclude-operation-id",
+                "operations_stream",
             ],
         },
     );

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Daemon, exists, until};
-use sandboxd::client::{Client, ClientError};
 use sandboxd_api::Limits;
 use sandboxd_api::SessionState as State;
+use sandboxd_api::client::{Client, ClientError};
 
 /// How deep the sandbox digs: more folders than a process may hold descriptors for (20,000
 /// here), and far more than a recursion per level fits in a thread's stack.

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::{Backend, Daemon, container_of, docker, until};
 use sandbox_agent::proto::{self, Msg, RunExit};
-use sandboxd::client::{Client, ClientError};
+use sandboxd_api::client::{Client, ClientError};
 
 async fn session(d: &Daemon, name: &str) -> Client {
     let opened = d

@@ -105,8 +105,8 @@ async fn dd_fills_only_its_own_workspace() {
     let b = d.client(&big_token);
     let o = d.client(&other_token);
 
-    // Both disks are allocated in full when the session opens: what the attack writes next
-    // takes nothing more from the node.
+    // Both disks have their full size from the open (sparse: the node gives them what they
+    // write, and the workspace budget counts their full size).
     let image = d.workspace_root().join("disk-big/workspace.img");
     assert_eq!(
         std::fs::metadata(&image).expect("the disk image").len(),
@@ -426,4 +426,116 @@ async fn a_failed_open_leaves_no_disk_behind() {
     );
     assert_eq!(d.mounts(), Vec::<std::path::PathBuf>::new());
     assert!(d.admin().list().await.expect("list").is_empty());
+}
+
+/// The reclaim loop: a tenant opens a session, reads its token, reclaims it (a session token
+/// may) and opens the next. Reclaimed workspaces keep their disks, so they count: the tenant
+/// is stopped at its own cap of workspaces, another tenant still opens, and the host's budget
+/// refuses what would not fit, with the numbers, until a destroy gives its bytes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reclaim_loop_is_refused_at_the_budget_while_another_tenant_opens() {
+    let d = disk_daemon(&[
+        ("SANDBOXD_WORKSPACE_SIZE", "64m"),
+        ("SANDBOXD_WORKSPACE_BUDGET", "320m"),
+        ("SANDBOXD_MAX_WORKSPACES_PER_TENANT", "3"),
+    ]);
+    let admin = d.admin();
+    let policy = admin.policy().await.expect("policy");
+    assert_eq!(policy.fixed.workspace_budget, Some(320 << 20));
+    assert_eq!(policy.fixed.max_workspaces_per_tenant, Some(3));
+    // The loop, as the attacker runs it: open, read the token, reclaim.
+    let mut refused = None;
+    for i in 0..10 {
+        let id = format!("loop-{i}");
+        match admin.open(&id, "org-loop", None, None).await {
+            Ok(opened) => {
+                let token = opened.token.expect("token");
+                let reclaimed = d.client(&token).reclaim(&id).await.expect("reclaim");
+                assert_eq!(reclaimed.state, sandboxd_api::SessionState::Reclaimed);
+            }
+            Err(e) => {
+                refused = Some((i, e.to_string()));
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        refused,
+        Some((
+            3,
+            "tenant_workspaces (429): Tenant 'org-loop' already holds 3 of 3 workspaces on this host (SANDBOXD_MAX_WORKSPACES_PER_TENANT; sleeping and reclaimed sessions count until they are destroyed). Destroy a session before opening another.".to_owned()
+        ))
+    );
+    // The reclaimed disks are still there, each at its size, and each takes little of the
+    // node's disk (sparse).
+    for i in 0..3 {
+        let folder = d.workspace_root().join(format!("loop-{i}"));
+        assert_eq!(
+            std::fs::metadata(folder.join("workspace.img"))
+                .expect("the disk")
+                .len(),
+            64 << 20
+        );
+        let taken = node_bytes(&folder);
+        assert!(taken < 16 << 20, "a new 64 MiB disk takes {taken} bytes");
+    }
+    // Another tenant still opens.
+    let other = admin
+        .open("bystander", "org-other", None, None)
+        .await
+        .expect("another tenant opens");
+    assert_eq!(other.session.state, sandboxd_api::SessionState::Running);
+    // A third tenant takes what is left of the budget, and is then refused with the numbers.
+    admin
+        .open("third-1", "org-third", None, None)
+        .await
+        .expect("the budget's last 64 MiB");
+    let e = admin
+        .open("third-2", "org-third", None, None)
+        .await
+        .expect_err("over the budget");
+    assert_eq!(
+        e.to_string(),
+        "workspace_budget (429): This host's workspace budget of 320 MiB (SANDBOXD_WORKSPACE_BUDGET) has no room for a workspace of 64 MiB: 5 workspaces hold 320 MiB (sleeping and reclaimed sessions count until they are destroyed). Destroy a session or open it on another host."
+    );
+    // A smaller workspace than the default does not fit either; nothing was left of the
+    // refused opens.
+    assert!(!d.workspace_root().join("third-2").exists());
+    let use_now = admin.policy().await.expect("policy").workspaces;
+    assert_eq!(
+        use_now,
+        Some(sandboxd_api::policy::WorkspaceUse {
+            workspaces: 5,
+            bytes: 320 << 20
+        })
+    );
+    // Prometheus is told the same: the budget and what is held of it (the chart's alert on a
+    // budget past 85% is built on these two), and the refusals.
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for line in [
+        format!("sandboxd_workspace_budget_bytes {}", 320 << 20),
+        format!("sandboxd_workspace_held_bytes {}", 320 << 20),
+        "sandboxd_session_opens_total{outcome=\"refused\"} 2".to_owned(),
+    ] {
+        assert!(
+            metrics.contains(&format!("{line}\n")),
+            "{line} missing:\n{metrics}"
+        );
+    }
+    // A destroy gives the bytes back, and the attacker's own cap a place.
+    admin.destroy("loop-0").await.expect("destroy");
+    admin
+        .open("third-2", "org-third", None, None)
+        .await
+        .expect("room again after a destroy");
+    let e = admin
+        .open("loop-9", "org-loop", None, None)
+        .await
+        .expect_err("the budget is full again");
+    assert!(e.to_string().starts_with("workspace_budget (429)"), "{e}");
 }

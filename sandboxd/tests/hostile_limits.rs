@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Daemon, until};
 use futures::StreamExt;
-use sandboxd::client::Client;
+use sandboxd_api::client::Client;
 use serde_json::{Value, json};
 
 async fn session(d: &Daemon, name: &str) -> (Client, String) {

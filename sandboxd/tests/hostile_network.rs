@@ -13,10 +13,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Daemon, base_image};
-use sandboxd::client::{Client, ClientError};
+use sandboxd_api::client::{Client, ClientError};
 
 /// The port A's listener takes inside its sandbox.
 const PORT: u16 = 7070;
+
+/// Held by the tests that compare a sandboxd's whole rule set over time, and by the one that
+/// gives the node an address (which every sandboxd's firewall then denies): they run one at
+/// a time.
+static NODE_RULES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A catalog with a runtime without network (`base`, the default) and one with (`net`).
 fn runtimes() -> String {
@@ -118,6 +123,7 @@ fn listener() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_with_network_reach_neither_each_other_nor_sandboxd_nor_the_node() {
+    let _alone = NODE_RULES.lock().await;
     let d = daemon(&[]);
     let a = open(&d, "net-a", "org-a", "net").await;
     let b = open(&d, "net-b", "org-b", "net").await;
@@ -291,6 +297,7 @@ async fn sandboxes_with_network_reach_neither_each_other_nor_sandboxd_nor_the_no
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_installs_the_firewall_again_without_duplicates_and_remove_network_cleans_up() {
+    let _alone = NODE_RULES.lock().await;
     let mut d = daemon(&[]);
     open(&d, "net-r", "org-r", "net").await;
     let name = network_name(&d);
@@ -481,4 +488,317 @@ async fn a_node_that_cannot_fence_the_network_in_refuses_to_start_or_to_open_it(
     assert!(!common::exists(&d.workspace("net-x")));
     // A session without network opens as ever.
     open(&d, "off-x", "org-x", "base").await;
+}
+
+/// Rules a test inserted into the node's chains, each marked with the test's own comment,
+/// and the interfaces it made: removed when dropped, whatever the test did meanwhile.
+struct NodeChanges {
+    comment: String,
+    inserted: Vec<(String, Vec<String>)>,
+    links: Vec<String>,
+}
+
+impl NodeChanges {
+    fn new() -> Self {
+        Self {
+            comment: format!("sandboxd-test-{:08x}", rand::random::<u32>()),
+            inserted: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// `iptables -I <chain> 1 <rule…> -m comment --comment <this test's>`.
+    fn insert_first(&mut self, chain: &str, rule: &[&str]) {
+        let mut spec: Vec<String> = rule.iter().map(|s| (*s).to_owned()).collect();
+        spec.extend(["-m", "comment", "--comment", &self.comment].map(str::to_owned));
+        let mut args = vec![
+            "-w".to_owned(),
+            "-I".to_owned(),
+            chain.to_owned(),
+            "1".to_owned(),
+        ];
+        args.extend(spec.iter().cloned());
+        iptables(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        self.inserted.push((chain.to_owned(), spec));
+    }
+
+    /// A pair of virtual interfaces of the test's own, one holding `addr`/32, both up: an
+    /// address of the node's that no other test uses.
+    fn address(&mut self, addr: &str) {
+        let name = format!("sbxt{:08x}", rand::random::<u32>());
+        let peer = format!("{name}p");
+        let add = Command::new("ip")
+            .args(["link", "add", &name, "type", "veth", "peer", "name", &peer])
+            .output()
+            .expect("ip runs");
+        assert!(
+            add.status.success(),
+            "ip link add {name} type veth (the test needs root): {}",
+            String::from_utf8_lossy(&add.stderr)
+        );
+        self.links.push(name.clone());
+        for args in [
+            vec!["addr", "add", &format!("{addr}/32"), "dev", name.as_str()],
+            vec!["link", "set", name.as_str(), "up"],
+            vec!["link", "set", peer.as_str(), "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output().expect("ip runs");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for NodeChanges {
+    fn drop(&mut self) {
+        for (chain, spec) in &self.inserted {
+            let _ = Command::new("iptables")
+                .args(["-w", "-D", chain])
+                .args(spec)
+                .output();
+        }
+        for link in &self.links {
+            let _ = Command::new("ip").args(["link", "del", link]).output();
+        }
+    }
+}
+
+/// A folder of iptables commands that run the node's own, until a file `broken` appears in
+/// it: then the commands that change rules (`iptables`, `iptables-restore` and their IPv6
+/// twins) fail, as on a node whose iptables lock is held or whose module is gone; the ones
+/// that print rules still work.
+fn breakable_iptables(dir: &std::path::Path) -> String {
+    for name in [
+        "iptables",
+        "iptables-restore",
+        "iptables-save",
+        "ip6tables",
+        "ip6tables-restore",
+        "ip6tables-save",
+    ] {
+        let real = Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .expect("sh runs");
+        let real = String::from_utf8_lossy(&real.stdout).trim().to_owned();
+        assert!(!real.is_empty(), "the node has no {name}");
+        let refuse = if name.ends_with("-save") {
+            String::new()
+        } else {
+            format!(
+                "[ -e '{}/broken' ] && {{ echo 'iptables is broken by the test' >&2; exit 4; }}\n",
+                dir.display()
+            )
+        };
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{refuse}exec {real} \"$@\"\n"))
+            .expect("a wrapper");
+        let mut perms = std::fs::metadata(&path)
+            .expect("its metadata")
+            .permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).expect("executable");
+    }
+    dir.join("iptables").display().to_string()
+}
+
+async fn scrape(d: &Daemon) -> String {
+    reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+fn metric(metrics: &str, name: &str) -> Option<i64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `GET /healthz`: the status and the body.
+async fn health(d: &Daemon) -> (u16, serde_json::Value) {
+    common::raw(
+        reqwest::Method::GET,
+        &format!("{}/healthz", d.base),
+        None,
+        None,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_firewall_heals_within_its_period_and_closes_the_nodes_own_addresses() {
+    const PERIOD: u64 = 2;
+    let _alone = NODE_RULES.lock().await;
+    let wrappers = tempfile::tempdir().expect("a temp dir");
+    let iptables_cmd = breakable_iptables(wrappers.path());
+    let mut node = NodeChanges::new();
+    let d = daemon(&[
+        ("SANDBOXD_IPTABLES", iptables_cmd.as_str()),
+        ("SANDBOXD_FIREWALL_CHECK", "2"),
+    ]);
+    let a = open(&d, "heal-a", "org-a", "net").await;
+    assert_eq!(health(&d).await.0, 200);
+    let bridge = docker_json(&["network", "inspect", &network_name(&d)])["Options"]
+        ["com.docker.network.bridge.name"]
+        .as_str()
+        .expect("a bridge name")
+        .to_owned();
+    let hash = bridge.trim_start_matches("sbx-").to_owned();
+    let (input_chain, forward_chain) = (
+        format!("SANDBOXD-IN-{hash}"),
+        format!("SANDBOXD-FWD-{hash}"),
+    );
+    let comment = node.comment.clone();
+    let mine = || -> Vec<String> {
+        iptables(&["-w", "-S"])
+            .lines()
+            .filter(|l| l.contains(&hash) && !l.contains(&comment))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    // An address the node takes after sandboxd started (outside every private range), with a
+    // service of the node on it: within the period the forward chain drops connections
+    // first addressed to it, and a sandbox does not reach it; the node does.
+    let addr = format!(
+        "198.18.{}.{}",
+        rand::random::<u8>(),
+        rand::random::<u8>().max(1)
+    );
+    node.address(&addr);
+    let service = std::net::TcpListener::bind(format!("{addr}:0")).expect("a listener on it");
+    let service_port = service.local_addr().expect("its address").port();
+    let wanted = format!("-A {forward_chain} -m conntrack --ctorigdst {addr} -j DROP");
+    common::until(
+        "the forward chain drops the node's new address",
+        Duration::from_secs(PERIOD * 2 + 3),
+        async || {
+            let now = mine();
+            if now.contains(&wanted) {
+                Ok(())
+            } else {
+                Err(format!("{now:#?}"))
+            }
+        },
+    )
+    .await;
+    TcpStream::connect_timeout(
+        &format!("{addr}:{service_port}")
+            .parse()
+            .expect("an address"),
+        Duration::from_secs(3),
+    )
+    .expect("the node reaches its own service");
+    cannot_reach(
+        &a,
+        "heal-a",
+        &addr,
+        service_port,
+        "hello",
+        "a sandbox must not reach the node's own address",
+    )
+    .await;
+    let whole = mine();
+    let repairs = |m: &str| metric(m, "sandboxd_firewall_repairs_total").unwrap_or(-1);
+    assert_eq!(repairs(&scrape(&d).await), 0, "nothing was repaired yet");
+
+    // The attack: an ACCEPT first in FORWARD and in INPUT (for this sandboxd's bridge only,
+    // so other tests' sandboxes are not opened up meanwhile), and sandboxd's forward chain
+    // flushed. Within the period every rule is back, each jump first again, and the repair
+    // is counted.
+    let attacked = std::time::Instant::now();
+    node.insert_first("FORWARD", &["-i", &bridge, "-j", "ACCEPT"]);
+    node.insert_first("INPUT", &["-i", &bridge, "-j", "ACCEPT"]);
+    iptables(&["-w", "-F", &forward_chain]);
+    assert_ne!(mine(), whole);
+    common::poll::until_every(
+        "the firewall back as installed, and the repair counted",
+        Duration::from_secs(PERIOD + 2),
+        Duration::from_millis(100),
+        async || (repairs(&scrape(&d).await) >= 1 && mine() == whole).then_some(()),
+    )
+    .await;
+    let took = attacked.elapsed();
+    assert!(
+        took <= Duration::from_secs(PERIOD + 1),
+        "repaired after {took:?}, the period is {PERIOD} s"
+    );
+    // Each jump stands above the attack's ACCEPT again.
+    for (chain, jump) in [
+        ("INPUT", format!("-A INPUT -i {bridge} -j {input_chain}")),
+        (
+            "FORWARD",
+            format!("-A FORWARD -i {bridge} -j {forward_chain}"),
+        ),
+    ] {
+        let rules = iptables(&["-w", "-S", chain]);
+        let at = |wanted: &dyn Fn(&str) -> bool| rules.lines().position(wanted);
+        let accept = at(&|l: &str| l.contains(&comment)).expect("the attack's rule");
+        let ours = at(&|l: &str| l == jump).expect("sandboxd's jump");
+        assert!(ours < accept, "{chain}:\n{rules}");
+    }
+    let after = repairs(&scrape(&d).await);
+    assert!(after >= 1, "the repair is counted: {after}");
+    assert_eq!(health(&d).await.0, 200);
+    cannot_reach(
+        &a,
+        "heal-a",
+        &addr,
+        service_port,
+        "again",
+        "after the repair",
+    )
+    .await;
+
+    // While the rules cannot be installed again, sandboxd says it is not ready, and why.
+    std::fs::write(wrappers.path().join("broken"), b"").expect("break iptables");
+    iptables(&["-w", "-F", &input_chain]);
+    let (status, body) = common::until(
+        "/healthz answering 503",
+        Duration::from_secs(PERIOD + 3),
+        async || {
+            let (status, body) = health(&d).await;
+            (status == 503).then_some((status, body))
+        },
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(body["status"], "unavailable", "{body}");
+    let problem = body["problems"][0].as_str().expect("a problem").to_owned();
+    assert!(
+        problem.starts_with(&format!(
+            "the sandbox network's firewall is not whole, so no sandbox with network is safe: the chain {input_chain} was changed (0 rules, 3 installed); installing it again failed: cannot fence in the sandbox network '{}' (bridge {bridge}): ",
+            network_name(&d)
+        )),
+        "{problem}"
+    );
+    assert!(
+        problem.contains("iptables is broken by the test"),
+        "{problem}"
+    );
+    assert_eq!(
+        metric(&scrape(&d).await, "sandboxd_firewall_intact"),
+        Some(0)
+    );
+
+    // Once iptables works again, the next look installs it: ready, counted, whole.
+    std::fs::remove_file(wrappers.path().join("broken")).expect("mend iptables");
+    common::until(
+        "/healthz answering 200 again",
+        Duration::from_secs(PERIOD + 3),
+        async || (health(&d).await.0 == 200).then_some(()),
+    )
+    .await;
+    assert_eq!(mine(), whole);
+    let m = scrape(&d).await;
+    assert!(repairs(&m) > after, "the second repair is counted: {m}");
+    assert_eq!(metric(&m, "sandboxd_firewall_intact"), Some(1));
+    drop(node);
 }

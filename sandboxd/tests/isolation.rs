@@ -5,7 +5,7 @@ mod common;
 
 use common::{Backend, Daemon};
 
-async fn open(d: &Daemon, name: &str) -> sandboxd::client::Client {
+async fn open(d: &Daemon, name: &str) -> sandboxd_api::client::Client {
     let opened = d
         .admin()
         .open(name, "org-iso", None, None)

@@ -14,8 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Backend, Daemon, base_image, docker, until};
-use sandboxd::client::ClientError;
 use sandboxd_api::ErrorCode;
+use sandboxd_api::client::ClientError;
 use sandboxd_api::session::{Launch, Limits};
 use sandboxd_catalog::CatalogEntry;
 use serde_json::json;
@@ -235,7 +235,10 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
         .expect("text");
     if backend == Backend::Agent {
         // A warm container's agent serves the session that took it.
-        assert!(!metrics.contains("path=\"exec_fallback\""), "{metrics}");
+        assert!(
+            metrics.contains("sandboxd_run_paths_total{path=\"exec_fallback\"} 0\n"),
+            "{metrics}"
+        );
         assert!(
             metrics.contains("sandboxd_run_paths_total{path=\"agent\"}"),
             "{metrics}"
@@ -247,6 +250,12 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
             metrics.contains(&format!("sandboxd_agent_pid_lookups_total {cold}\n")),
             "{cold} cold sessions: {metrics}"
         );
+    } else {
+        // Docker exec, as configured: every run counted on its path.
+        assert!(
+            metrics.contains("sandboxd_run_paths_total{path=\"exec\"} 3\n"),
+            "{metrics}"
+        );
     }
     assert!(
         metrics.contains("sandboxd_warm_pool_ready{runtime=\"base\"} 2"),
@@ -256,6 +265,26 @@ async fn a_pooled_container_serves_exactly_one_session_and_the_pool_refills(back
         metrics.contains("sandboxd_warm_pool_size{runtime=\"base\"} 2"),
         "{metrics}"
     );
+    // Each open is timed by its launch; each that started cold found the pool empty; each
+    // listing is timed.
+    let cold = launches.iter().filter(|(_, l)| *l == Launch::Cold).count();
+    for line in [
+        format!(
+            "sandboxd_open_seconds_count{{launch=\"warm\"}} {}",
+            3 - cold
+        ),
+        format!("sandboxd_warm_pool_empty_opens_total{{runtime=\"base\"}} {cold}"),
+        "sandboxd_file_op_seconds_count{op=\"ls\"} 3".to_owned(),
+    ] {
+        assert!(
+            metrics.contains(&format!("{line}\n")),
+            "{line} missing:\n{metrics}"
+        );
+    }
+    if cold > 0 {
+        let line = format!("sandboxd_open_seconds_count{{launch=\"cold\"}} {cold}\n");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
     assert!(
         metrics.contains(&format!(
             "sandboxd_warm_pool_memory_bytes{{runtime=\"base\"}} {}",
@@ -321,6 +350,30 @@ async fn a_runtime_without_a_pool_or_other_limits_opens_cold(backend: Backend) {
         .await
         .expect("open");
     assert_eq!(warm.session.launch, Launch::Warm);
+    // Opens that did not fit the pool, or of a runtime without one, never found a pool empty.
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("sandboxd_warm_pool_empty_opens_total{runtime=\"base\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("sandboxd_warm_pool_empty_opens_total{runtime=\"alt\"}"),
+        "{metrics}"
+    );
+    for line in [
+        "sandboxd_open_seconds_count{launch=\"cold\"} 3",
+        "sandboxd_open_seconds_count{launch=\"warm\"} 1",
+    ] {
+        assert!(
+            metrics.contains(&format!("{line}\n")),
+            "{line} missing:\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -629,6 +682,15 @@ async fn a_warm_session_that_sleeps_and_wakes_keeps_its_files(backend: Backend) 
     ]);
     assert_eq!(source, d.workspace("sleepy").display().to_string());
     assert_eq!(admin.get("sleepy").await.expect("get").launch, Launch::Cold);
+    // The wake made a container anew: timed as a wake from reclaimed.
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let line = "sandboxd_wake_seconds_count{from=\"reclaimed\"} 1\n";
+    assert!(metrics.contains(line), "{line} missing:\n{metrics}");
 }
 
 on_both_backends! {

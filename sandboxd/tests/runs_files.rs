@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Daemon, exists, raw, until};
 use reqwest::Method;
-use sandboxd::client::{Client, ClientError};
 use sandboxd::run::RunEvent;
+use sandboxd_api::client::{Client, ClientError};
 
 async fn session(d: &Daemon, name: &str) -> Client {
     let opened = d

@@ -12,9 +12,9 @@ use std::time::Duration;
 use common::{Daemon, base_image, raw, until};
 use rand::Rng;
 use reqwest::Method;
-use sandboxd::client::ClientError;
 use sandboxd::runtimes::{RuntimeKind, RuntimeStatus};
 use sandboxd_api::BuildState;
+use sandboxd_api::client::ClientError;
 use sandboxd_catalog::CatalogEntry;
 use serde_json::json;
 
@@ -192,7 +192,7 @@ async fn superseded_images_are_pruned_after_a_build_unless_a_session_uses_them()
     // An alias of this test alone: pruning looks at every image built for an alias.
     let alias = format!("prune-{:08x}", rand::rng().random::<u32>());
     let d = Daemon::start(&[]);
-    let docker = sandboxd::container::docker::Engine::connect("prune-test")
+    let docker = sandboxd::container::Engine::connect("prune-test")
         .await
         .expect("docker");
     let present = |tag: String| {
@@ -264,8 +264,9 @@ async fn superseded_images_are_pruned_after_a_build_unless_a_session_uses_them()
         .await
         .expect("put the base catalog");
     let _ = docker
-        .client()
+        .docker()
         .expect("a Docker client")
+        .client()
         .remove_image(
             &fourth,
             None::<bollard::query_parameters::RemoveImageOptions>,

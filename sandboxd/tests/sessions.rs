@@ -10,8 +10,8 @@ use std::collections::HashSet;
 
 use common::{Backend, Daemon, exists, raw, until};
 use reqwest::Method;
-use sandboxd::client::ClientError;
 use sandboxd_api::SessionState as State;
+use sandboxd_api::client::ClientError;
 
 async fn thirty_parallel_opens_of_one_name_make_one_container(backend: Backend) {
     let d = Daemon::start_on(backend, &[]);
@@ -486,6 +486,15 @@ async fn oci_runtime_metrics_health_and_persisted_containers(backend: Backend) {
         metrics.contains("sandboxd_sessions{state=\"running\"} 1"),
         "{metrics}"
     );
+    // Each request is timed by its route as the router names it, not the path asked for; the
+    // refused reclaim by its status.
+    for line in [
+        "sandboxd_http_request_seconds_count{method=\"POST\",route=\"/v1/sessions\",status=\"201\"} 1\n",
+        "sandboxd_http_request_seconds_count{method=\"POST\",route=\"/v1/sessions/{id}/reclaim\",status=\"409\"} 1\n",
+        "sandboxd_http_request_seconds_count{method=\"GET\",route=\"/healthz\",status=\"200\"} ",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
 }
 
 on_both_backends! {

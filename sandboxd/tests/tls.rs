@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::pki::Ca;
 use common::{Daemon, until};
-use sandboxd::client::{Client, Trust};
+use sandboxd_api::client::{Client, Trust};
 
 fn trusting(ca: &Ca) -> Trust {
     Trust::ca(Some(ca.pem.as_bytes()), "the test CA").expect("the test CA is usable")

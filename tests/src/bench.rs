@@ -9,7 +9,7 @@ use clap::Parser;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use sandboxd::docker::Engine;
+use sandboxd::container::Engine;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
 use serde_json::json;
@@ -39,8 +39,10 @@ impl Driver {
 pub struct Host {
     /// Its base URL.
     pub endpoint: String,
-    /// Its admin token.
+    /// Its master admin token (what the host's Secret holds).
     pub admin_token: String,
+    /// Its node (the SandboxHost's `spec.node`): it takes the token derived for it.
+    pub node: String,
     /// Its instance name (the label on its containers).
     pub instance: String,
     engine: Engine,
@@ -76,7 +78,7 @@ impl Host {
         let dir = std::env::temp_dir().join(instance);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let admin_token = sandboxd::auth::new_session_token();
+        let admin_token = sandboxd::service::auth::new_session_token();
         let cap = cap.max(1).to_string();
         let path = |p: &str| dir.join(p).display().to_string();
         let mut config = sandboxd::config::Config::try_parse_from([
@@ -99,9 +101,13 @@ impl Host {
             &cap,
             "--max-sessions-per-tenant",
             &cap,
+            "--max-workspaces-per-tenant",
+            &cap,
             // The no-op engine's workspaces are empty folders: no disks to make.
             "--workspace-quota",
             "off",
+            "--node-name",
+            instance,
         ])?;
         // What the environment might set for a sandboxd of its own stays out of the bench's.
         config.runtimes_file = None;
@@ -122,6 +128,7 @@ impl Host {
         Ok(Self {
             endpoint: format!("http://{addr}"),
             admin_token,
+            node: instance.to_owned(),
             instance: instance.to_owned(),
             engine,
             stop,
@@ -131,8 +138,11 @@ impl Host {
     }
 
     /// A client of this sandboxd with its admin token.
-    pub fn admin(&self) -> sandboxd::client::Client {
-        sandboxd::client::Client::new(&self.endpoint, &self.admin_token)
+    pub fn admin(&self) -> sandboxd_api::client::Client {
+        sandboxd_api::client::Client::new(
+            &self.endpoint,
+            &sandboxd_api::auth::node_token(&self.admin_token, &self.node),
+        )
     }
 
     /// Destroys every session through sandboxd, `concurrency` at a time. Returns how many.
@@ -308,7 +318,7 @@ impl Objects {
         Api::<SandboxHost>::all(client.clone())
             .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
                 "metadata": {"name": self.host, "labels": labels},
-                "spec": {"endpoint": host.endpoint, "adminTokenSecret": {"namespace": self.ns, "name": "admin", "key": "token"}}}))?)
+                "spec": {"endpoint": host.endpoint, "node": host.node, "adminTokenSecret": {"namespace": self.ns, "name": "admin", "key": "token"}}}))?)
             .await?;
         Api::<Runtime>::all(client.clone())
             .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",

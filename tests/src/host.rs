@@ -20,10 +20,15 @@ pub fn free_port() -> u16 {
     crate::process::free_port().expect("a free port")
 }
 
-/// A sandboxd process on a fixed loopback port, with a name and a folder.
+/// A sandboxd process on a fixed loopback port, with a name and a folder, told its node
+/// (`SANDBOXD_NODE_NAME`): it takes only the admin token derived for that node from its
+/// master (`sandboxd.token`), the one the operator sends a SandboxHost whose `spec.node` names
+/// the node.
 pub struct Host {
     /// The SandboxHost name the test registers it under.
     pub name: String,
+    /// Its node: the host's name unless the test gives `SANDBOXD_NODE_NAME`.
+    pub node: String,
     /// The process and its settings: the token, instance and port are its fields. Dropped
     /// first: the process and its containers go before the folder.
     pub sandboxd: Sandboxd,
@@ -36,13 +41,17 @@ impl Host {
     /// does not start.
     pub fn start(name: &str, env: &[(&str, &str)]) -> Self {
         let mut h = Self::new(name, &base_image()).expect("a sandboxd host");
+        if let Some((_, node)) = env.iter().rev().find(|(k, _)| *k == "SANDBOXD_NODE_NAME") {
+            h.node = (*node).to_owned();
+        }
         h.sandboxd.with_env(env);
         h.spawn();
         h
     }
 
     /// A host's settings, not started ([`Sandboxd::launch`] starts it): runtime `base` =
-    /// `image`, a fixed free port, sandboxes of 256 MiB, a random token and instance `op…`.
+    /// `image`, a fixed free port, sandboxes of 256 MiB, a random master token, node `name`
+    /// and instance `op…`.
     pub fn new(name: &str, image: &str) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("sandboxd-op-test-")
@@ -50,8 +59,10 @@ impl Host {
         let mut sandboxd = Sandboxd::new(crate::process::bin("sandboxd")?, dir.path(), "op", image);
         sandboxd.port = crate::process::free_port()?;
         sandboxd.mem_limit = "256m".to_owned();
+        sandboxd.with_env(&[("SANDBOXD_NODE_NAME", name)]);
         Ok(Self {
             name: name.to_owned(),
+            node: name.to_owned(),
             sandboxd,
             dir,
         })
@@ -83,9 +94,14 @@ impl Host {
         self.sandboxd.process.signal(signal).expect("kill runs");
     }
 
+    /// The admin token it takes: its node's, derived from the master.
+    pub fn admin_token(&self) -> String {
+        sandboxd_api::auth::node_token(&self.sandboxd.token, &self.node)
+    }
+
     /// A client of it with the admin token.
     pub fn client(&self) -> sandboxd_api::client::Client {
-        sandboxd_api::client::Client::new(&self.endpoint(), &self.sandboxd.token)
+        sandboxd_api::client::Client::new(&self.endpoint(), &self.admin_token())
     }
 
     /// Docker's ids of the containers of `session` on this host.

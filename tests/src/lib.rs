@@ -18,11 +18,9 @@ use rand::Rng;
 
 pub mod bench;
 pub mod host;
-pub mod pki;
-pub mod poll;
-pub mod process;
 
-pub use poll::until;
+// The parts every test crate shares, under this crate's name too.
+pub use sandboxd_testkit::{pki, poll, process, until};
 
 /// The field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "sandboxd-tests";
@@ -74,6 +72,32 @@ pub fn kubectl() -> PathBuf {
         Ok(path) => PathBuf::from(path),
         Err(_) => need("SANDBOXD_KUBECTL is not set"),
     }
+}
+
+/// The path of the pinned `helm` (`SANDBOXD_HELM`, set by `make env`).
+pub fn helm() -> PathBuf {
+    match std::env::var("SANDBOXD_HELM") {
+        Ok(path) => PathBuf::from(path),
+        Err(_) => need("SANDBOXD_HELM is not set"),
+    }
+}
+
+/// Runs `cmd` to its end; fails the test when it cannot start.
+pub fn run(cmd: &mut std::process::Command) -> std::process::Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"))
+}
+
+/// Runs `cmd` and returns what it printed; fails the test, with its output, when it fails.
+pub fn ok(cmd: &mut std::process::Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A namespace of one test: random name, labelled, removed by [`TestNamespace::delete`].

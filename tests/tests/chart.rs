@@ -20,37 +20,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use rand::Rng;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession};
-use sandboxd_tests::{DEADLINE, TestNamespace, client, install_crds, repo_root, until};
+use sandboxd_tests::{
+    DEADLINE, TestNamespace, client, helm, install_crds, ok, repo_root, run, until,
+};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn chart() -> PathBuf {
     repo_root().join("charts/sandboxd")
-}
-
-fn helm() -> PathBuf {
-    match std::env::var("SANDBOXD_HELM") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => panic!(
-            "SANDBOXD_HELM is not set: run `make test`, or `make up` and `eval \"$(make -s env)\"`"
-        ),
-    }
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"))
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The admin token of the offline renders: without the cluster, the chart renders only with a
@@ -212,18 +189,9 @@ async fn helm_template_is_accepted_by_the_api_server() {
             "--set",
             "sandboxd.workspaceQuota=off",
         ],
-        vec![
-            "--set",
-            "tls.enabled=true",
-            "--set",
-            "tls.existingSecret=sandboxd-tls",
-        ],
-        vec![
-            "--set",
-            "tls.enabled=true",
-            "--set",
-            "tls.issuer.caSecret=node-ca",
-        ],
+        vec!["--set", "tls.enabled=false"],
+        vec!["--set", "tls.existingSecret=sandboxd-tls"],
+        vec!["--set", "tls.issuer.caSecret=node-ca"],
     ] {
         let mut args = vec!["-n", ns.name.as_str()];
         args.extend(extra);
@@ -289,6 +257,27 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         .arg(chart())
         .arg("--take-ownership"));
     assert!(out.contains("STATUS: deployed"), "{out}");
+    // TLS is on without anything given: the install notes say so, naming the CA Secret the
+    // operator makes.
+    assert!(
+        out.contains(&format!(
+            "sandboxd serves HTTPS on port 8080 of every node it runs on.\nEach node's certificate is signed by the operator's CA, the Secret {full}-node-ca in\n{} (made by the operator at its first start, kept on upgrade and uninstall).",
+            ns.name
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("WARNING"), "{out}");
+    // Plain HTTP only when asked for, and then the notes warn (a dry run; the catalog's
+    // cluster-wide Runtimes belong to the release above).
+    let plain = ok(helm_in_ns("install")
+        .arg(format!("{release}p"))
+        .arg(chart())
+        .args(["--dry-run=server", "--set", "tls.enabled=false"])
+        .args(["--set", "runtimes.install=false"]));
+    assert!(
+        plain.contains("WARNING: TLS IS OFF (tls.enabled=false). sandboxd serves plain HTTP: the admin token, the\nsession tokens and every file and command cross the network unencrypted."),
+        "{plain}"
+    );
 
     let deploy = Api::<Deployment>::namespaced(client.clone(), &ns.name)
         .get(&format!("{full}-operator"))
@@ -360,7 +349,42 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         Some("/var/lib/sandboxd/workspaces")
     );
     assert_eq!(mount("workspaces"), host_path("workspaces"));
-    assert_eq!(mount("docker-socket"), host_path("docker-socket"));
+    // The Docker socket's folder, read-only, not the socket file: a dockerd restart makes a new
+    // socket there, which a mount of the old file would never show.
+    assert_eq!(host_path("docker-socket").as_deref(), Some("/var/run"));
+    assert_eq!(
+        volumes
+            .iter()
+            .find(|v| v.name == "docker-socket")
+            .and_then(|v| v.host_path.as_ref())
+            .and_then(|h| h.type_.as_deref()),
+        Some("Directory")
+    );
+    assert_eq!(
+        mount("docker-socket").as_deref(),
+        Some("/var/run/sandboxd-docker")
+    );
+    assert_eq!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "docker-socket")
+            .and_then(|m| m.read_only),
+        Some(true)
+    );
+    let env = |name: &str| c.env.iter().flatten().find(|e| e.name == name).cloned();
+    assert_eq!(
+        env("DOCKER_HOST").and_then(|e| e.value).as_deref(),
+        Some("unix:///var/run/sandboxd-docker/docker.sock")
+    );
+    // It listens on the node's address (the one the operator dials), not on every interface.
+    assert_eq!(
+        env("SANDBOXD_HOST")
+            .and_then(|e| e.value_from)
+            .and_then(|v| v.field_ref)
+            .map(|f| f.field_path),
+        Some("status.hostIP".to_owned())
+    );
     // Workspace disks (workspaceQuota: loop, the default) are loop mounts: privileged, the
     // node's /dev, and the workspace root shared back to the host where dockerd sees it.
     assert_eq!(
@@ -970,11 +994,10 @@ fn the_tenant_binding_binds_labelled_namespaces_unless_turned_off() {
     );
     let out = template(&["--set", "tenantBinding.enabled=false"]);
     assert!(
-        documents(&out)
-            .iter()
-            .all(|d| d["kind"] != "ValidatingAdmissionPolicy"
-                && d["kind"] != "ValidatingAdmissionPolicyBinding"),
-        "no policy when turned off"
+        documents(&out).iter().all(|d| !d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-tenant-binding"))),
+        "no tenant binding policy when turned off"
     );
 }
 
@@ -1026,11 +1049,13 @@ async fn the_service_accounts_may_do_only_what_they_need() {
     let release = format!("sbx{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
     let full = format!("{release}-sandboxd");
     // The catalog's Runtimes are left out: they are cluster-wide, and another test installs them.
+    // Plain HTTP first, where sandboxd's ServiceAccount may do nothing at all; TLS below.
     let out = ok(Command::new(helm())
         .args(["install", &release])
         .arg(chart())
         .args(["-n", &ns.name, "--set", "runtimes.install=false"])
-        .args(["--set", "operator.adminTokenSecrets={gpu-box-admin}"]));
+        .args(["--set", "operator.adminTokenSecrets={gpu-box-admin}"])
+        .args(["--set", "tls.enabled=false"]));
     assert!(out.contains("STATUS: deployed"), "{out}");
     let sa = |name: &str| format!("system:serviceaccount:{}:{full}-{name}", ns.name);
     let operator = sa("operator");
@@ -1183,11 +1208,31 @@ async fn the_service_accounts_may_do_only_what_they_need() {
             );
         }
     }
-    yes(&operator, &["get", "nodes"]);
-    no(&operator, &["list", "nodes"]);
+    // The requesting pod's hostIP, never a Node's addresses.
+    no(&operator, &["get", "nodes"]);
+    yes(&operator, &["get", "pods", "-n", &ns.name]);
     yes(&operator, &["get", "secrets/node-ca", "-n", &ns.name]);
     no(&operator, &["get", "secrets/node-ca", "-n", &other.name]);
     no(&operator, &["list", "secrets", "-n", &ns.name]);
+
+    // The default: the operator's own CA, which it may make (create cannot be limited by name)
+    // and read back by name; sandboxd may not read it.
+    ok(Command::new(helm())
+        .args(["upgrade", "-n", &ns.name])
+        .arg(&release)
+        .arg(chart())
+        .args([
+            "--no-hooks",
+            "--reuse-values",
+            "--set",
+            "tls.issuer.caSecret=",
+        ]));
+    let own_ca = format!("secrets/{full}-node-ca");
+    yes(&operator, &["get", &own_ca, "-n", &ns.name]);
+    yes(&operator, &["create", "secrets", "-n", &ns.name]);
+    no(&operator, &["get", "secrets/node-ca", "-n", &ns.name]);
+    no(&sandboxd, &["get", &own_ca, "-n", &ns.name]);
+    yes(&sandboxd, &["create", csrs]);
 
     ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
     other.delete().await;
@@ -1199,12 +1244,9 @@ fn sandboxd_pods_are_given_no_master_and_no_token_only_their_nodes_hash() {
     for tls in [false, true] {
         let mut args = vec!["-n", "sandboxd"];
         if tls {
-            args.extend([
-                "--set",
-                "tls.enabled=true",
-                "--set",
-                "tls.existingSecret=sbx-tls",
-            ]);
+            args.extend(["--set", "tls.existingSecret=sbx-tls"]);
+        } else {
+            args.extend(["--set", "tls.enabled=false"]);
         }
         let docs = documents(&template(&args));
         let ds = of_kind(&docs, "DaemonSet");
@@ -1294,8 +1336,15 @@ fn env_of<'a>(container: &'a serde_yaml::Value, name: &str) -> Option<&'a str> {
 }
 
 #[test]
-fn without_tls_sandboxd_serves_plain_http_and_the_operator_trusts_no_ca() {
-    let docs = documents(&template(&[]));
+fn plain_http_only_with_tls_enabled_false_and_then_no_certificate_is_asked_for() {
+    let rendered = template(&["--set", "tls.enabled=false"]);
+    assert!(!rendered.contains("certificates.k8s.io"), "{rendered}");
+    assert!(!rendered.contains("SANDBOX_OPERATOR_CSR"), "{rendered}");
+    let docs = documents(&rendered);
+    assert!(
+        of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["initContainers"].is_null(),
+        "no enrol init container without TLS"
+    );
     let ds = docs
         .iter()
         .find(|d| d["kind"] == "DaemonSet")
@@ -1315,8 +1364,6 @@ fn without_tls_sandboxd_serves_plain_http_and_the_operator_trusts_no_ca() {
 #[test]
 fn tls_from_an_existing_secret_gives_sandboxd_its_certificate_and_the_operator_only_the_ca() {
     let docs = documents(&template(&[
-        "--set",
-        "tls.enabled=true",
         "--set",
         "tls.existingSecret=sandboxd-tls",
         "--set",
@@ -1386,24 +1433,39 @@ fn tls_from_an_existing_secret_gives_sandboxd_its_certificate_and_the_operator_o
         .collect();
     assert_eq!(items, ["ca.crt"]);
 
-    // Prometheus scrapes over https with the same CA.
-    let sm = docs
-        .iter()
-        .find(|d| d["kind"] == "ServiceMonitor")
-        .expect("the ServiceMonitor");
+    // Prometheus scrapes sandboxd over https with the same CA, and the operator (which
+    // serves plain HTTP) as before.
+    let sm = service_monitor(&docs, "rel-sandboxd");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"].as_str(),
+        Some("sandboxd")
+    );
     let endpoint = &sm["spec"]["endpoints"][0];
     assert_eq!(endpoint["scheme"].as_str(), Some("https"));
     assert_eq!(
         endpoint["tlsConfig"]["ca"]["secret"]["key"].as_str(),
         Some("ca.crt")
     );
+    let sm = service_monitor(&docs, "rel-sandboxd-operator");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"].as_str(),
+        Some("operator")
+    );
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert!(endpoint["scheme"].is_null(), "{endpoint:?}");
+    assert!(endpoint["tlsConfig"].is_null(), "{endpoint:?}");
+}
+
+/// The ServiceMonitor named `name` of a rendering.
+fn service_monitor<'a>(docs: &'a [serde_yaml::Value], name: &str) -> &'a serde_yaml::Value {
+    docs.iter()
+        .find(|d| d["kind"] == "ServiceMonitor" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ServiceMonitor {name} rendered"))
 }
 
 #[test]
-fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_ca_is_named() {
+fn a_certificate_per_node_is_asked_for_by_an_init_container_unless_an_existing_secret_is_given() {
     let issuer = [
-        "--set",
-        "tls.enabled=true",
         "--set",
         "tls.issuer.caSecret=node-ca",
         "--set",
@@ -1413,12 +1475,7 @@ fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_
         let args: &[&str] = if on {
             &issuer
         } else {
-            &[
-                "--set",
-                "tls.enabled=true",
-                "--set",
-                "tls.existingSecret=sandboxd-tls",
-            ]
+            &["--set", "tls.existingSecret=sandboxd-tls"]
         };
         let rendered = template(args);
         let docs = documents(&rendered);
@@ -1579,13 +1636,15 @@ fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_
             env_of(operator, "SANDBOX_OPERATOR_CSR_CA_SECRET"),
             Some("node-ca")
         );
+        // A CA of the installer's: the operator waits for it, never makes it.
+        assert!(env_of(operator, "SANDBOX_OPERATOR_CSR_CA_GENERATE").is_none());
         assert_eq!(
             env_of(operator, "SANDBOX_OPERATOR_CSR_REQUESTER"),
             Some("system:serviceaccount:default:rel-sandboxd-sandboxd")
         );
         assert!(env_of(operator, "SANDBOX_OPERATOR_HOST_CA_FILE").is_none());
         assert!(op["spec"]["template"]["spec"]["volumes"].is_null());
-        let sm = of_kind(&docs, "ServiceMonitor");
+        let sm = service_monitor(&docs, "rel-sandboxd");
         assert_eq!(
             sm["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"]["key"].as_str(),
             Some("tls.crt")
@@ -1598,7 +1657,12 @@ fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_
         .arg(chart())
         .args(["--kube-version", "1.37.2", "--set"])
         .arg(format!("adminToken.value={RENDER_TOKEN}"))
-        .args(["--set", "tls.issuer.caSecret=node-ca"]));
+        .args([
+            "--set",
+            "tls.issuer.caSecret=node-ca",
+            "--set",
+            "tls.enabled=false",
+        ]));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -1608,19 +1672,73 @@ fn a_certificate_per_node_is_asked_for_by_an_init_container_only_when_an_issuer_
 }
 
 #[test]
-fn tls_without_a_secret_is_refused_naming_the_value() {
+fn by_default_each_node_gets_a_certificate_from_a_ca_the_operator_makes() {
+    let docs = documents(&template(&[]));
+    let ds = of_kind(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    // sandboxd serves HTTPS with what its init container got for the node.
+    let sandboxd = &pod["containers"][0];
+    assert_eq!(
+        env_of(sandboxd, "SANDBOXD_TLS_CERT_FILE"),
+        Some("/etc/sandboxd-tls/tls.crt")
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            sandboxd[probe]["httpGet"]["scheme"].as_str(),
+            Some("HTTPS"),
+            "{probe}"
+        );
+    }
+    assert_eq!(pod["initContainers"][0]["args"][0].as_str(), Some("enrol"));
+    // The operator signs with the CA Secret it makes when it is missing, and trusts it.
+    let operator = &of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env_of(operator, "SANDBOX_OPERATOR_CSR_CA_SECRET"),
+        Some("rel-sandboxd-node-ca")
+    );
+    assert_eq!(
+        env_of(operator, "SANDBOX_OPERATOR_CSR_CA_GENERATE"),
+        Some("true")
+    );
+    assert!(env_of(operator, "SANDBOX_OPERATOR_HOST_CA_FILE").is_none());
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "rel-sandboxd-operator")
+        .expect("the operator's Role");
+    let names = serde_yaml::to_string(&role["rules"]).expect("YAML");
+    assert!(names.contains("- rel-sandboxd-node-ca\n"), "{names}");
+    // Nothing in the chart makes or names a key: the CA is the operator's alone.
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "rel-sandboxd-node-ca"),
+        "the chart renders the CA Secret"
+    );
+    // Where no `kubernetes` Service reaches the API server (the local node), the init
+    // container that asks is told where it is.
+    let docs = documents(&template(&[
+        "--set-json",
+        r#"tls.issuer.extraEnv=[{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}]"#,
+    ]));
+    let init = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["initContainers"][0];
+    assert_eq!(env_of(init, "KUBERNETES_SERVICE_HOST"), Some("127.0.0.1"));
+    // Two sources of certificates at once are refused, saying which.
     let out = run(Command::new(helm())
         .arg("template")
         .arg("rel")
         .arg(chart())
-        .args(["--kube-version", "1.37.2", "--set", "tls.enabled=true"]));
-    assert!(
-        !out.status.success(),
-        "tls.enabled without a Secret must be refused"
-    );
+        .args(["--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
+        .args([
+            "--set",
+            "tls.issuer.caSecret=a",
+            "--set",
+            "tls.existingSecret=b",
+        ]));
+    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("at '/tls/existingSecret': minLength: got 0, want 1"),
+        err.contains("tls.existingSecret and tls.issuer.caSecret are two sources of sandboxd's certificates: set one"),
         "{err}"
     );
 }
@@ -1712,9 +1830,92 @@ async fn the_platform_service_accounts_may_do_only_what_the_sdk_needs() {
         ),
         "an account not named got the Role"
     );
+    // Its get reaches every Secret of the sessions' namespace (RBAC cannot narrow it to a type
+    // or label), so that namespace holds none but the operator's token Secrets: any other is
+    // refused, even to an administrator.
+    let other_secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: db-password}\nstringData: {password: hunter2}\n";
+    until_refused(
+        &agents.name,
+        other_secret,
+        &format!(
+            "namespace {} holds session token Secrets only, written by the sandbox operator (the platform may read every Secret in it): Secret db-password is refused; keep it in another namespace",
+            agents.name
+        ),
+    )
+    .await;
+    let forged = "apiVersion: v1\nkind: Secret\nmetadata: {name: xc-forged-token}\ntype: sandboxd.dev/session-token\nstringData: {token: forged}\n";
+    until_refused(&agents.name, forged, "holds session token Secrets only").await;
+    until_accepted(&platform.name, other_secret).await;
+    // The release's namespace (the master admin token) is never a session namespace, and one
+    // must be named.
+    let refused = run(Command::new(helm())
+        .args(["template", "rel"])
+        .arg(chart())
+        .args(["-n", "sandboxd", "--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
+        .args(["--set", "platform.serviceAccounts[0].name=api"])
+        .args(["--set", "platform.sessionNamespaces={agents,sandboxd}"]));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("platform.sessionNamespaces may not include the release's namespace sandboxd: it holds the master admin token, and the platform's Role may get Secrets in its session namespaces"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let unnamed = run(Command::new(helm())
+        .args(["template", "rel"])
+        .arg(chart())
+        .args(["-n", "sandboxd", "--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
+        .args(["--set", "platform.serviceAccounts[0].name=api"]));
+    assert!(
+        String::from_utf8_lossy(&unnamed.stderr)
+            .contains("platform.sessionNamespaces is required with platform.serviceAccounts"),
+        "{}",
+        String::from_utf8_lossy(&unnamed.stderr)
+    );
 
     ok(Command::new(helm()).args(["uninstall", &release, "-n", &ns.name]));
     platform.delete().await;
     agents.delete().await;
     ns.delete().await;
+}
+
+/// `tracing.otlpEndpoint` gives the operator and sandboxd the OTLP endpoint and sampler; unset,
+/// neither has them (no spans are made); an endpoint that is not a URL is refused by the schema.
+#[test]
+fn tracing_reaches_both_components_only_when_an_endpoint_is_set() {
+    let containers = |args: &[&str]| {
+        let docs = documents(&template(args));
+        let op = of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0].clone();
+        let sd = of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0].clone();
+        [op, sd]
+    };
+    for c in containers(&["--set", "tracing.otlpEndpoint=http://collector.obs:4318"]) {
+        assert_eq!(
+            env_of(&c, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some("http://collector.obs:4318")
+        );
+        assert_eq!(
+            env_of(&c, "OTEL_TRACES_SAMPLER"),
+            Some("parentbased_always_on")
+        );
+    }
+    for c in containers(&[]) {
+        assert_eq!(env_of(&c, "OTEL_EXPORTER_OTLP_ENDPOINT"), None);
+        assert_eq!(env_of(&c, "OTEL_TRACES_SAMPLER"), None);
+    }
+    let refused = Command::new(helm())
+        .arg("template")
+        .arg("rel")
+        .arg(chart())
+        .args(["--kube-version", "1.37.2", "--set"])
+        .arg(format!("adminToken.value={RENDER_TOKEN}"))
+        .args(["--set", "tracing.otlpEndpoint=collector:4318"])
+        .output()
+        .expect("helm runs");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("/tracing/otlpEndpoint"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }

@@ -265,7 +265,8 @@ async fn session_identity_fields_are_immutable() {
 }
 
 #[tokio::test]
-async fn a_placed_session_keeps_its_host_and_an_open_one_its_resources() {
+async fn a_placed_session_keeps_its_host_its_resources_may_change_and_its_rebuild_generation_only_grows()
+ {
     let client = client().await;
     install_crds(&client).await;
     let ns = TestNamespace::create(&client, "fixed").await;
@@ -323,18 +324,25 @@ async fn a_placed_session_keeps_its_host_and_an_open_one_its_resources() {
         .expect("a placed session not yet open may change its resources");
 
     status(json!({"sessionId": format!("{}.xc-1", ns.name), "phase": "Running"})).await;
-    let resources_fixed = "spec.resources is fixed once the session is open (status.sessionId is set): its sandbox was made with these limits and a change would not reach it; a new SandboxSession opens with other resources";
+    // Resources may change on an open session: a rebuild gives the sandbox the new ones.
     for change in [
         json!({"resources": {"milliCpus": 2000}}),
         json!({"resources": {"memLimit": "1g"}}),
         json!({"resources": null}),
     ] {
-        let message = api_message(spec(change.clone()).await);
-        assert!(
-            message.contains(resources_fixed),
-            "changing {change}: got {message:?}"
-        );
+        spec(change.clone())
+            .await
+            .unwrap_or_else(|e| panic!("changing {change} on an open session: {e:?}"));
     }
+    // A rebuild is asked by raising spec.rebuildGeneration; it never goes back.
+    spec(json!({"rebuildGeneration": 2}))
+        .await
+        .expect("a rebuild may be asked");
+    let message = api_message(spec(json!({"rebuildGeneration": 1})).await);
+    assert!(
+        message.contains("spec.rebuildGeneration only grows: raise it by one (kubectl sandbox rebuild) to ask for another rebuild"),
+        "{message}"
+    );
     // What may change still does, and the operator's status writes pass.
     spec(json!({"idleTimeoutSeconds": 600}))
         .await

@@ -71,6 +71,8 @@ async fn make_demo_shows_a_session_working_from_a_clean_state() {
         "kubectl sandbox exec demo-session -n sandboxd-demo -- ls -la",
         "kubectl logs -n sandboxd-demo daemonset/sandboxd-sandboxd",
         "make down           # stops the demo and everything make up started",
+        // The chart's default: HTTPS, the node's certificate from the operator's own CA.
+        "(sandboxd on https://127.0.0.1:18490 with a certificate from the operator's CA, two\noperator replicas)",
     ] {
         assert!(out.contains(expected), "`{expected}` missing in:\n{out}");
     }

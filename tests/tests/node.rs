@@ -1,7 +1,8 @@
 //! The chart as pods on the local node `make up` starts (hack/node.sh): `make images` loads the
 //! images into the node, `helm install` with the node's values (hack/node-values.sh) brings up
-//! the sandboxd DaemonSet pod and two operator replicas, one leads, the operator discovers the
-//! pod as a SandboxHost, a SandboxSession applied with kubectl runs and `kubectl sandbox exec`
+//! the sandboxd DaemonSet pod and two operator replicas, one leads, the operator makes its CA
+//! and signs the node's certificate, discovers the pod as a SandboxHost over https, a
+//! SandboxSession applied with kubectl runs and `kubectl sandbox exec`
 //! works through the pod's sandboxd, `kubectl logs` shows both components; deleting the leading
 //! operator pod hands over to the other replica, deleting the sandboxd pod brings a new one
 //! that finds the session and its files, `helm upgrade` that changes a Runtime runs the prepare
@@ -335,7 +336,9 @@ async fn the_chart_runs_as_pods_on_the_local_node() {
     })
     .await;
 
-    // Discovery: the sandboxd pod is the SandboxHost of its node, Ready, on the node's loopback.
+    // TLS by default: the operator made its CA, the sandboxd pod's init container got the node's
+    // certificate from it, and discovery makes the pod the SandboxHost of its node, Ready, on
+    // the node's loopback over https, trusting that CA.
     let hosts = Api::<SandboxHost>::all(client.clone());
     let host_name = format!("node-{NODE}");
     within(
@@ -348,7 +351,15 @@ async fn the_chart_runs_as_pods_on_the_local_node() {
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             });
-            if host.spec.endpoint == format!("http://{NODE}:{PORT}") && ready {
+            let ca = host
+                .spec
+                .ca_secret
+                .as_ref()
+                .map(|r| (r.name.as_str(), r.key.as_str()));
+            if host.spec.endpoint == format!("https://{NODE}:{PORT}")
+                && ca == Some((format!("{FULL}-node-ca").as_str(), "tls.crt"))
+                && ready
+            {
                 Ok(())
             } else {
                 Err(format!("{:?} {:?}", host.spec, host.status))
@@ -393,7 +404,20 @@ async fn the_chart_runs_as_pods_on_the_local_node() {
 
     // kubectl logs shows both components.
     let logs = ok(kubectl_cmd(&bins).args(["logs", "-n", &n, &sandboxd_pod]));
-    assert!(!logs.trim().is_empty(), "sandboxd's pod logged nothing");
+    assert!(
+        logs.contains("serving HTTPS only"),
+        "sandboxd's log: {logs}"
+    );
+    assert!(
+        !logs.contains("SERVING PLAIN HTTP"),
+        "sandboxd's log: {logs}"
+    );
+    let secrets = Api::<Secret>::namespaced(client.clone(), &n);
+    let ca = secrets
+        .get(&format!("{FULL}-node-ca"))
+        .await
+        .expect("the CA Secret the operator made");
+    assert_eq!(ca.type_.as_deref(), Some("kubernetes.io/tls"));
     let logs = ok(kubectl_cmd(&bins).args(["logs", "-n", &n, &first_leader]));
     assert!(logs.contains("leading"), "the leader's log: {logs}");
 

@@ -44,28 +44,55 @@ app.kubernetes.io/component: sandboxd
 {{- printf "%s-node-token-hashes" (include "sandboxd.fullname" .) -}}
 {{- end -}}
 
-{{/* The Secret with tls.crt, tls.key and ca.crt, when TLS is on. */}}
+{{/* "true" when each node gets its own certificate from the operator's signer: TLS on and
+  no tls.existingSecret (the default), or an issuer CA named. Empty otherwise. */}}
+{{- define "sandboxd.issuer" -}}
+{{- if and .Values.tls.enabled (or .Values.tls.issuer.caSecret (not .Values.tls.existingSecret)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The signer's CA Secret: tls.issuer.caSecret, else the one the operator makes. */}}
+{{- define "sandboxd.caSecret" -}}
+{{- default (printf "%s-node-ca" (include "sandboxd.fullname" .)) .Values.tls.issuer.caSecret -}}
+{{- end -}}
+
+{{/* The Secret with the CA certificate (and, for tls.existingSecret, sandboxd's own), when TLS is on. */}}
 {{- define "sandboxd.tlsSecret" -}}
-{{- if .Values.tls.issuer.caSecret -}}
-{{- .Values.tls.issuer.caSecret -}}
+{{- if include "sandboxd.issuer" . -}}
+{{- include "sandboxd.caSecret" . -}}
 {{- else -}}
-{{- required "tls.enabled=true needs tls.existingSecret: a Secret in the release namespace with tls.crt, tls.key (a certificate naming every node's IP) and ca.crt" .Values.tls.existingSecret -}}
+{{- .Values.tls.existingSecret -}}
 {{- end -}}
 {{- end -}}
 
 {{/* The key of the CA certificate in the Secret named by sandboxd.tlsSecret. */}}
 {{- define "sandboxd.tlsCaKey" -}}
-{{- if .Values.tls.issuer.caSecret }}tls.crt{{ else }}ca.crt{{ end -}}
+{{- if include "sandboxd.issuer" . }}tls.crt{{ else }}ca.crt{{ end -}}
 {{- end -}}
 
 {{/* The sandboxd container's environment, shared by the DaemonSet and the prepare hook. */}}
+{{- define "sandboxd.tracingEnv" -}}
+{{- with .Values.tracing.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $.Values.tracing.sampler | quote }}
+{{- end }}
+{{- end }}
+
 {{- define "sandboxd.env" -}}
 {{- /* No master and no token: only the hash of this node's token, from the operator's
   ConfigMap (the file named after the node), read again when it changes. */}}
 - name: SANDBOXD_NODE_TOKEN_HASHES
   value: /etc/sandboxd-node-tokens
+{{- /* On the node's address only (the one the operator dials: with hostNetwork the pod IP is
+  the node's), not every interface of the node; sandboxd.listenAddress overrides it. */}}
 - name: SANDBOXD_HOST
-  value: "0.0.0.0"
+{{- with .Values.sandboxd.listenAddress }}
+  value: {{ . | quote }}
+{{- else }}
+  valueFrom:
+    fieldRef: {fieldPath: status.hostIP}
+{{- end }}
 - name: SANDBOXD_PORT
   value: {{ .Values.sandboxd.port | quote }}
 - name: SANDBOXD_RUNTIMES_FILE
@@ -75,7 +102,7 @@ app.kubernetes.io/component: sandboxd
 - name: SANDBOXD_STATE_DIR
   value: {{ .Values.sandboxd.stateDir | quote }}
 - name: DOCKER_HOST
-  value: unix:///var/run/docker.sock
+  value: {{ include "sandboxd.dockerHost" . }}
 - name: SANDBOXD_MAX_SESSIONS
   value: {{ .Values.sandboxd.maxSessions | quote }}
 - name: SANDBOXD_MAX_SESSIONS_PER_TENANT
@@ -119,9 +146,18 @@ app.kubernetes.io/component: sandboxd
   value: {{ .Values.sandboxd.logLevel | quote }}
 {{- end -}}
 
-{{/* The sandboxd container's volumes: the Docker socket, the workspace root at its host path, the state. */}}
+{{/* DOCKER_HOST inside the pods: the socket in the mounted folder of the node's socket. The
+  folder is mounted, not the socket file: a dockerd restart makes a new socket, which a mount of
+  the file would never show (the pod would keep the old, dead one). */}}
+{{- define "sandboxd.dockerHost" -}}
+unix:///var/run/sandboxd-docker/{{ base .Values.sandboxd.dockerSocket }}
+{{- end -}}
+
+{{/* The sandboxd container's volumes: the Docker socket's folder (read-only: a socket is
+  connected to, never written, so nothing else there can be changed), the workspace root at its
+  host path, the state. */}}
 {{- define "sandboxd.volumeMounts" -}}
-- {name: docker-socket, mountPath: /var/run/docker.sock}
+- {name: docker-socket, mountPath: /var/run/sandboxd-docker, readOnly: true}
 - name: workspaces
   mountPath: {{ .Values.sandboxd.workspaceRoot | quote }}
   {{- if eq .Values.sandboxd.workspaceQuota "loop" }}
@@ -134,7 +170,7 @@ app.kubernetes.io/component: sandboxd
 {{- end -}}
 {{- define "sandboxd.volumes" -}}
 - name: docker-socket
-  hostPath: {path: {{ .Values.sandboxd.dockerSocket | quote }}, type: Socket}
+  hostPath: {path: {{ dir .Values.sandboxd.dockerSocket | quote }}, type: Directory}
 - name: workspaces
   hostPath: {path: {{ .Values.sandboxd.workspaceRoot | quote }}, type: DirectoryOrCreate}
 - name: state

@@ -20,6 +20,11 @@ pub const DEFAULT_CONFLICT: &str = "DefaultConflict";
 pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 /// `Lost`: the session's workspace is gone.
 pub const LOST: &str = "Lost";
+/// `RebuildNeeded`: the session's container is made from another image than its Runtime's
+/// current one, or with other limits than its spec asks.
+pub const REBUILD_NEEDED: &str = "RebuildNeeded";
+/// `Rebuilt`: how the session's last rebuild went (False: it failed, and the message says why).
+pub const REBUILT: &str = "Rebuilt";
 
 /// The reasons of a SandboxSession's conditions, by condition.
 pub mod session_reason {
@@ -53,6 +58,10 @@ pub mod session_reason {
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
     pub const OPEN_FAILED: &str = "OpenFailed";
+    /// `Admitted=False`: the API server refused to write the session's token Secret (a Secret
+    /// of its name that is not a session token Secret, which the chart's policy keeps); tried
+    /// again with backoff.
+    pub const TOKEN_SECRET_NOT_WRITTEN: &str = "TokenSecretNotWritten";
     /// `RuntimeReady=False`: the host does not have the session's runtime in its allowlist yet.
     pub const NOT_ON_HOST: &str = "NotOnHost";
     /// `Admitted=False`: a deleted object of the same name still owes its destroy.
@@ -76,4 +85,16 @@ pub mod session_reason {
     pub const SESSION_GONE: &str = "SessionGone";
     /// `Lost=True`: the workspace was removed after its TTL without activity.
     pub const WORKSPACE_EXPIRED: &str = "WorkspaceExpired";
+    /// `RebuildNeeded=True`: the Runtime names another image than the container's.
+    pub const IMAGE_CHANGED: &str = "ImageChanged";
+    /// `RebuildNeeded=True`: spec.resources asks other limits than the container's.
+    pub const RESOURCES_CHANGED: &str = "ResourcesChanged";
+    /// `Rebuilt=True`: the container was recreated; the workspace kept.
+    pub const REBUILT: &str = "Rebuilt";
+    /// `Rebuilt=False`: the rebuild failed; the session is Failed until a rebuild or a wake
+    /// succeeds.
+    pub const REBUILD_FAILED: &str = "RebuildFailed";
+    /// `Rebuilt=False`: the host refused the rebuild as asked (a workspace that would shrink,
+    /// limits over its ceilings); the session is Failed until the spec changes.
+    pub const REBUILD_REFUSED: &str = "RebuildRefused";
 }

@@ -41,13 +41,13 @@ pub struct SandboxHostSpec {
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("spec.endpoint must be an http:// or https:// URL of the host's sandboxd"))]
     pub endpoint: String,
     /// The Secret holding the master admin token the host's sandboxd was started with
-    /// (SANDBOXD_TOKEN); the operator sends the master itself only when spec.node is unset. It
+    /// (SANDBOXD_TOKEN); the operator never sends the master itself, only the token derived from it for spec.node. It
     /// must live in the operator's namespace: one named elsewhere is refused unread
     /// (Ready=False, TokenSecretRefused) and the host takes no sessions.
     pub admin_token_secret: SecretKeyRef,
     /// The node the host's sandboxd runs on, as its SANDBOXD_NODE_NAME. When set, the operator
     /// sends the admin token derived for this node from the master (`sandboxd admin-token
-    /// --node NAME`), which opens this node's sandboxd and no other; when unset, the master.
+    /// --node NAME`), which opens this node's sandboxd and no other; when unset, nothing (NodeUnset).
     /// Discovery sets it from the pod's spec.nodeName.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self != ''").message("spec.node must not be empty when set: it names the node as sandboxd's SANDBOXD_NODE_NAME does"))]
@@ -105,6 +105,13 @@ pub struct HostCapacity {
     pub max_sessions: i32,
     /// Sessions one tenant holds at most on this host (SANDBOXD_MAX_SESSIONS_PER_TENANT).
     pub max_sessions_per_tenant: i32,
+    /// Bytes of workspace disks the host holds at most, sleeping and reclaimed workspaces
+    /// included (SANDBOXD_WORKSPACE_BUDGET); absent when its workspaces are not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_budget: Option<i64>,
+    /// The size a new workspace gets there unless it asks for less (SANDBOXD_WORKSPACE_SIZE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<i64>,
 }
 
 /// What the operator last saw of a host.
@@ -123,6 +130,10 @@ pub struct SandboxHostStatus {
     /// Sessions the host holds now, opening ones included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<i32>,
+    /// Bytes of the workspace budget its workspaces hold now (every workspace not yet
+    /// destroyed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<i64>,
     /// Runtime aliases built and ready on the host.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtimes_ready: Vec<String>,

@@ -87,12 +87,39 @@ pub struct RuntimeSpec {
     #[serde(default)]
     pub default: bool,
 
+    /// When a session whose container is made from an older image of this runtime (or with
+    /// other limits than its spec asks) is rebuilt: Manual (only by `kubectl sandbox rebuild`),
+    /// OnWake (the default: a sleeping or reclaimed session is rebuilt before it wakes, so no
+    /// process is lost that sleep would not lose anyway) or Rolling (OnWake, and running
+    /// sessions with no run in flight too, at most maxUnavailable at a time per host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_policy: Option<RebuildPolicy>,
+
+    /// With rebuildPolicy Rolling: how many sessions of this runtime each host rebuilds at
+    /// once while they run. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: Option<i32>,
+
     /// Started containers of this runtime kept ready on each host, so an open takes one instead
     /// of starting a container (the session's status says `launch: warm`). Absent: no pool. The
     /// scale subresource sets its size (`kubectl scale rt/NAME --replicas=N`), so an autoscaler
     /// can too. Each pooled container counts against its host's session capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<WarmPool>,
+}
+
+/// When the sessions of a runtime are rebuilt onto its current image.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum RebuildPolicy {
+    /// Only when asked (`kubectl sandbox rebuild NAME`).
+    Manual,
+    /// A sleeping or reclaimed session is rebuilt before it wakes.
+    #[default]
+    OnWake,
+    /// OnWake, and running sessions without a run in flight too, maxUnavailable at a time
+    /// per host.
+    Rolling,
 }
 
 /// The warm pool of a runtime.

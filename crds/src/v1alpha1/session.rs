@@ -62,14 +62,19 @@ impl std::fmt::Display for Scope {
     status = "SandboxSessionStatus",
     doc = "A sandbox: a container and its persistent workspace on one host. The name is the session key.",
     // What the operator decides once, refused rather than silently not done: the host a placed
-    // session is on, and the resources its sandbox was opened with.
+    // session is on. (Its resources may change: a rebuild gives the sandbox the new ones.)
+    validation = Rule::new("!has(oldSelf.spec.rebuildGeneration) || (has(self.spec.rebuildGeneration) && self.spec.rebuildGeneration >= oldSelf.spec.rebuildGeneration)").message("spec.rebuildGeneration only grows: raise it by one (kubectl sandbox rebuild) to ask for another rebuild"),
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.host) || (has(self.spec.host) ? (has(oldSelf.spec.host) && self.spec.host == oldSelf.spec.host) : !has(oldSelf.spec.host))").message("spec.host is fixed once the session is placed (status.host is set): a session never moves to another host"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.sessionId) || (has(self.spec.resources) ? (has(oldSelf.spec.resources) && self.spec.resources == oldSelf.spec.resources) : !has(oldSelf.spec.resources))").message("spec.resources is fixed once the session is open (status.sessionId is set): its sandbox was made with these limits and a change would not reach it; a new SandboxSession opens with other resources"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Tenant", type_ = "string", json_path = ".spec.tenant"),
     printcolumn(name = "Scope", type_ = "string", json_path = ".spec.scope"),
     printcolumn(name = "Runtime", type_ = "string", json_path = ".status.runtime"),
     printcolumn(name = "Host", type_ = "string", json_path = ".status.host"),
+    printcolumn(
+        name = "Rebuild",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"RebuildNeeded\")].reason"
+    ),
     printcolumn(
         name = "Last Activity",
         type_ = "date",
@@ -130,9 +135,18 @@ pub struct SandboxSessionSpec {
     pub host: Option<String>,
 
     /// Resource overrides, within the ceilings of the host; unset fields take the runtime's or
-    /// the host's defaults. Fixed once the session is open (status.sessionId is set).
+    /// the host's defaults. A change on an open session shows as the RebuildNeeded condition
+    /// (reason ResourcesChanged) and reaches the sandbox with its next rebuild; the workspace
+    /// size only grows (a smaller one is refused, naming the current size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<SessionResources>,
+
+    /// Raise it (by one: `kubectl sandbox rebuild NAME`) to rebuild the session: its container
+    /// is recreated from its Runtime's current image with spec.resources, the workspace kept.
+    /// Runs in flight are stopped first. status.rebuildGeneration says which one was done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub rebuild_generation: Option<i64>,
 
     /// Seconds without a run, activity or CPU use after which the container is stopped (the
     /// files stay). Defaults to the operator's idle timeout (1800 s).
@@ -196,7 +210,11 @@ pub enum SessionPhase {
     /// The workspace vanished, or the session was destroyed on the host; reported, never
     /// replaced with an empty one. Final: delete the object and create it again to start over.
     Lost,
-    /// Opening failed for a reason retries cannot fix (see the conditions).
+    /// Its container is being recreated from its Runtime's current image (the workspace
+    /// stays); runs wait until it is Running again.
+    Rebuilding,
+    /// Opening failed for a reason retries cannot fix, or the last rebuild failed (see the
+    /// conditions: Rebuilt says why and how to try again).
     Failed,
     /// Being destroyed.
     Terminating,
@@ -207,7 +225,7 @@ pub enum SessionPhase {
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSessionStatus {
     /// Where the session is in its life: Pending, Preparing, Running, Sleeping, Reclaimed,
-    /// Lost, Failed or Terminating.
+    /// Rebuilding, Lost, Failed or Terminating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<SessionPhase>,
     /// One line for a person on why the session is in this phase.
@@ -222,6 +240,16 @@ pub struct SandboxSessionStatus {
     /// The session id on the host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
+    /// The image the session's container is made from, as its host says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The spec.rebuildGeneration whose rebuild was last carried out (or failed: see the
+    /// Rebuilt condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_generation: Option<i64>,
+    /// When the session's container was last rebuilt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilt_at: Option<Time>,
     /// The base URL of the host's sandboxd that serves this session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
@@ -242,7 +270,7 @@ pub struct SandboxSessionStatus {
     /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub briefing: Option<String>,
-    /// The latest observations: Placed, RuntimeReady, Admitted, Ready.
+    /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.

@@ -11,7 +11,8 @@ use sandboxd_crds::v1alpha1::tombstone::TombstoneSource;
 use sandboxd_crds::v1alpha1::{SandboxSession, Tombstone, TombstoneSpec};
 
 use super::{MANAGER, placed_host};
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// Writes the session's Tombstone (once; idempotent by name) and forgets what the operator
 /// keeps of it. Works also for a session that was never placed or opened.
@@ -21,6 +22,7 @@ pub(super) async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action,
     ctx.forget_waits(&key(s));
     ctx.forget_token(&key(s));
     ctx.set_phase(&key(s), None);
+    ctx.set_outdated(&key(s), None);
     let Some(host) = placed_host(s).map(str::to_owned) else {
         // Never placed: nothing lives outside Kubernetes.
         return Ok(Action::await_change());

@@ -16,11 +16,13 @@ use sandboxd_api::client::{Client as HostClient, ClientError};
 use sandboxd_api::session::SessionView;
 use sandboxd_crds::v1alpha1::condition::{HOST_UNREACHABLE, READY, session_reason};
 use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
-use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus};
+use sandboxd_crds::v1alpha1::{Runtime, SandboxSession, SandboxSessionStatus};
 
-use super::{Step, add, host_err, lost_at, parse_time, set_phase, start_over, until};
+use super::rebuild;
+use super::step::{Step, add, host_err, lost_at, parse_time, set_phase, start_over, until};
 use crate::conditions;
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// What the host reports of the session.
 #[derive(Debug, Clone)]
@@ -28,8 +30,8 @@ pub enum Report {
     /// The session as the host shows it, with its CPU use in percent of one core over the
     /// sampling window when it was sampled (see [`wants_cpu_sample`]).
     Session {
-        /// The session.
-        view: SessionView,
+        /// The session (boxed: a view is far larger than the other variants).
+        view: Box<SessionView>,
         /// CPU use since the previous sample; None on a first sample.
         cpu_percent: Option<f64>,
     },
@@ -160,30 +162,23 @@ pub fn decide(
     cfg: &FollowConfig,
     subject: &Subject,
 ) -> Decision {
-    let host = subject.host.as_str();
-    let generation = subject.generation;
-    let set = |status: &mut SandboxSessionStatus, type_: &str, ok: bool, reason: &str, m: &str| {
-        conditions::set_at(
-            &mut status.conditions,
-            type_,
-            ok,
-            reason,
-            m,
-            generation,
-            now,
-        );
+    let at = At {
+        host: subject.host.as_str(),
+        generation: subject.generation,
+        now,
     };
+    let host = at.host;
     let (view, cpu_percent) = match report {
-        Report::Session { view, cpu_percent } => (view, cpu_percent),
+        Report::Session { view, cpu_percent } => (*view, cpu_percent),
         Report::Gone => {
             let m = format!(
                 "host {host} no longer has this session: it was destroyed there, workspace included, not through this object; it is not replaced with an empty one. {}",
                 subject.start_over
             );
-            return gone(status, session_reason::SESSION_GONE, m, generation, now);
+            return gone(status, session_reason::SESSION_GONE, m, at.generation, now);
         }
         Report::Unreachable(why) => {
-            set(
+            at.set(
                 &mut status,
                 HOST_UNREACHABLE,
                 true,
@@ -200,166 +195,26 @@ pub fn decide(
         sandboxd_api::Launch::Warm => Launch::Warm,
         sandboxd_api::Launch::Cold => Launch::Cold,
     });
-    let follow = cfg.follow;
-    let idle = cfg.idle;
 
     if !view.workspace_exists || view.state == SessionState::Lost {
         let m = format!(
             "the workspace of this session vanished on host {host}; it is not replaced with an empty one. {}",
             subject.start_over
         );
-        set(&mut status, READY, false, session_reason::LOST, &m);
+        at.set(&mut status, READY, false, session_reason::LOST, &m);
         return gone(
             status,
             session_reason::WORKSPACE_VANISHED,
             m,
-            generation,
+            at.generation,
             now,
         );
     }
 
     match view.state {
-        SessionState::Running => {
-            status.sleeps_at = sleeps_at(last, idle);
-            // Never: an idle timeout past what a time can hold.
-            let sleeps_at = status.sleeps_at.as_ref().map_or(Timestamp::MAX, |t| t.0);
-            set(
-                &mut status,
-                READY,
-                true,
-                session_reason::RUNNING,
-                "the sandbox runs",
-            );
-            set_phase(
-                &mut status,
-                SessionPhase::Running,
-                format!("running on host {host}"),
-            );
-            if !until(sleeps_at, now).is_zero() || view.runs_in_flight > 0 {
-                let wait = if view.runs_in_flight > 0 {
-                    idle.min(follow)
-                } else {
-                    until(sleeps_at, now)
-                };
-                return Decision {
-                    forget_cpu: true,
-                    ..Decision::wait(status, wait)
-                };
-            }
-            // Idle by activity; idle by CPU too? Sample it over a window first.
-            match view.cpu_ns.and(cpu_percent) {
-                None => return Decision::wait(status, cfg.cpu_window),
-                // Busy without runs (a server it started): not idle; look again later.
-                Some(p) if p >= cfg.idle_cpu_percent => {
-                    return Decision {
-                        forget_cpu: true,
-                        ..Decision::wait(status, idle)
-                    };
-                }
-                Some(_) => {}
-            }
-            set(
-                &mut status,
-                READY,
-                false,
-                session_reason::SLEEPING,
-                "idle: the container is stopped, the files stay",
-            );
-            set_phase(
-                &mut status,
-                SessionPhase::Sleeping,
-                format!(
-                    "idle for {} s: container stopped, files kept; a workspace operation wakes it",
-                    idle.as_secs()
-                ),
-            );
-            status.sleeps_at = None;
-            Decision {
-                status,
-                requeue: follow.min(cfg.container_ttl),
-                effect: Effect::Stop,
-                forget_cpu: true,
-            }
-        }
-        SessionState::Stopped => {
-            status.sleeps_at = None;
-            let since = conditions::get(&status.conditions, READY)
-                .filter(|c| c.status == "False" && c.reason == session_reason::SLEEPING)
-                .map(|c| c.last_transition_time.0)
-                .unwrap_or(last);
-            set(
-                &mut status,
-                READY,
-                false,
-                session_reason::SLEEPING,
-                "idle: the container is stopped, the files stay",
-            );
-            if status.phase != Some(SessionPhase::Sleeping) {
-                set_phase(
-                    &mut status,
-                    SessionPhase::Sleeping,
-                    "container stopped, files kept; a workspace operation wakes it".to_owned(),
-                );
-            }
-            let reclaim_at = add(since, cfg.container_ttl);
-            if !until(reclaim_at, now).is_zero() {
-                return Decision::wait(status, until(reclaim_at, now).min(follow));
-            }
-            set(
-                &mut status,
-                READY,
-                false,
-                session_reason::RECLAIMED,
-                "the container was removed after its TTL; the workspace stays",
-            );
-            set_phase(
-                &mut status,
-                SessionPhase::Reclaimed,
-                format!(
-                    "stopped for {} s: container removed, workspace kept",
-                    cfg.container_ttl.as_secs()
-                ),
-            );
-            Decision {
-                effect: Effect::Reclaim,
-                ..Decision::wait(status, follow)
-            }
-        }
-        SessionState::Reclaimed => {
-            status.sleeps_at = None;
-            set(
-                &mut status,
-                READY,
-                false,
-                session_reason::RECLAIMED,
-                "the container was removed; the workspace stays",
-            );
-            if status.phase != Some(SessionPhase::Reclaimed) {
-                let m = reclaimed_message(status.phase, host);
-                set_phase(&mut status, SessionPhase::Reclaimed, m);
-            }
-            let Some(ttl) = cfg.workspace_ttl else {
-                return Decision::wait(status, follow);
-            };
-            let expires = add(last, ttl);
-            if !until(expires, now).is_zero() {
-                return Decision::wait(status, until(expires, now).min(follow));
-            }
-            let m = format!(
-                "no activity for {} s: the workspace was removed (workspace TTL)",
-                ttl.as_secs()
-            );
-            Decision {
-                effect: Effect::Destroy,
-                ..gone(
-                    status,
-                    session_reason::WORKSPACE_EXPIRED,
-                    m,
-                    generation,
-                    now,
-                )
-            }
-        }
+        SessionState::Running => running(status, &view, cpu_percent, last, &at, cfg),
+        SessionState::Stopped => stopped(status, last, &at, cfg),
+        SessionState::Reclaimed => reclaimed(status, last, &at, cfg),
         SessionState::Opening => {
             set_phase(
                 &mut status,
@@ -373,10 +228,202 @@ pub fn decide(
             status,
             session_reason::WORKSPACE_VANISHED,
             format!("host {host} reports the session lost"),
-            generation,
+            at.generation,
             now,
         ),
         SessionState::Destroying => Decision::wait(status, Duration::from_secs(2)),
+    }
+}
+
+/// Where and when [`decide`] decides: the host, the object's generation, now.
+struct At<'a> {
+    host: &'a str,
+    generation: Option<i64>,
+    now: Timestamp,
+}
+
+impl At<'_> {
+    /// Sets condition `type_` as of now, for this generation.
+    fn set(&self, status: &mut SandboxSessionStatus, type_: &str, ok: bool, reason: &str, m: &str) {
+        conditions::set_at(
+            &mut status.conditions,
+            type_,
+            ok,
+            reason,
+            m,
+            self.generation,
+            self.now,
+        );
+    }
+}
+
+/// A running session: Running until it has been idle (no activity, no run in flight, and the
+/// CPU below the threshold over a window) for the idle timeout; then it is put to sleep.
+fn running(
+    mut status: SandboxSessionStatus,
+    view: &SessionView,
+    cpu_percent: Option<f64>,
+    last: Timestamp,
+    at: &At<'_>,
+    cfg: &FollowConfig,
+) -> Decision {
+    let (follow, idle, now) = (cfg.follow, cfg.idle, at.now);
+    status.sleeps_at = sleeps_at(last, idle);
+    // Never: an idle timeout past what a time can hold.
+    let sleeps_at = status.sleeps_at.as_ref().map_or(Timestamp::MAX, |t| t.0);
+    at.set(
+        &mut status,
+        READY,
+        true,
+        session_reason::RUNNING,
+        "the sandbox runs",
+    );
+    set_phase(
+        &mut status,
+        SessionPhase::Running,
+        format!("running on host {}", at.host),
+    );
+    if !until(sleeps_at, now).is_zero() || view.runs_in_flight > 0 {
+        let wait = if view.runs_in_flight > 0 {
+            idle.min(follow)
+        } else {
+            until(sleeps_at, now)
+        };
+        return Decision {
+            forget_cpu: true,
+            ..Decision::wait(status, wait)
+        };
+    }
+    // Idle by activity; idle by CPU too? Sample it over a window first.
+    match view.cpu_ns.and(cpu_percent) {
+        None => return Decision::wait(status, cfg.cpu_window),
+        // Busy without runs (a server it started): not idle; look again later.
+        Some(p) if p >= cfg.idle_cpu_percent => {
+            return Decision {
+                forget_cpu: true,
+                ..Decision::wait(status, idle)
+            };
+        }
+        Some(_) => {}
+    }
+    at.set(
+        &mut status,
+        READY,
+        false,
+        session_reason::SLEEPING,
+        "idle: the container is stopped, the files stay",
+    );
+    set_phase(
+        &mut status,
+        SessionPhase::Sleeping,
+        format!(
+            "idle for {} s: container stopped, files kept; a workspace operation wakes it",
+            idle.as_secs()
+        ),
+    );
+    status.sleeps_at = None;
+    Decision {
+        status,
+        requeue: follow.min(cfg.container_ttl),
+        effect: Effect::Stop,
+        forget_cpu: true,
+    }
+}
+
+/// A sleeping session: Sleeping until its container has been stopped for the container TTL;
+/// then the container is removed (Reclaimed), the workspace kept.
+fn stopped(
+    mut status: SandboxSessionStatus,
+    last: Timestamp,
+    at: &At<'_>,
+    cfg: &FollowConfig,
+) -> Decision {
+    let (follow, now) = (cfg.follow, at.now);
+    status.sleeps_at = None;
+    let since = conditions::get(&status.conditions, READY)
+        .filter(|c| c.status == "False" && c.reason == session_reason::SLEEPING)
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or(last);
+    at.set(
+        &mut status,
+        READY,
+        false,
+        session_reason::SLEEPING,
+        "idle: the container is stopped, the files stay",
+    );
+    if status.phase != Some(SessionPhase::Sleeping) {
+        set_phase(
+            &mut status,
+            SessionPhase::Sleeping,
+            "container stopped, files kept; a workspace operation wakes it".to_owned(),
+        );
+    }
+    let reclaim_at = add(since, cfg.container_ttl);
+    if !until(reclaim_at, now).is_zero() {
+        return Decision::wait(status, until(reclaim_at, now).min(follow));
+    }
+    at.set(
+        &mut status,
+        READY,
+        false,
+        session_reason::RECLAIMED,
+        "the container was removed after its TTL; the workspace stays",
+    );
+    set_phase(
+        &mut status,
+        SessionPhase::Reclaimed,
+        format!(
+            "stopped for {} s: container removed, workspace kept",
+            cfg.container_ttl.as_secs()
+        ),
+    );
+    Decision {
+        effect: Effect::Reclaim,
+        ..Decision::wait(status, follow)
+    }
+}
+
+/// A reclaimed session: Reclaimed, its workspace kept until it has had no activity for the
+/// workspace TTL (when one is set); then the workspace is destroyed and the session is Lost.
+fn reclaimed(
+    mut status: SandboxSessionStatus,
+    last: Timestamp,
+    at: &At<'_>,
+    cfg: &FollowConfig,
+) -> Decision {
+    let (follow, now) = (cfg.follow, at.now);
+    status.sleeps_at = None;
+    at.set(
+        &mut status,
+        READY,
+        false,
+        session_reason::RECLAIMED,
+        "the container was removed; the workspace stays",
+    );
+    if status.phase != Some(SessionPhase::Reclaimed) {
+        let m = reclaimed_message(status.phase, at.host);
+        set_phase(&mut status, SessionPhase::Reclaimed, m);
+    }
+    let Some(ttl) = cfg.workspace_ttl else {
+        return Decision::wait(status, follow);
+    };
+    let expires = add(last, ttl);
+    if !until(expires, now).is_zero() {
+        return Decision::wait(status, until(expires, now).min(follow));
+    }
+    let m = format!(
+        "no activity for {} s: the workspace was removed (workspace TTL)",
+        ttl.as_secs()
+    );
+    Decision {
+        effect: Effect::Destroy,
+        ..gone(
+            status,
+            session_reason::WORKSPACE_EXPIRED,
+            m,
+            at.generation,
+            now,
+        )
     }
 }
 
@@ -398,9 +445,10 @@ fn gone(
 pub(super) async fn follow(
     s: &SandboxSession,
     ctx: &Context,
-    status: SandboxSessionStatus,
+    mut status: SandboxSessionStatus,
     client: &HostClient,
     host: &str,
+    runtime: Option<&Runtime>,
     id: &str,
     uid: Option<&str>,
     opened: Option<SessionView>,
@@ -422,16 +470,19 @@ pub(super) async fn follow(
     };
     let fetched = match opened {
         Some(v) => Ok(v),
-        None => client.get(id).await,
+        None => client.get_without_usage(id).await,
     };
-    let report = match fetched {
+    let mut report = match fetched {
         Ok(view) => {
             let cpu_percent = if wants_cpu_sample(&view, now, config.idle) {
                 view.cpu_ns.and_then(|ns| ctx.cpu_percent(&key(s), ns))
             } else {
                 None
             };
-            Report::Session { view, cpu_percent }
+            Report::Session {
+                view: Box::new(view),
+                cpu_percent,
+            }
         }
         Err(ClientError::NoSuchSession(_)) => Report::Gone,
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
@@ -439,12 +490,97 @@ pub(super) async fn follow(
         }
         Err(e) => return Err(host_err(host, e)),
     };
+    // A rebuild due now happens before the decision, which is made on what it left.
+    let mut later = None;
+    if let Report::Session { view, .. } = &report {
+        let drift = rebuild::drift(s.spec.resources.as_ref(), view);
+        let policy = runtime
+            .and_then(|r| r.spec.rebuild_policy)
+            .unwrap_or_default();
+        let max_unavailable = runtime
+            .and_then(|r| r.spec.max_unavailable)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(1);
+        // The status may be a cached copy from before this replica's last rebuild was written.
+        let done = status
+            .rebuild_generation
+            .max(ctx.rebuilt_generation(&key(s)));
+        let why = rebuild::due(
+            s.spec.rebuild_generation,
+            done,
+            &drift,
+            policy,
+            view,
+            rebuild::failed(&status),
+        );
+        if let Some(why) = why {
+            let view = view.clone();
+            match rebuild::rebuild(
+                s,
+                ctx,
+                &mut status,
+                client,
+                host,
+                id,
+                why,
+                &view,
+                max_unavailable,
+            )
+            .await?
+            {
+                rebuild::Ran::Done(view) => {
+                    report = Report::Session {
+                        view,
+                        cpu_percent: None,
+                    };
+                }
+                rebuild::Ran::Failed => {
+                    report = match client.get(id).await {
+                        Ok(view) => Report::Session {
+                            view: Box::new(view),
+                            cpu_percent: None,
+                        },
+                        Err(ClientError::NoSuchSession(_)) => Report::Gone,
+                        Err(e) => Report::Unreachable(e.to_string()),
+                    };
+                }
+                rebuild::Ran::Later(wait) => later = Some(wait),
+                rebuild::Ran::Unreachable(wait) => {
+                    return Ok(Step {
+                        status,
+                        requeue: wait,
+                    });
+                }
+            }
+        }
+    }
+    let shown = match &report {
+        Report::Session { view, .. } => Some((**view).clone()),
+        _ => None,
+    };
     let subject = Subject {
         host: host.to_owned(),
         generation: s.metadata.generation,
         start_over: start_over(s),
     };
-    let decision = decide(status, report, now, &config, &subject);
+    let mut decision = decide(status, report, now, &config, &subject);
+    if let Some(view) = &shown
+        && decision.status.phase != Some(SessionPhase::Lost)
+    {
+        let drift = rebuild::drift(s.spec.resources.as_ref(), view);
+        ctx.set_outdated(&key(s), drift.image.as_ref().map(|_| view.runtime.clone()));
+        rebuild::mark(
+            &mut decision.status,
+            view,
+            &drift,
+            host,
+            s.metadata.generation,
+            now,
+        );
+    }
+    if let Some(wait) = later {
+        decision.requeue = decision.requeue.min(wait);
+    }
     if decision.forget_cpu {
         ctx.forget_cpu(&key(s));
     }
@@ -511,11 +647,17 @@ mod tests {
             workspace_exists: true,
             owner: None,
             launch: Default::default(),
+            usage: None,
+            runtime_image: None,
+            limits: Default::default(),
         }
     }
 
     fn report(view: SessionView, cpu_percent: Option<f64>) -> Report {
-        Report::Session { view, cpu_percent }
+        Report::Session {
+            view: Box::new(view),
+            cpu_percent,
+        }
     }
 
     fn phase(p: SessionPhase) -> SandboxSessionStatus {

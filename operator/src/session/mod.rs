@@ -17,13 +17,14 @@ mod open;
 pub mod orphan;
 mod place;
 pub mod placements;
+pub mod rebuild;
+mod step;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -31,16 +32,17 @@ use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, ResourceExt};
-use sandboxd_api::client::ClientError;
 use sandboxd_crds::key::host_session_id;
-use sandboxd_crds::v1alpha1::condition::LOST;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession, SandboxSessionStatus};
 use serde_json::json;
-use tracing::{info, instrument, warn};
+use tracing::{Instrument as _, info, warn};
 
 use crate::conditions;
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
+pub use step::secret_name;
+use step::{Flow, LOST_RECHECK, Step, backoff, json_patch, session_api, settle};
 
 pub use sandboxd_crds::v1alpha1::condition::HOST_UNREACHABLE;
 pub use sandboxd_crds::v1alpha1::condition::session_reason::{
@@ -53,8 +55,9 @@ pub const MANAGER: &str = "sandbox-operator/sandboxsession";
 pub const FINALIZER: &str = "sandboxd.dev/session";
 /// Annotation with the host a session is placed on, written with the finalizer before the open.
 pub const HOST_ANNOTATION: &str = "sandboxd.dev/host";
-/// How often a Lost session is looked at again.
-const LOST_RECHECK: Duration = Duration::from_secs(3600);
+/// Annotation with the W3C trace context of whoever made the session (the SDK sets it): the
+/// operator's spans of it, and sandboxd's through the host calls, join that trace.
+pub const TRACEPARENT_ANNOTATION: &str = "sandboxd.dev/traceparent";
 
 /// What a session naming a Runtime that does not exist says.
 pub fn missing_runtime_message(runtime: &str) -> String {
@@ -83,6 +86,49 @@ fn waiting_on_runtime(
         .collect()
 }
 
+/// The open sessions of Runtime `rt` (by the alias they were opened with): a change of its
+/// definition or of the image its hosts report may make them drift (`RebuildNeeded`) or due
+/// for a rebuild.
+fn open_on_runtime(
+    rt: &Runtime,
+    sessions: &[Arc<SandboxSession>],
+) -> Vec<ObjectRef<SandboxSession>> {
+    let name = rt.name_any();
+    sessions
+        .iter()
+        .filter(|s| {
+            s.status
+                .as_ref()
+                .is_some_and(|st| st.session_id.is_some() && st.runtime.as_deref() == Some(&name))
+        })
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// Whether Runtime `rt`'s definition (its generation) or the images its hosts report changed
+/// since it was last seen here; its status writes alone (build attempts, a warm pool) bring no
+/// session to a reconcile.
+fn definition_changed(
+    rt: &Runtime,
+    seen: &std::sync::Mutex<std::collections::HashMap<String, String>>,
+) -> bool {
+    let mut tags: Vec<String> = rt
+        .status
+        .as_ref()
+        .map(|st| {
+            st.hosts
+                .iter()
+                .map(|h| format!("{}={}", h.host, h.image_tag.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    tags.sort();
+    let now = format!("{:?} {}", rt.metadata.generation, tags.join(","));
+    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    seen.insert(rt.name_any(), now.clone())
+        .is_some_and(|was| was != now)
+}
+
 /// Runs the controller until the stream ends.
 ///
 /// Its cache keeps sessions without their managed fields. No Secret is watched or cached: the
@@ -109,6 +155,7 @@ pub async fn run(ctx: Arc<Context>) {
     .touched_objects();
     let _ = ctx.sessions.set(sessions.clone());
     let waiting = sessions.clone();
+    let definitions = std::sync::Mutex::new(std::collections::HashMap::new());
     // Namespaces, metadata only and without the label selector of the sessions: a namespace
     // that goes (or comes again) brings its sessions to a reconcile ([`orphan`]).
     let (namespaces, ns_writer) = reflector::store();
@@ -129,7 +176,13 @@ pub async fn run(ctx: Arc<Context>) {
         .watches(
             Api::<Runtime>::all(ctx.client.clone()),
             ctx.watcher_config(),
-            move |rt| waiting_on_runtime(&rt, &waiting.state()),
+            move |rt| {
+                let mut refs = waiting_on_runtime(&rt, &waiting.state());
+                if definition_changed(&rt, &definitions) {
+                    refs.extend(open_on_runtime(&rt, &waiting.state()));
+                }
+                refs
+            },
         )
         .watches_stream(ns_stream, move |ns| {
             let name = ns.name_any();
@@ -151,8 +204,25 @@ fn error_policy(s: Arc<SandboxSession>, error: &Error, ctx: Arc<Context>) -> Act
     Action::requeue(ctx.failed("sandboxsession", &key(s.as_ref()), error))
 }
 
-#[instrument(skip_all, fields(session = %s.name_any(), namespace = s.namespace().unwrap_or_default()))]
+/// One reconcile of a session, in a span of its own that joins the trace named by its
+/// [`TRACEPARENT_ANNOTATION`] (set before the span is entered, which starts it).
 async fn reconcile(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let span = tracing::info_span!("reconcile", session = %s.name_any(), namespace = s.namespace().unwrap_or_default());
+    if let Some(tp) = traceparent(&s) {
+        sandboxd_telemetry::parent(&span, tp);
+    }
+    reconcile_in_span(s, ctx).instrument(span).await
+}
+
+/// The session's [`TRACEPARENT_ANNOTATION`], when it is a W3C `traceparent`.
+pub(super) fn traceparent(s: &SandboxSession) -> Option<&str> {
+    s.annotations()
+        .get(TRACEPARENT_ANNOTATION)
+        .map(String::as_str)
+        .filter(|tp| sandboxd_telemetry::valid(tp))
+}
+
+async fn reconcile_in_span(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = if s.metadata.deletion_timestamp.is_none() {
         match orphan::reap(&s, &ctx).await {
@@ -237,61 +307,6 @@ async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
     }
 }
 
-/// A JSON patch of the session's metadata from its operations.
-fn json_patch(ops: serde_json::Value) -> Result<Patch<()>, Error> {
-    let ops: json_patch::Patch =
-        serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
-    Ok(Patch::Json(ops))
-}
-
-fn session_api(s: &SandboxSession, ctx: &Context) -> Api<SandboxSession> {
-    Api::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default())
-}
-
-fn parse_time(s: &str) -> Option<Timestamp> {
-    s.parse().ok()
-}
-
-fn add(t: Timestamp, d: Duration) -> Timestamp {
-    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
-        .unwrap_or(t)
-}
-
-/// How long from `now` until `t` (zero when past).
-fn until(t: Timestamp, now: Timestamp) -> Duration {
-    let d = t.duration_since(now);
-    Duration::try_from(d).unwrap_or(Duration::ZERO)
-}
-
-/// The Secret name holding a session's token.
-pub fn secret_name(session: &str) -> String {
-    format!("{session}-token")
-}
-
-/// Where a reconcile leaves a session: its status and when to look again.
-struct Step {
-    status: SandboxSessionStatus,
-    requeue: Duration,
-}
-
-/// What a step tells the next: go on with what it found, or stop here and look again after a
-/// while (the status says why).
-enum Flow<T> {
-    Next(T),
-    Done(Duration),
-}
-
-/// The wait before the next attempt after a failure of this session.
-fn backoff(s: &SandboxSession, ctx: &Context) -> Duration {
-    crate::backoff::failure_delay(ctx.failures_of(&key(s)).saturating_add(1))
-}
-
-/// The wait before the next try of an open that was refused (a cap, no host, a conflict):
-/// doubling from 1 s to 30 s while the refusals go on, and at most the probe period.
-fn wait_again(s: &SandboxSession, ctx: &Context) -> Duration {
-    ctx.wait_again(&key(s))
-}
-
 /// How soon a session whose cached copy is older than this replica's own open is looked at again.
 const CACHE_CATCH_UP: Duration = Duration::from_millis(100);
 
@@ -368,11 +383,6 @@ async fn write(
     Ok(())
 }
 
-fn set_phase(status: &mut SandboxSessionStatus, phase: SessionPhase, message: impl Into<String>) {
-    status.phase = Some(phase);
-    status.message = Some(message.into());
-}
-
 async fn advance(
     s: &SandboxSession,
     ctx: &Context,
@@ -393,7 +403,10 @@ async fn advance(
         .unwrap_or_else(|| host_session_id(&s.namespace().unwrap_or_default(), &s.name_any()));
     let uid = s.uid();
     // 1. Placement: once placed, a session never moves.
-    let placed = match place::place(s, ctx, &mut status).await? {
+    let placed = match place::place(s, ctx, &mut status)
+        .instrument(tracing::info_span!("placement"))
+        .await?
+    {
         Flow::Next(placed) => placed,
         Flow::Done(requeue) => return Ok(Step { status, requeue }),
     };
@@ -409,68 +422,12 @@ async fn advance(
         status,
         &placed.client,
         &placed.name,
+        placed.runtime.as_ref(),
         &id,
         uid.as_deref(),
         opened,
     )
     .await
-}
-
-/// The session's workspace is gone: phase Lost with a condition saying why; final, so it is
-/// looked at again only rarely.
-fn lost_at(
-    mut status: SandboxSessionStatus,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Step {
-    conditions::set_at(
-        &mut status.conditions,
-        LOST,
-        true,
-        reason,
-        &message,
-        generation,
-        now,
-    );
-    set_phase(&mut status, SessionPhase::Lost, message);
-    status.sleeps_at = None;
-    Step {
-        status,
-        requeue: LOST_RECHECK,
-    }
-}
-
-/// A step as it is written and requeued: `sleepsAt` only while Running (absent in every other
-/// phase), and a session that is not Lost looked at again within the probe period (`probe`),
-/// so a sandbox destroyed, stopped or removed under it is reported then, not at its next
-/// deadline. Lost is final and keeps its rare recheck.
-fn settle(mut step: Step, probe: Duration) -> Step {
-    if step.status.phase != Some(SessionPhase::Running) {
-        step.status.sleeps_at = None;
-    }
-    if step.status.phase != Some(SessionPhase::Lost) {
-        step.requeue = step.requeue.min(probe);
-    }
-    step
-}
-
-/// What to do with a session whose workspace is gone: delete it and create it again.
-fn start_over(s: &SandboxSession) -> String {
-    format!(
-        "Delete it (kubectl delete sbx {} -n {}) and create it again for a new, empty workspace",
-        s.name_any(),
-        s.namespace().unwrap_or_default()
-    )
-}
-
-/// The error of a call to `host` that failed.
-fn host_err(host: &str, source: ClientError) -> Error {
-    Error::Host {
-        host: host.to_owned(),
-        source,
-    }
 }
 
 #[cfg(test)]
@@ -479,6 +436,7 @@ mod tests {
     use super::open::{owed_destroy, tombstone_wait, waiting_for};
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
     use sandboxd_crds::v1alpha1::TombstoneStatus;
     use sandboxd_crds::v1alpha1::tombstone::TombstoneSource;
     use sandboxd_crds::v1alpha1::{Tombstone, TombstoneSpec};

@@ -2,7 +2,8 @@
 //! deleted object of the same name still owes there, and its token is kept in a Secret the
 //! session owns. No Secret is watched: a token Secret deleted by someone is noticed at the
 //! session's next reconcile once `--token-check-seconds` have passed since it was last found
-//! ([`token_secret_exists`]).
+//! ([`token_secret_exists`]); an opened session then gets a new token, and is never opened
+//! again (one destroyed on its host meanwhile is Lost, not made anew and empty).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,14 +23,14 @@ use sandboxd_crds::v1alpha1::condition::{
 };
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::place::Placed;
-use super::{
-    Flow, MANAGER, WAITING_FOR_TOMBSTONE, add, host_err, secret_name, set_phase, until, wait_again,
-};
+use super::step::{Flow, add, host_err, secret_name, set_phase, until, wait_again};
+use super::{MANAGER, WAITING_FOR_TOMBSTONE};
 use crate::conditions;
-use crate::context::{Context, Error, key};
+use crate::context::{Context, key};
+use crate::error::Error;
 
 /// The label on every token Secret this operator makes.
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -78,23 +79,31 @@ pub(super) async fn open(
     let have_secret =
         status.credentials_secret.is_some() && token_secret_there(s, ctx, &secrets, &secret).await;
     let mut opened_view = None;
-    if status.session_id.is_none() || !have_secret {
-        let limits = s.spec.resources.as_ref().map(|r| sandboxd_api::Limits {
-            cpus: r.milli_cpus.map(|m| m as f64 / 1000.0),
-            mem_limit: r.mem_limit.clone(),
-            pids_limit: r.pids_limit,
-            workspace_size: r.workspace_size.clone(),
-        });
-        match client
-            .with_deadline(Duration::from_secs(ctx.config.host_open_seconds.max(1)))
-            .open_as(id, &s.spec.tenant, uid, alias.as_deref(), limits.as_ref())
-            .await
-        {
+    // Opened before, its token Secret gone: the session is given a new token, never opened
+    // again. An open would make a session destroyed on its host meanwhile anew, empty; the
+    // rotation finds it gone instead, and the follow below reports it Lost.
+    if status.session_id.is_some() && !have_secret {
+        return rotate_lost_token(s, ctx, status, placed, id, uid, &secrets, &secret).await;
+    }
+    if status.session_id.is_none() {
+        let limits = super::rebuild::asked(s.spec.resources.as_ref());
+        let call = tracing::info_span!("host call", host = %host_name, route = "POST /v1/sessions");
+        let opening = async {
+            // The host's spans join this one; with tracing off, the session's own trace.
+            let traceparent = sandboxd_telemetry::traceparent()
+                .or_else(|| super::traceparent(s).map(str::to_owned));
+            client
+                .with_deadline(Duration::from_secs(ctx.config.host_open_seconds.max(1)))
+                .with_traceparent(traceparent)
+                .open_as(id, &s.spec.tenant, uid, alias.as_deref(), limits.as_ref())
+                .await
+        };
+        match opening.instrument(call).await {
             Ok(opened) => {
                 let token = match opened.token {
                     Some(t) => t,
-                    // Found, not created (a crash after the open, or the Secret was deleted):
-                    // the host gives it a new token; the old one stops working.
+                    // Found, not created (a crash after the open, before its status was
+                    // written): the host gives it a new token; the old one stops working.
                     None => {
                         info!(
                             session = %name,
@@ -107,7 +116,7 @@ pub(super) async fn open(
                             .map_err(|e| host_err(host_name, e))?
                     }
                 };
-                store_token(
+                let stored = store_token(
                     s,
                     &secrets,
                     &secret,
@@ -116,7 +125,10 @@ pub(super) async fn open(
                     &opened.session.id,
                     ctx.host_ca(&host.name_any()).as_deref(),
                 )
-                .await?;
+                .await;
+                if let Some(done) = not_written(s, ctx, status, &secret, stored)? {
+                    return Ok(done);
+                }
                 ctx.token_seen(&key(s));
                 status.session_id = Some(opened.session.id.clone());
                 status.runtime = Some(opened.session.runtime.clone());
@@ -140,200 +152,357 @@ pub(super) async fn open(
                 );
                 conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
             }
-            Err(ClientError::Api {
-                code: ErrorCode::RuntimePreparing,
-                message,
-                ..
-            }) => {
-                let since = conditions::get(&status.conditions, RUNTIME_READY)
-                    .filter(|c| c.status == "False" && c.reason == session_reason::PREPARING)
-                    .map(|c| c.last_transition_time.0)
-                    .unwrap_or_else(Timestamp::now);
-                if until(
-                    add(since, Duration::from_secs(cfg.prepare_seconds)),
-                    Timestamp::now(),
-                )
-                .is_zero()
-                {
-                    let m = format!(
-                        "the runtime was still not built after {} s: {message}",
-                        cfg.prepare_seconds
-                    );
-                    not_opened(
-                        status,
-                        RUNTIME_READY,
-                        session_reason::PREPARE_TIMED_OUT,
-                        SessionPhase::Failed,
-                        m,
-                        generation,
-                    );
-                    return Ok(Flow::Done(Duration::from_secs(60)));
-                }
-                let m = format!("preparing sandbox: {message}");
-                not_opened(
-                    status,
-                    RUNTIME_READY,
-                    session_reason::PREPARING,
-                    SessionPhase::Preparing,
-                    m,
-                    generation,
-                );
-                return Ok(Flow::Done(Duration::from_secs(5)));
-            }
-            Err(ClientError::Api {
-                status: 429,
-                code,
-                message,
-            }) => {
-                let reason = match code {
-                    ErrorCode::TenantCap => session_reason::TENANT_CAP,
-                    _ => session_reason::HOST_CAP,
-                };
-                not_opened(
-                    status,
-                    ADMITTED,
-                    reason,
-                    SessionPhase::Pending,
-                    message,
-                    generation,
-                );
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(ClientError::Api {
-                code: ErrorCode::OwnerMismatch,
-                message,
-                ..
-            }) => {
-                // The id is held for another object: a deleted session of this name whose
-                // destroy is still owed (its Tombstone removes it, then this open succeeds).
-                let m = format!(
-                    "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
-                );
-                not_opened(
-                    status,
-                    ADMITTED,
-                    session_reason::OWNER_CONFLICT,
-                    SessionPhase::Pending,
-                    m,
-                    generation,
-                );
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(ClientError::Api {
-                code: ErrorCode::RuntimeFailed,
-                message,
-                ..
-            }) => {
-                not_opened(
-                    status,
-                    RUNTIME_READY,
-                    session_reason::BUILD_FAILED,
-                    SessionPhase::Failed,
-                    message,
-                    generation,
-                );
-                return Ok(Flow::Done(Duration::from_secs(60)));
-            }
-            Err(ClientError::Api {
-                code: ErrorCode::BadRequest,
-                message,
-                ..
-            }) => {
-                // What the session asks is refused (an override over the host's ceilings): no
-                // retry can help, and a change of the spec brings the session back at once.
-                let m = format!(
-                    "host {host_name} refused {}: {message}; change spec.resources and the session opens",
-                    asked(s)
-                );
-                not_opened(
-                    status,
-                    ADMITTED,
-                    session_reason::REFUSED,
-                    SessionPhase::Failed,
-                    m,
-                    generation,
-                );
-                return Ok(Flow::Done(follow));
-            }
-            Err(ClientError::Api {
-                code: ErrorCode::NameTaken,
-                message,
-                ..
-            }) => {
-                // Someone opened the id on the host for another tenant (directly, with the
-                // host's admin token): nothing of it is handed out; the session waits.
-                let m = format!(
-                    "host {host_name} holds session '{id}' for another tenant; this session opens once that one is destroyed: {message}"
-                );
-                not_opened(
-                    status,
-                    ADMITTED,
-                    session_reason::NAME_TAKEN,
-                    SessionPhase::Pending,
-                    m,
-                    generation,
-                );
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(ClientError::Api {
-                code: ErrorCode::UnknownRuntime,
-                message,
-                ..
-            }) => {
-                // The Runtime exists but has not reached the host's allowlist yet.
-                let m = format!(
-                    "the runtime is not on host {host_name} yet; this session opens once it is: {message}"
-                );
-                not_opened(
-                    status,
-                    RUNTIME_READY,
-                    session_reason::NOT_ON_HOST,
-                    SessionPhase::Pending,
-                    m,
-                    generation,
-                );
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(ClientError::Api {
-                status: code @ 500..,
-                message,
-                ..
-            }) => {
-                // The host could not open it now (its disk is full, Docker failed): said, and
-                // tried again with backoff.
-                let m = format!(
-                    "the open on host {host_name} failed ({code}); it is tried again: {message}"
-                );
-                not_opened(
-                    status,
-                    ADMITTED,
-                    session_reason::OPEN_FAILED,
-                    SessionPhase::Pending,
-                    m,
-                    generation,
-                );
-                warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
-                conditions::set(
-                    &mut status.conditions,
-                    HOST_UNREACHABLE,
-                    true,
-                    session_reason::UNREACHABLE,
-                    &e.to_string(),
-                    generation,
-                );
-                if status.phase.is_none() {
-                    set_phase(status, SessionPhase::Pending, e.to_string());
-                }
-                return Ok(Flow::Done(wait_again(s, ctx)));
-            }
-            Err(e) => return Err(host_err(host_name, e)),
+            Err(e) => return refused(s, ctx, status, host_name, id, e),
         }
     }
 
     Ok(Flow::Next(opened_view))
+}
+
+/// A session opened before whose token Secret is gone: it is given a new token, never opened
+/// again (an open would make a session destroyed on its host meanwhile anew, empty; the
+/// rotation finds it gone instead, and the follow reports it Lost).
+#[allow(clippy::too_many_arguments)]
+async fn rotate_lost_token(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+    placed: &Placed,
+    id: &str,
+    uid: Option<&str>,
+    secrets: &Api<Secret>,
+    secret: &str,
+) -> Result<Flow<Option<SessionView>>, Error> {
+    let (name, host_name, host, client) =
+        (s.name_any(), &placed.name, &placed.host, &placed.client);
+    let generation = s.metadata.generation;
+    match client.rotate_token_as(id, uid).await {
+        Ok(token) => {
+            info!(
+                session = %name,
+                host = %host_name,
+                "the session's token Secret is gone: its token is rotated"
+            );
+            let stored = store_token(
+                s,
+                secrets,
+                secret,
+                &token,
+                &host.spec.endpoint,
+                id,
+                ctx.host_ca(&host.name_any()).as_deref(),
+            )
+            .await;
+            if let Some(done) = not_written(s, ctx, status, secret, stored)? {
+                return Ok(done);
+            }
+            ctx.token_seen(&key(s));
+            status.credentials_secret = Some(secret.to_owned());
+        }
+        Err(ClientError::NoSuchSession(_)) => {
+            info!(
+                session = %name,
+                host = %host_name,
+                "the session's token Secret is gone and so is the session on its host: not opened again"
+            );
+        }
+        Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
+            conditions::set(
+                &mut status.conditions,
+                HOST_UNREACHABLE,
+                true,
+                session_reason::UNREACHABLE,
+                &e.to_string(),
+                generation,
+            );
+            return Ok(Flow::Done(wait_again(s, ctx)));
+        }
+        Err(e) => return Err(host_err(host_name, e)),
+    }
+    Ok(Flow::Next(None))
+}
+
+/// Says in the status why the host did not open the session, as [`refusal`] decides, and
+/// when to look again.
+fn refused(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+    host_name: &str,
+    id: &str,
+    e: ClientError,
+) -> Result<Flow<Option<SessionView>>, Error> {
+    let (name, generation, cfg) = (s.name_any(), s.metadata.generation, &ctx.config);
+    let follow = Duration::from_secs(cfg.follow_seconds);
+    let facts = OpenFacts {
+        host: host_name,
+        id,
+        asked: asked(s),
+        preparing_since: conditions::get(&status.conditions, RUNTIME_READY)
+            .filter(|c| c.status == "False" && c.reason == session_reason::PREPARING)
+            .map(|c| c.last_transition_time.0),
+        now: Timestamp::now(),
+        prepare_seconds: cfg.prepare_seconds,
+        follow,
+    };
+    match refusal(e, &facts) {
+        Refusal::NotOpened {
+            condition,
+            reason,
+            phase,
+            message,
+            again,
+        } => {
+            if reason == session_reason::OPEN_FAILED {
+                warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
+            }
+            not_opened(status, condition, reason, phase, message, generation);
+            Ok(Flow::Done(match again {
+                Again::After(d) => d,
+                Again::Backoff => wait_again(s, ctx),
+            }))
+        }
+        Refusal::Unreachable(m) => {
+            conditions::set(
+                &mut status.conditions,
+                HOST_UNREACHABLE,
+                true,
+                session_reason::UNREACHABLE,
+                &m,
+                generation,
+            );
+            if status.phase.is_none() {
+                set_phase(status, SessionPhase::Pending, m);
+            }
+            Ok(Flow::Done(wait_again(s, ctx)))
+        }
+        Refusal::Failed(e) => Err(host_err(host_name, e)),
+    }
+}
+
+/// When a session its host did not open is looked at again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Again {
+    /// After this long.
+    After(Duration),
+    /// With the session's backoff ([`wait_again`]).
+    Backoff,
+}
+
+/// What an open its host refused means for the session, decided by [`refusal`].
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// Not opened: condition `condition` False with `reason`, the session in `phase`, both
+    /// saying `message`, looked at again `again`.
+    NotOpened {
+        condition: &'static str,
+        reason: &'static str,
+        phase: SessionPhase,
+        message: String,
+        again: Again,
+    },
+    /// The host cannot be reached (or speaks another version): `HostUnreachable` True with
+    /// these words, the session Pending when it has no phase yet; tried again with backoff.
+    Unreachable(String),
+    /// Not an answer an open expects: the reconcile's error.
+    Failed(ClientError),
+}
+
+/// What [`refusal`] decides on besides the host's answer.
+pub(super) struct OpenFacts<'a> {
+    /// The host's name.
+    pub host: &'a str,
+    /// The session's id on the host.
+    pub id: &'a str,
+    /// What the session asks of the host ([`asked`]).
+    pub asked: String,
+    /// Since when the runtime has been building on the host, as the status last said.
+    pub preparing_since: Option<Timestamp>,
+    /// Now.
+    pub now: Timestamp,
+    /// How long a runtime may take to build (`--prepare-seconds`).
+    pub prepare_seconds: u64,
+    /// How soon a refusal no retry can help is looked at again (`--follow-seconds`).
+    pub follow: Duration,
+}
+
+/// The open step's decision on a refused open: pure, from the host's answer and the facts.
+pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
+    let (host_name, id) = (f.host, f.id);
+    let not_opened = |condition, reason, phase, message, again| Refusal::NotOpened {
+        condition,
+        reason,
+        phase,
+        message,
+        again,
+    };
+    match e {
+        ClientError::Api {
+            code: ErrorCode::RuntimePreparing,
+            message,
+            ..
+        } => {
+            let since = f.preparing_since.unwrap_or(f.now);
+            if until(add(since, Duration::from_secs(f.prepare_seconds)), f.now).is_zero() {
+                let m = format!(
+                    "the runtime was still not built after {} s: {message}",
+                    f.prepare_seconds
+                );
+                return not_opened(
+                    RUNTIME_READY,
+                    session_reason::PREPARE_TIMED_OUT,
+                    SessionPhase::Failed,
+                    m,
+                    Again::After(Duration::from_secs(60)),
+                );
+            }
+            not_opened(
+                RUNTIME_READY,
+                session_reason::PREPARING,
+                SessionPhase::Preparing,
+                format!("preparing sandbox: {message}"),
+                Again::After(Duration::from_secs(5)),
+            )
+        }
+        ClientError::Api {
+            status: 429,
+            code,
+            message,
+        } => {
+            let reason = match code {
+                ErrorCode::TenantCap => session_reason::TENANT_CAP,
+                _ => session_reason::HOST_CAP,
+            };
+            not_opened(
+                ADMITTED,
+                reason,
+                SessionPhase::Pending,
+                message,
+                Again::Backoff,
+            )
+        }
+        // The id is held for another object: a deleted session of this name whose destroy is
+        // still owed (its Tombstone removes it, then this open succeeds).
+        ClientError::Api {
+            code: ErrorCode::OwnerMismatch,
+            message,
+            ..
+        } => not_opened(
+            ADMITTED,
+            session_reason::OWNER_CONFLICT,
+            SessionPhase::Pending,
+            format!(
+                "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
+            ),
+            Again::Backoff,
+        ),
+        ClientError::Api {
+            code: ErrorCode::RuntimeFailed,
+            message,
+            ..
+        } => not_opened(
+            RUNTIME_READY,
+            session_reason::BUILD_FAILED,
+            SessionPhase::Failed,
+            message,
+            Again::After(Duration::from_secs(60)),
+        ),
+        // What the session asks is refused (an override over the host's ceilings): no retry
+        // can help, and a change of the spec brings the session back at once.
+        ClientError::Api {
+            code: ErrorCode::BadRequest,
+            message,
+            ..
+        } => not_opened(
+            ADMITTED,
+            session_reason::REFUSED,
+            SessionPhase::Failed,
+            format!(
+                "host {host_name} refused {}: {message}; change spec.resources and the session opens",
+                f.asked
+            ),
+            Again::After(f.follow),
+        ),
+        // Someone opened the id on the host for another tenant (directly, with the host's admin
+        // token): nothing of it is handed out; the session waits.
+        ClientError::Api {
+            code: ErrorCode::NameTaken,
+            message,
+            ..
+        } => not_opened(
+            ADMITTED,
+            session_reason::NAME_TAKEN,
+            SessionPhase::Pending,
+            format!(
+                "host {host_name} holds session '{id}' for another tenant; this session opens once that one is destroyed: {message}"
+            ),
+            Again::Backoff,
+        ),
+        // The Runtime exists but has not reached the host's allowlist yet.
+        ClientError::Api {
+            code: ErrorCode::UnknownRuntime,
+            message,
+            ..
+        } => not_opened(
+            RUNTIME_READY,
+            session_reason::NOT_ON_HOST,
+            SessionPhase::Pending,
+            format!(
+                "the runtime is not on host {host_name} yet; this session opens once it is: {message}"
+            ),
+            Again::Backoff,
+        ),
+        // The host could not open it now (its disk is full, Docker failed): said, and tried
+        // again with backoff.
+        ClientError::Api {
+            status: code @ 500..,
+            message,
+            ..
+        } => not_opened(
+            ADMITTED,
+            session_reason::OPEN_FAILED,
+            SessionPhase::Pending,
+            format!("the open on host {host_name} failed ({code}); it is tried again: {message}"),
+            Again::Backoff,
+        ),
+        e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. }) => {
+            Refusal::Unreachable(e.to_string())
+        }
+        e => Refusal::Failed(e),
+    }
+}
+
+/// A token Secret the API server refused to write (403: the chart's policy keeps a Secret of
+/// that name that is not a session token Secret of this operator, or RBAC; 422: a Secret of
+/// that name and another type, which no replace can change): said in the status, with the API
+/// server's words, and tried again with backoff. Any other failure is the reconcile's.
+fn not_written(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+    secret: &str,
+    stored: Result<(), Error>,
+) -> Result<Option<Flow<Option<SessionView>>>, Error> {
+    match stored {
+        Ok(()) => Ok(None),
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 || e.code == 422 => {
+            let m = format!(
+                "the token Secret {secret} could not be written, so the session's token is not handed out: {}",
+                e.message
+            );
+            warn!(session = %s.name_any(), secret, error = %e.message, "the token Secret was refused");
+            not_opened(
+                status,
+                ADMITTED,
+                session_reason::TOKEN_SECRET_NOT_WRITTEN,
+                SessionPhase::Pending,
+                m,
+                s.metadata.generation,
+            );
+            Ok(Some(Flow::Done(wait_again(s, ctx))))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Says in the status why the open did not happen: condition `type_` False with `reason`, and
@@ -553,5 +722,127 @@ async fn token_secret_exists(s: &SandboxSession, secrets: &Api<Secret>, name: &s
             warn!(secret = name, error = %e, "could not tell whether the token Secret exists; taking it as there");
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2026-01-01T00:00:00Z.
+    fn t0() -> Timestamp {
+        Timestamp::from_second(1_767_225_600).expect("a time")
+    }
+
+    fn facts(preparing_since: Option<i64>) -> OpenFacts<'static> {
+        OpenFacts {
+            host: "h1",
+            id: "agents.s1",
+            asked: "spec.resources (milliCpus 64000)".to_owned(),
+            preparing_since: preparing_since
+                .map(|s| Timestamp::from_second(t0().as_second() + s).expect("a time")),
+            now: t0(),
+            prepare_seconds: 600,
+            follow: Duration::from_secs(300),
+        }
+    }
+
+    fn api(status: u16, code: ErrorCode, message: &str) -> ClientError {
+        ClientError::Api {
+            status,
+            code,
+            message: message.to_owned(),
+        }
+    }
+
+    /// A host's answer, since when the runtime has been preparing, and what the session then
+    /// says: condition, reason, phase, message, when it is looked at again.
+    type Case = (
+        ClientError,
+        Option<i64>,
+        &'static str,
+        &'static str,
+        SessionPhase,
+        &'static str,
+        Again,
+    );
+
+    /// Every answer the open expects from a host that does not open the session: what the
+    /// session then says, and when it is looked at again.
+    #[test]
+    fn a_refused_open_says_why_and_when_it_is_tried_again() {
+        let backoff = Again::Backoff;
+        let minute = Again::After(Duration::from_secs(60));
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            (api(503, ErrorCode::RuntimePreparing, "building python"), None,
+             RUNTIME_READY, session_reason::PREPARING, SessionPhase::Preparing,
+             "preparing sandbox: building python", Again::After(Duration::from_secs(5))),
+            // Preparing since 599 s: still preparing; since 600 s: timed out, Failed.
+            (api(503, ErrorCode::RuntimePreparing, "building python"), Some(-599),
+             RUNTIME_READY, session_reason::PREPARING, SessionPhase::Preparing,
+             "preparing sandbox: building python", Again::After(Duration::from_secs(5))),
+            (api(503, ErrorCode::RuntimePreparing, "building python"), Some(-600),
+             RUNTIME_READY, session_reason::PREPARE_TIMED_OUT, SessionPhase::Failed,
+             "the runtime was still not built after 600 s: building python", minute),
+            (api(429, ErrorCode::TenantCap, "Tenant 't' already holds 10 of 10 sessions."), None,
+             ADMITTED, session_reason::TENANT_CAP, SessionPhase::Pending,
+             "Tenant 't' already holds 10 of 10 sessions.", backoff),
+            (api(429, ErrorCode::HostCap, "the host holds 50 of 50"), None,
+             ADMITTED, session_reason::HOST_CAP, SessionPhase::Pending,
+             "the host holds 50 of 50", backoff),
+            (api(409, ErrorCode::OwnerMismatch, "owned"), None,
+             ADMITTED, session_reason::OWNER_CONFLICT, SessionPhase::Pending,
+             "host h1 holds session 'agents.s1' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: owned", backoff),
+            (api(503, ErrorCode::RuntimeFailed, "apt-get failed"), None,
+             RUNTIME_READY, session_reason::BUILD_FAILED, SessionPhase::Failed,
+             "apt-get failed", minute),
+            (api(400, ErrorCode::BadRequest, "cpus 64 is over the host's 8"), None,
+             ADMITTED, session_reason::REFUSED, SessionPhase::Failed,
+             "host h1 refused spec.resources (milliCpus 64000): cpus 64 is over the host's 8; change spec.resources and the session opens",
+             Again::After(Duration::from_secs(300))),
+            (api(409, ErrorCode::NameTaken, "taken"), None,
+             ADMITTED, session_reason::NAME_TAKEN, SessionPhase::Pending,
+             "host h1 holds session 'agents.s1' for another tenant; this session opens once that one is destroyed: taken", backoff),
+            (api(400, ErrorCode::UnknownRuntime, "no runtime 'go'"), None,
+             RUNTIME_READY, session_reason::NOT_ON_HOST, SessionPhase::Pending,
+             "the runtime is not on host h1 yet; this session opens once it is: no runtime 'go'", backoff),
+            (api(507, ErrorCode::HostDiskFull, "no room"), None,
+             ADMITTED, session_reason::OPEN_FAILED, SessionPhase::Pending,
+             "the open on host h1 failed (507); it is tried again: no room", backoff),
+        ];
+        for (i, (e, since, condition, reason, phase, message, again)) in
+            cases.into_iter().enumerate()
+        {
+            match refusal(e, &facts(since)) {
+                Refusal::NotOpened {
+                    condition: c,
+                    reason: r,
+                    phase: p,
+                    message: m,
+                    again: a,
+                } => assert_eq!(
+                    (c, r, p, m.as_str(), a),
+                    (condition, reason, phase, message, again),
+                    "case {i}"
+                ),
+                other => panic!("case {i}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_unreachable_host_is_said_and_anything_else_is_the_reconciles_error() {
+        let down = ClientError::Transport {
+            base: "https://10.0.0.1:8080".to_owned(),
+            message: "connection refused".to_owned(),
+            untrusted: false,
+        };
+        let words = down.to_string();
+        assert!(matches!(refusal(down, &facts(None)), Refusal::Unreachable(m) if m == words));
+        assert!(matches!(
+            refusal(api(404, ErrorCode::SessionNotFound, "gone"), &facts(None)),
+            Refusal::Failed(ClientError::Api { status: 404, .. })
+        ));
     }
 }

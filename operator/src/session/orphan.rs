@@ -20,8 +20,9 @@ use kube::{Api, ResourceExt};
 use sandboxd_crds::v1alpha1::SandboxSession;
 use tracing::warn;
 
-use super::session_api;
-use crate::context::{Context, Error};
+use super::step::session_api;
+use crate::context::Context;
+use crate::error::Error;
 
 /// How long a reconcile waits for the namespace cache's first list before it goes on without
 /// (then no session is taken for an orphan until the cache is filled).

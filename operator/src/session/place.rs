@@ -11,12 +11,11 @@ use sandboxd_crds::v1alpha1::condition::{
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
 
-use super::{
-    Flow, RUNTIME_NOT_FOUND, claim, has_finalizer, missing_runtime_message, placed_host, set_phase,
-    wait_again,
-};
+use super::step::{Flow, set_phase, wait_again};
+use super::{RUNTIME_NOT_FOUND, claim, has_finalizer, missing_runtime_message, placed_host};
 use crate::conditions;
-use crate::context::{Context, Error};
+use crate::context::Context;
+use crate::error::Error;
 use crate::placement::{Candidate, place as choose};
 
 /// Where the session is: its host and a client of it, and the runtime it opens with.
@@ -29,6 +28,8 @@ pub(super) struct Placed {
     pub client: HostClient,
     /// The runtime alias the session opens with, if any.
     pub alias: Option<String>,
+    /// Its Runtime, when it exists.
+    pub runtime: Option<Runtime>,
 }
 
 /// Places the session (or finds where it is placed) and records the placement in `status`.
@@ -96,8 +97,15 @@ pub(super) async fn place(
                             .max(u32::try_from(placed_on(&h.name_any())).unwrap_or(u32::MAX)),
                         max_sessions: st
                             .capacity
+                            .as_ref()
                             .map_or(0, |c| u32::try_from(c.max_sessions).unwrap_or(0)),
                         runtime_ready,
+                        workspaces: st.capacity.as_ref().and_then(|c| {
+                            let budget = u64::try_from(c.workspace_budget?).ok()?;
+                            let size = u64::try_from(c.workspace_size?).ok()?;
+                            let held = u64::try_from(st.workspace_bytes.unwrap_or(0)).ok()?;
+                            Some((held, budget, size))
+                        }),
                     }
                 })
                 .collect();
@@ -154,6 +162,7 @@ pub(super) async fn place(
         host: host.clone(),
         client,
         alias,
+        runtime,
     }))
 }
 

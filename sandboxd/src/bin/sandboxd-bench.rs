@@ -13,9 +13,9 @@ use anyhow::{Context, Result, bail};
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use clap::Parser;
 use futures::StreamExt;
-use sandboxd::client::Client;
 use sandboxd::config::Config;
-use sandboxd::container::docker::{Engine, SandboxSpec};
+use sandboxd::container::{Engine, SandboxSpec};
+use sandboxd_api::client::Client;
 
 #[derive(Parser)]
 struct Args {
@@ -50,7 +50,7 @@ impl Stats {
 }
 
 async fn raw_exec(engine: &Engine, container: &str) -> Result<()> {
-    let docker = engine.client()?;
+    let docker = engine.docker()?.client();
     let exec = docker
         .create_exec(
             container,

@@ -1,14 +1,10 @@
-//! The Docker edge (bollard): sandbox containers as siblings of sandboxd, with every isolation
-//! setting, labelled with the sandboxd and session that own them.
-//!
-//! [`Engine`] is the one face of the engines behind [`Containers`]: Docker here, and
-//! [`Engine::noop`], a second engine that runs nothing (a record per container) for the
-//! operator bench only, in `super::noop`; no Docker call of this file knows of it.
-//!
-//! Over 600 lines: every isolation setting of a sandbox container and the calls that make, start and remove it, read together.
+//! The Docker engine (bollard): sandbox containers as siblings of sandboxd, with every
+//! isolation setting, labelled with the sandboxd and session that own them. [`DockerEngine`]
+//! does what the seam ([`super::Engine`]) asks of an engine, and lends its bollard client
+//! ([`DockerEngine::client`]) to what only Docker does: Docker exec, image builds, the sandbox
+//! network. It knows nothing of the operator bench's no-op engine beside it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
@@ -19,7 +15,7 @@ use bollard::query_parameters::{
 use futures::StreamExt;
 use futures::future::BoxFuture;
 
-use super::noop::NoopEngine;
+use super::{Containers, DockerError, Owned, Presence, SandboxSpec, Stats, WORKSPACE_MOUNT};
 
 /// Label: which software manages the container.
 pub const LABEL_MANAGED: &str = "sandboxd.dev/managed-by";
@@ -35,9 +31,6 @@ pub const LABEL_POOL: &str = "sandboxd.dev/warm-pool";
 /// Label on a container whose PID 1 is the agent: the newest protocol of the sandboxd that
 /// made it.
 pub const LABEL_AGENT: &str = "sandboxd.dev/agent";
-
-/// Where the workspace appears inside a sandbox.
-pub const WORKSPACE_MOUNT: &str = "/workspace";
 
 /// The container's PID-2 process: waits forever and exits on TERM. POSIX sh, so any image works.
 const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done";
@@ -56,291 +49,51 @@ fn home_mount(env: &[String]) -> Option<String> {
     (!writable).then(|| home.to_owned())
 }
 
-/// How a sandbox runs the resident agent as its PID 1.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentMount {
-    /// Host folder holding the agent binary, mounted read-only.
-    pub bin_dir: String,
-    /// Host folder of the session's socket (outside the workspace, owned by root, `0700`),
-    /// mounted read-write: only the agent, while it is still root, writes there.
-    pub run_dir: String,
-    /// The newest agent protocol of this sandboxd, written on the container's label.
-    pub protocol: u32,
-}
-
-/// Everything a sandbox container is created with.
-#[derive(Debug, Clone)]
-pub struct SandboxSpec {
-    /// The session id.
-    pub session: String,
-    /// The tenant.
-    pub tenant: String,
-    /// The image.
-    pub image: String,
-    /// Host path of the workspace folder.
-    pub workspace: String,
-    /// uid and gid it runs as.
-    pub uid: u32,
-    /// Docker network mode (`none` unless the runtime needs one).
-    pub network_mode: String,
-    /// CPUs.
-    pub cpus: f64,
-    /// Memory limit in bytes.
-    pub memory: i64,
-    /// Process limit.
-    pub pids_limit: i64,
-    /// tmpfs size at /tmp, in Docker's syntax.
-    pub tmpfs_size: String,
-    /// tmpfs size at HOME when it is a folder of the image, in Docker's syntax.
-    pub home_size: String,
-    /// OCI runtime, if not Docker's default.
-    pub oci_runtime: Option<String>,
-    /// Environment.
-    pub env: Vec<String>,
-    /// The resident agent as PID 1; `None`: Docker's init, and runs through Docker exec.
-    pub agent: Option<AgentMount>,
-}
-
-/// A Docker failure, with what was being done.
-#[derive(Debug, thiserror::Error)]
-#[error("docker could not {action}: {source}")]
-pub struct DockerError {
-    /// What was being done.
-    pub action: String,
-    /// Docker's error.
-    #[source]
-    pub source: bollard::errors::Error,
-}
-
-impl DockerError {
-    /// Whether Docker said the name is in use.
-    pub fn is_conflict(&self) -> bool {
-        matches!(
-            self.source,
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 409,
-                ..
-            }
-        )
-    }
-
-    /// Whether Docker said the thing does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(
-            self.source,
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 404,
-                ..
-            }
-        )
-    }
-}
-
 fn err(action: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> DockerError {
     let action = action.into();
     move |source| DockerError { action, source }
 }
 
-/// A session's container as Docker has it now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Presence {
-    /// Docker has no such container (removed behind sandboxd's back, `docker rm -f`).
-    Gone,
-    /// It exists and does not run.
-    Stopped,
-    /// It runs; its CPU time in nanoseconds, when it could be read.
-    Running(Option<u64>),
-}
-
-/// A container sandboxd owns, as Docker reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owned {
-    /// Container id.
-    pub id: String,
-    /// The session label.
-    pub session: String,
-    /// Whether it runs.
-    pub running: bool,
-}
-
-/// The container engine of one sandboxd instance: Docker, or the no-op engine of the operator
-/// bench ([`Engine::noop`]), each behind [`Containers`].
-#[derive(Clone)]
-pub struct Engine {
-    backend: Arc<dyn Containers>,
-    instance: String,
-}
-
-/// What sandboxd asks of whatever keeps its containers: Docker ([`DockerContainers`]) or the
-/// operator bench's no-op engine (`super::noop`). [`Engine`] is the one face of both.
-pub(super) trait Containers: Send + Sync {
-    /// The raw client, for the run path and image builds.
-    fn client(&self) -> Result<&Docker, DockerError>;
-    /// Whether this is the no-op engine.
-    fn is_noop(&self) -> bool {
-        false
-    }
-    /// Whether an image is present locally.
-    fn has_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>>;
-    /// Creates container `name` of `spec` (labelled for warm pool `pool`, if any) and starts
-    /// it; a failed start removes it.
-    fn create<'a>(
-        &'a self,
-        name: String,
-        spec: &'a SandboxSpec,
-        pool: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<String, DockerError>>;
-    /// Renames a container.
-    fn rename<'a>(&'a self, id: &'a str, name: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
-    /// Starts a stopped container.
-    fn start<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
-    /// Stops a container.
-    fn stop<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
-    /// Removes a container; one already gone is fine.
-    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), DockerError>>;
-    /// Whether a container exists and runs: `None` when it does not exist.
-    fn running<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<bool>, DockerError>>;
-    /// The container as the engine has it now.
-    fn presence<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Presence, DockerError>>;
-    /// Every container of this instance.
-    fn owned(&self) -> BoxFuture<'_, Result<Vec<Owned>, DockerError>>;
-}
-
 /// Docker, through bollard: the production engine.
-struct DockerContainers {
+pub struct DockerEngine {
     docker: Docker,
     instance: String,
 }
 
-impl Engine {
+impl DockerEngine {
     /// Connects through `DOCKER_HOST` (or the default socket) and negotiates the API version
     /// (Debian's docker.io speaks 1.41).
-    pub async fn connect(instance: &str) -> Result<Self, DockerError> {
+    pub(super) async fn connect(instance: &str) -> Result<Self, DockerError> {
         let docker = Docker::connect_with_defaults().map_err(err("connect"))?;
         let docker = docker
             .negotiate_version()
             .await
             .map_err(err("negotiate the API version"))?;
         Ok(Self {
-            backend: Arc::new(DockerContainers {
-                docker,
-                instance: instance.to_owned(),
-            }),
+            docker,
             instance: instance.to_owned(),
         })
     }
 
-    /// An engine whose containers are a no-op: an in-memory record per container (id, name,
-    /// session, running) that create, start, stop, remove, `running`, `cpu_ns` and `owned`
-    /// keep consistent, answering as Docker would (404 for a container it does not have, 409
-    /// for a name in use); every image is present. Nothing runs: [`Engine::client`] is an
-    /// error, so a run, the in-sandbox agent and an image build fail with a message that says
-    /// so instead of waiting.
-    ///
-    /// It exists only for the operator bench (`operator-bench --driver noop`), which runs a
-    /// real sandboxd in its own process through `sandboxd::server::start_on` to measure the
-    /// operator without the cost of containers. No flag, environment variable or other
-    /// setting of sandboxd selects it: only Rust code calling this constructor does.
-    pub fn noop(instance: &str) -> Self {
-        Self {
-            backend: Arc::new(NoopEngine::default()),
-            instance: instance.to_owned(),
-        }
-    }
-
-    /// Whether this is the no-op engine of [`Engine::noop`].
-    pub fn is_noop(&self) -> bool {
-        self.backend.is_noop()
-    }
-
-    /// The raw client, for the run path and image builds. The no-op engine has none: it
-    /// answers with an error that says so.
-    pub fn client(&self) -> Result<&Docker, DockerError> {
-        self.backend.client()
-    }
-
-    /// The container name of a session.
-    pub fn container_name(&self, session: &str) -> String {
-        format!("sandboxd-{}-{session}", self.instance)
-    }
-
-    /// Whether an image is present locally.
-    pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
-        self.backend.has_image(image).await
-    }
-
-    /// Creates and starts a sandbox container; returns its id. A failed start removes it.
-    pub async fn create(&self, spec: &SandboxSpec) -> Result<String, DockerError> {
-        self.create_labelled(spec, None).await
-    }
-
-    /// [`Engine::create`] for the warm pool of runtime `pool`: the same container, labelled
-    /// with [`LABEL_POOL`].
-    pub async fn create_pooled(
-        &self,
-        spec: &SandboxSpec,
-        pool: &str,
-    ) -> Result<String, DockerError> {
-        self.create_labelled(spec, Some(pool)).await
-    }
-
-    /// Renames a container (a pooled one, to the name of the session that took it).
-    pub async fn rename(&self, id: &str, name: &str) -> Result<(), DockerError> {
-        self.backend.rename(id, name).await
-    }
-
-    async fn create_labelled(
-        &self,
-        spec: &SandboxSpec,
-        pool: Option<&str>,
-    ) -> Result<String, DockerError> {
-        self.backend
-            .create(self.container_name(&spec.session), spec, pool)
-            .await
-    }
-
-    /// Starts a stopped container.
-    pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        self.backend.start(id).await
-    }
-
-    /// Stops a container (SIGTERM, then SIGKILL after 5 s).
-    pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
-        self.backend.stop(id).await
-    }
-
-    /// Removes a container, running or not; a container already gone is fine.
-    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        self.backend.remove(id).await
-    }
-
-    /// Whether a container exists and runs: `None` when it does not exist.
-    pub async fn running(&self, id: &str) -> Result<Option<bool>, DockerError> {
-        self.backend.running(id).await
-    }
-
-    /// CPU time the container has used, in nanoseconds, when it runs.
-    pub async fn cpu_ns(&self, id: &str) -> Result<Option<u64>, DockerError> {
-        Ok(match self.presence(id).await? {
-            Presence::Running(ns) => ns,
-            Presence::Stopped | Presence::Gone => None,
-        })
-    }
-
-    /// The container as Docker has it now: gone, stopped, or running with its CPU time.
-    pub async fn presence(&self, id: &str) -> Result<Presence, DockerError> {
-        self.backend.presence(id).await
-    }
-
-    /// Every container this instance owns.
-    pub async fn owned(&self) -> Result<Vec<Owned>, DockerError> {
-        self.backend.owned().await
+    /// The bollard client, for what only Docker does: Docker exec (the run path), image
+    /// builds, the sandbox network, a container's labels and PID 1.
+    pub fn client(&self) -> &Docker {
+        &self.docker
     }
 }
 
-impl Containers for DockerContainers {
-    fn client(&self) -> Result<&Docker, DockerError> {
-        Ok(&self.docker)
+impl Containers for DockerEngine {
+    fn ping(&self, timeout: std::time::Duration) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, self.docker.ping()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer to a ping within {} s",
+                    timeout.as_secs()
+                )),
+            }
+        })
     }
 
     fn has_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>> {
@@ -617,6 +370,45 @@ impl Containers for DockerContainers {
                     }
                 }
                 None => Ok(Presence::Running(None)),
+            }
+        })
+    }
+
+    fn stats<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Stats>, DockerError>> {
+        Box::pin(async move {
+            let options = StatsOptionsBuilder::default()
+                .stream(false)
+                .one_shot(true)
+                .build();
+            let mut stream = self.docker.stats(id, Some(options));
+            match stream.next().await {
+                Some(Ok(s)) => {
+                    let cpu = s.cpu_stats.as_ref();
+                    let memory = s.memory_stats.as_ref();
+                    // A stopped container answers with empty stats: no PID 1, no processes.
+                    let pids = s.pids_stats.as_ref().and_then(|p| p.current);
+                    if pids.unwrap_or(0) == 0 && memory.and_then(|m| m.usage).unwrap_or(0) == 0 {
+                        return Ok(None);
+                    }
+                    Ok(Some(Stats {
+                        cpu_total_ns: cpu
+                            .and_then(|c| c.cpu_usage.as_ref())
+                            .and_then(|u| u.total_usage),
+                        system_ns: cpu.and_then(|c| c.system_cpu_usage),
+                        online_cpus: cpu.and_then(|c| c.online_cpus),
+                        memory_bytes: memory.and_then(|m| m.usage),
+                        memory_limit_bytes: memory.and_then(|m| m.limit),
+                        pids,
+                    }))
+                }
+                Some(Err(e)) => {
+                    let e = DockerError {
+                        action: format!("read stats of {id}"),
+                        source: e,
+                    };
+                    if e.is_not_found() { Ok(None) } else { Err(e) }
+                }
+                None => Ok(None),
             }
         })
     }

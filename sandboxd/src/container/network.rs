@@ -10,12 +10,21 @@
 //!   else that is not the answer to a connection the node opened (the node is not a sandbox's
 //!   business: DNS is Docker's resolver inside the sandbox's own namespace); FORWARD drops the
 //!   denied ranges (`SANDBOXD_NETWORK_DENY`: link-local with the cloud metadata address,
-//!   private and shared ranges by default), so what is left is the internet through Docker's NAT.
-//!   IPv6 from the bridge is dropped altogether (the network carries none).
+//!   private and shared ranges by default) and every connection first addressed to one of the
+//!   node's own addresses (each IPv4 address on the host's interfaces but loopback, read again
+//!   at every check: a NodePort or a published port forwards such a connection elsewhere), so
+//!   what is left is the internet through Docker's NAT. IPv6 from the bridge is dropped
+//!   altogether (the network carries none).
 //! - The chains are rewritten whole (one `iptables-restore --noflush`), and the jumps to them
-//!   checked before they are inserted, so setting up again never duplicates a rule; the jump
-//!   into the forward chain sits in Docker's `DOCKER-USER` chain when Docker keeps one (Docker
-//!   puts it first in FORWARD, before its own ACCEPT rules), else first in FORWARD.
+//!   checked before they are inserted, so setting up again never duplicates a rule. Each jump
+//!   is the first rule of its chain: INPUT's, FORWARD's (where only Docker's own jump to
+//!   `DOCKER-USER` may stand above it), and `DOCKER-USER`'s when Docker keeps that chain.
+//! - The firewall heals ([`SandboxNetwork::heal`], run by [`spawn_guard`] every
+//!   `SANDBOXD_FIREWALL_CHECK` seconds and after each Docker network event): its chains are
+//!   compared with what was installed and its jumps with their places; whatever was flushed,
+//!   removed or pushed down (a firewalld reload, a CNI's rule inserted first) is installed
+//!   again, counted in `sandboxd_firewall_repairs_total`, and `/healthz` answers 503 naming
+//!   what is missing until it is back.
 //!
 //! It needs the `iptables` command and NET_ADMIN in the node's network namespace, where Docker's
 //! bridges are: sandboxd checks that it sees the bridge before it trusts its own rules.
@@ -25,13 +34,19 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bollard::models::NetworkCreateRequest;
+use futures::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::container::docker::{Engine, LABEL_INSTANCE, LABEL_MANAGED};
+use crate::container::Engine;
+use crate::container::docker::{DockerEngine, LABEL_INSTANCE, LABEL_MANAGED};
 
 /// Docker's bridge option that turns inter-container traffic on a network off.
 pub const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
@@ -56,7 +71,7 @@ pub enum NetworkError {
     Invalid(String),
     /// Docker refused or failed.
     #[error(transparent)]
-    Docker(#[from] crate::container::docker::DockerError),
+    Docker(#[from] crate::container::DockerError),
     /// A network of that name exists and is not this sandboxd's, or is set up differently.
     #[error(
         "Docker network '{name}' exists but {problem}; sandboxes with network get a network of sandboxd's own: remove it (docker network rm {name}) or name another with SANDBOXD_RUNTIME_NETWORK"
@@ -130,6 +145,37 @@ fn parse_cidr(text: &str) -> Option<String> {
     ))
 }
 
+/// Whether the canonical range `cidr` (`a.b.c.d/n`) holds `addr`.
+fn range_holds(cidr: &str, addr: Ipv4Addr) -> bool {
+    let Some((net, prefix)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(net), Ok(prefix)) = (net.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
+        return false;
+    };
+    let mask = u32::MAX.checked_shl(32 - prefix.min(32)).unwrap_or(0);
+    u32::from(addr) & mask == u32::from(net) & mask
+}
+
+/// The node's own IPv4 addresses: every address on the host's interfaces, but loopback (never
+/// reached from a bridge) and those a denied range of `deny` holds already; sorted.
+pub fn node_addresses(deny: &[String]) -> Vec<Ipv4Addr> {
+    let mut found: Vec<Ipv4Addr> = match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => addrs
+            .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
+            .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+            .filter(|ip| !deny.iter().any(|r| range_holds(r, *ip)))
+            .collect(),
+        Err(e) => {
+            warn!(error = %e, "cannot list the node's addresses; only the configured ranges are denied");
+            Vec::new()
+        }
+    };
+    found.sort();
+    found.dedup();
+    found
+}
+
 impl Plan {
     /// The plan of `instance`: `network` ("" for `sandboxd-<instance>-net`), the iptables
     /// command, the denied ranges (comma-separated CIDRs).
@@ -177,8 +223,10 @@ impl Plan {
     }
 
     /// The IPv4 chains whole, as `iptables-restore --noflush` reads them: declaring a chain
-    /// creates it or empties it, in one transaction with the rules that follow.
-    pub fn ipv4_rules(&self, ports: &[u16]) -> String {
+    /// creates it or empties it, in one transaction with the rules that follow. `node` are
+    /// the node's own addresses: a connection first addressed to one of them is dropped
+    /// wherever NAT sends it.
+    pub fn ipv4_rules(&self, ports: &[u16], node: &[Ipv4Addr]) -> String {
         let (input, forward) = (&self.input_chain, &self.forward_chain);
         let mut out = format!("*filter\n:{input} - [0:0]\n:{forward} - [0:0]\n");
         for port in ports {
@@ -189,6 +237,11 @@ impl Plan {
         ));
         for range in &self.deny {
             out.push_str(&format!("-A {forward} -d {range} -j DROP\n"));
+        }
+        for addr in node {
+            out.push_str(&format!(
+                "-A {forward} -m conntrack --ctorigdst {addr}/32 -j DROP\n"
+            ));
         }
         out.push_str("COMMIT\n");
         out
@@ -215,13 +268,55 @@ pub struct Ready {
     pub bridge: String,
 }
 
+/// The rules of sandboxd's two chains as the table printed them right after they were
+/// installed (`iptables-save` words a rule its own way; what it printed is what a check
+/// compares with).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Chains {
+    input: Vec<String>,
+    forward: Vec<String>,
+    /// Whether Docker keeps a `DOCKER-USER` chain in this family's table (it then jumps to
+    /// the forward chain first).
+    docker_user: bool,
+}
+
+/// The firewall as sandboxd installed it last.
+#[derive(Debug, Clone)]
+struct Installed {
+    ready: Ready,
+    /// The node addresses its forward chain drops.
+    node: Vec<Ipv4Addr>,
+    v4: Chains,
+    /// None when the node has no IPv6.
+    v6: Option<Chains>,
+}
+
+/// What a look at the firewall found and did ([`SandboxNetwork::heal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Healed {
+    /// No network was set up: nothing to look at.
+    NotSetUp,
+    /// Every rule in its place.
+    Intact,
+    /// The network's bridge is gone (the network was removed): nothing is on it to fence in.
+    /// The next open of a runtime with network makes it again, with its firewall.
+    Gone,
+    /// Rules were missing, changed or pushed down (each problem named) and were installed again.
+    Repaired(Vec<String>),
+    /// The node's addresses changed; the forward chain now drops these.
+    Updated(Vec<Ipv4Addr>),
+}
+
 /// The sandbox network of one sandboxd: set up once (at start when a runtime needs it, or at
-/// the first open of such a runtime), then reused.
+/// the first open of such a runtime), then reused, and its firewall checked and healed by
+/// [`spawn_guard`].
 pub struct SandboxNetwork {
     engine: Engine,
     plan: Plan,
     ports: std::sync::Mutex<Vec<u16>>,
-    ready: tokio::sync::Mutex<Option<Ready>>,
+    installed: tokio::sync::Mutex<Option<Installed>>,
+    /// What is missing from the firewall while it is (see [`SandboxNetwork::problem`]).
+    problem: std::sync::Mutex<Option<String>>,
 }
 
 impl SandboxNetwork {
@@ -231,7 +326,8 @@ impl SandboxNetwork {
             engine,
             plan,
             ports: std::sync::Mutex::default(),
-            ready: tokio::sync::Mutex::default(),
+            installed: tokio::sync::Mutex::default(),
+            problem: std::sync::Mutex::default(),
         }
     }
 
@@ -248,6 +344,30 @@ impl SandboxNetwork {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = ports;
     }
 
+    fn ports(&self) -> Vec<u16> {
+        self.ports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// What is missing from the firewall of a network that was set up, while it is missing
+    /// (found by a check and not yet installed again); `None` when it is whole or no network
+    /// was set up.
+    pub fn problem(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_problem(&self, problem: Option<String>) {
+        *self
+            .problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
+    }
+
     /// Whether the network is there already (sandboxes of an earlier run may be on it).
     pub async fn exists(&self) -> Result<bool, NetworkError> {
         if self.engine.is_noop() {
@@ -255,13 +375,14 @@ impl SandboxNetwork {
         }
         match self
             .engine
-            .client()?
+            .docker()?
+            .client()
             .inspect_network(&self.plan.network, None)
             .await
         {
             Ok(_) => Ok(true),
             Err(source) => {
-                let e = crate::container::docker::DockerError {
+                let e = crate::container::DockerError {
                     action: format!("inspect network {}", self.plan.network),
                     source,
                 };
@@ -275,37 +396,110 @@ impl SandboxNetwork {
     }
 
     /// Makes the network when it is missing, checks that the node isolates it, and installs
-    /// the firewall; once done, answers from memory. Returns the network's name.
+    /// the firewall; once done, answers from memory (the guard keeps the firewall whole).
+    /// Returns the network's name.
     pub async fn ensure(&self) -> Result<String, NetworkError> {
-        let mut ready = self.ready.lock().await;
-        if let Some(r) = ready.as_ref() {
-            return Ok(r.network.clone());
+        let mut installed = self.installed.lock().await;
+        if let Some(i) = installed.as_ref() {
+            return Ok(i.ready.network.clone());
         }
         if self.engine.is_noop() {
             // The operator bench's engine runs nothing; there is nothing to fence in.
             return Ok(self.plan.network.clone());
         }
         let made = self.network().await?;
-        let ports = self
-            .ports
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        self.firewall(&made, &ports).await?;
-        info!(network = %made.network, bridge = %made.bridge, ?ports, deny = ?self.plan.deny, "sandbox network ready");
-        let name = made.network.clone();
-        *ready = Some(made);
+        let ports = self.ports();
+        let node = node_addresses(&self.plan.deny);
+        let done = self.firewall(made, &ports, node).await?;
+        info!(network = %done.ready.network, bridge = %done.ready.bridge, ?ports, deny = ?self.plan.deny, node = ?done.node, "sandbox network ready");
+        let name = done.ready.network.clone();
+        *installed = Some(done);
+        self.set_problem(None);
         Ok(name)
+    }
+
+    /// Looks at the firewall of the network set up by [`SandboxNetwork::ensure`]: its chains
+    /// as installed, its jumps first in their chains, the node's addresses the same. Whatever
+    /// is off is installed again; while that fails, [`SandboxNetwork::problem`] names what is
+    /// missing. A network whose bridge is gone is forgotten ([`Healed::Gone`]).
+    pub async fn heal(&self) -> Result<Healed, NetworkError> {
+        let mut installed = self.installed.lock().await;
+        let Some(current) = installed.clone() else {
+            return Ok(Healed::NotSetUp);
+        };
+        if !Path::new("/sys/class/net")
+            .join(&current.ready.bridge)
+            .exists()
+        {
+            *installed = None;
+            self.set_problem(None);
+            return Ok(Healed::Gone);
+        }
+        let node = node_addresses(&self.plan.deny);
+        let problems = self.problems(&current).await;
+        if problems.is_empty() && node == current.node {
+            self.set_problem(None);
+            return Ok(Healed::Intact);
+        }
+        if !problems.is_empty() {
+            self.set_problem(Some(problems.join("; ")));
+        }
+        let ports = self.ports();
+        let redone = match self.network().await {
+            Ok(made) => self.firewall(made, &ports, node.clone()).await,
+            Err(e) => Err(e),
+        };
+        match redone {
+            Ok(done) => {
+                *installed = Some(done);
+                self.set_problem(None);
+                Ok(if problems.is_empty() {
+                    Healed::Updated(node)
+                } else {
+                    Healed::Repaired(problems)
+                })
+            }
+            Err(e) => {
+                let what = if problems.is_empty() {
+                    "the node's addresses changed".to_owned()
+                } else {
+                    problems.join("; ")
+                };
+                self.set_problem(Some(format!("{what}; installing it again failed: {e}")));
+                Err(e)
+            }
+        }
+    }
+
+    /// What is wrong with the firewall against `installed`; empty when nothing is.
+    async fn problems(&self, installed: &Installed) -> Vec<String> {
+        let plan = &self.plan;
+        let bridge = &installed.ready.bridge;
+        let mut problems = match Table::read(&plan.iptables).await {
+            Ok(t) => t.problems(plan, bridge, &installed.v4),
+            Err(e) => vec![e],
+        };
+        if let Some(v6) = &installed.v6 {
+            match Table::read(&plan.ip6tables).await {
+                Ok(t) => problems.extend(
+                    t.problems(plan, bridge, v6)
+                        .into_iter()
+                        .map(|p| format!("IPv6: {p}")),
+                ),
+                Err(e) => problems.push(e),
+            }
+        }
+        problems
     }
 
     /// The Docker network: made when missing, checked when present.
     async fn network(&self) -> Result<Ready, NetworkError> {
-        let docker = self.engine.client()?;
+        let docker = self.engine.docker()?.client();
         let name = &self.plan.network;
         let found = match docker.inspect_network(name, None).await {
             Ok(n) => Some(n),
             Err(e) => {
-                let e = crate::container::docker::DockerError {
+                let e = crate::container::DockerError {
                     action: format!("inspect network {name}"),
                     source: e,
                 };
@@ -335,14 +529,14 @@ impl SandboxNetwork {
                     ..Default::default()
                 };
                 docker.create_network(request).await.map_err(|source| {
-                    crate::container::docker::DockerError {
+                    crate::container::DockerError {
                         action: format!("create network {name}"),
                         source,
                     }
                 })?;
                 info!(network = %name, bridge = %self.plan.bridge, "sandbox network created");
                 docker.inspect_network(name, None).await.map_err(|source| {
-                    crate::container::docker::DockerError {
+                    crate::container::DockerError {
                         action: format!("inspect network {name}"),
                         source,
                     }
@@ -386,8 +580,14 @@ impl SandboxNetwork {
     }
 
     /// Checks that this process sees the bridge and that bridged traffic passes iptables,
-    /// then installs the chains and the jumps to them.
-    async fn firewall(&self, made: &Ready, ports: &[u16]) -> Result<(), NetworkError> {
+    /// then installs the chains and the jumps to them, each first in its chain. Returns what
+    /// it installed, as the tables print it.
+    async fn firewall(
+        &self,
+        made: Ready,
+        ports: &[u16],
+        node: Vec<Ipv4Addr>,
+    ) -> Result<Installed, NetworkError> {
         let fail = |message: String| NetworkError::Firewall {
             network: made.network.clone(),
             bridge: made.bridge.clone(),
@@ -414,55 +614,38 @@ impl SandboxNetwork {
             }
         }
         let plan = &self.plan;
-        restore(&plan.iptables, &plan.ipv4_rules(ports))
+        restore(&plan.iptables, &plan.ipv4_rules(ports, &node))
             .await
             .map_err(&fail)?;
-        // Docker keeps DOCKER-USER first in FORWARD, ahead of its own ACCEPT rules.
-        let forward_from = if run(&plan.iptables, &["-w", "-n", "-L", "DOCKER-USER"])
-            .await
-            .is_ok()
-        {
-            "DOCKER-USER"
-        } else {
-            "FORWARD"
-        };
-        jump(&plan.iptables, "INPUT", &made.bridge, &plan.input_chain)
+        install_jumps(&plan.iptables, plan, &made.bridge)
             .await
             .map_err(&fail)?;
-        jump(
-            &plan.iptables,
-            forward_from,
-            &made.bridge,
-            &plan.forward_chain,
-        )
-        .await
-        .map_err(&fail)?;
-        // A jump left in the other place (Docker's iptables switched on or off since) goes.
-        let other = if forward_from == "FORWARD" {
-            "DOCKER-USER"
-        } else {
-            "FORWARD"
-        };
-        for rule in jumps_to(&plan.iptables, other, &plan.forward_chain).await {
-            delete(&plan.iptables, &rule).await.map_err(&fail)?;
-        }
-        if Path::new("/proc/net/if_inet6").exists() {
+        let v4 = Table::read(&plan.iptables)
+            .await
+            .map_err(&fail)?
+            .chains(plan);
+        let v6 = if Path::new("/proc/net/if_inet6").exists() {
             restore(&plan.ip6tables, &plan.ipv6_rules())
                 .await
                 .map_err(&fail)?;
-            jump(&plan.ip6tables, "INPUT", &made.bridge, &plan.input_chain)
+            install_jumps(&plan.ip6tables, plan, &made.bridge)
                 .await
                 .map_err(&fail)?;
-            jump(
-                &plan.ip6tables,
-                "FORWARD",
-                &made.bridge,
-                &plan.forward_chain,
+            Some(
+                Table::read(&plan.ip6tables)
+                    .await
+                    .map_err(&fail)?
+                    .chains(plan),
             )
-            .await
-            .map_err(&fail)?;
-        }
-        Ok(())
+        } else {
+            None
+        };
+        Ok(Installed {
+            ready: made,
+            node,
+            v4,
+            v6,
+        })
     }
 
     /// Removes the firewall (jumps and chains) and the network; what an uninstall does, once
@@ -474,7 +657,7 @@ impl SandboxNetwork {
             bridge: plan.bridge.clone(),
             message,
         };
-        let docker = self.engine.client()?;
+        let docker = self.engine.docker()?.client();
         match docker.inspect_network(&plan.network, None).await {
             Ok(n) => {
                 if n.labels.unwrap_or_default().get(LABEL_INSTANCE) != Some(&plan.instance) {
@@ -497,13 +680,13 @@ impl SandboxNetwork {
                 docker
                     .remove_network(&plan.network)
                     .await
-                    .map_err(|source| crate::container::docker::DockerError {
+                    .map_err(|source| crate::container::DockerError {
                         action: format!("remove network {}", plan.network),
                         source,
                     })?;
             }
             Err(source) => {
-                let e = crate::container::docker::DockerError {
+                let e = crate::container::DockerError {
                     action: format!("inspect network {}", plan.network),
                     source,
                 };
@@ -573,25 +756,25 @@ async fn restore(cmd: &str, rules: &str) -> Result<(), String> {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| describe_spawn(&restore, &e))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(rules.as_bytes())
-            .await
-            .map_err(|e| format!("cannot write to `{restore}`: {e}"))?;
-    }
+    // A command that ends before reading all its input (it refused the rules, or is not the
+    // real iptables) breaks the pipe; what it printed says why better than the broken pipe, so
+    // the write's error is kept only for a command that then exits 0.
+    let written = match child.stdin.take() {
+        Some(mut stdin) => stdin.write_all(rules.as_bytes()).await,
+        None => Ok(()),
+    };
     let out = child
         .wait_with_output()
         .await
         .map_err(|e| format!("`{restore}` did not finish: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !out.status.success() {
+        return Err(format!(
             "`{restore} --noflush` failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        ));
     }
+    written.map_err(|e| format!("cannot write to `{restore}`: {e}"))
 }
 
 /// The rules of `from` that jump to `chain`, as `iptables -S` prints them.
@@ -616,22 +799,262 @@ async fn delete(cmd: &str, rule: &str) -> Result<(), String> {
     run(cmd, &args).await.map(|_| ())
 }
 
-/// Makes `from` jump to `chain` for traffic in from `bridge`, first in `from`; a jump already
-/// there stays, and a jump of this chain for another interface (an earlier bridge) is removed.
-async fn jump(cmd: &str, from: &str, bridge: &str, chain: &str) -> Result<(), String> {
-    let wanted = format!("-A {from} -i {bridge} -j {chain}");
-    let mut present = false;
-    for rule in jumps_to(cmd, from, chain).await {
-        if rule == wanted {
-            present = true;
-            continue;
+/// The rules of chain `from` as `iptables -S` prints them (`-A CHAIN …`).
+async fn rules_of(cmd: &str, from: &str) -> Result<Vec<String>, String> {
+    Ok(run(cmd, &["-w", "-S", from])
+        .await?
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Whether `wanted` is in effect first in `rules`: only jumps of other sandboxd instances
+/// stand above it (each for traffic from its own bridge into its own chain, which only drops
+/// or returns: they never accept this bridge's traffic, and two instances never fight over
+/// the first place), or, with `after_docker`, Docker's own jump to `DOCKER-USER` comes first
+/// (Docker puts it first in FORWARD again whenever it makes a network, and its own rules for
+/// a new network above the others; `DOCKER-USER` jumps to sandboxd's chain first).
+fn in_place(rules: &[String], from: &str, wanted: &str, after_docker: bool) -> bool {
+    let docker = format!("-A {from} -j DOCKER-USER");
+    let another_instance = |rule: &str| {
+        let words: Vec<&str> = rule.split_whitespace().collect();
+        matches!(
+            words.as_slice(),
+            ["-A", chain, "-i", bridge, "-j", target]
+                if *chain == from && bridge.starts_with("sbx-") && target.starts_with("SANDBOXD-")
+        )
+    };
+    for rule in rules {
+        if rule == wanted || (after_docker && *rule == docker) {
+            return true;
         }
-        delete(cmd, &rule).await?;
+        if !another_instance(rule) {
+            return false;
+        }
     }
-    if !present {
-        run(cmd, &["-w", "-I", from, "1", "-i", bridge, "-j", chain]).await?;
+    false
+}
+
+/// Makes `from` jump to `chain` for traffic in from `bridge`, as its first rule (see
+/// [`in_place`] for what may stand above it): a jump in its place stays; otherwise the jumps
+/// to `chain` there (one lower down, a second one, one for another interface: an earlier
+/// bridge) are removed and the jump inserted first in one `iptables-restore` transaction, so
+/// no packet ever passes while the jump is away.
+async fn jump(
+    cmd: &str,
+    from: &str,
+    bridge: &str,
+    chain: &str,
+    after_docker: bool,
+) -> Result<(), String> {
+    let wanted = format!("-A {from} -i {bridge} -j {chain}");
+    let rules = rules_of(cmd, from).await?;
+    let mine = jumps_to(cmd, from, chain).await;
+    if mine.len() == 1 && in_place(&rules, from, &wanted, after_docker) {
+        return Ok(());
     }
-    Ok(())
+    let mut moved = String::from("*filter\n");
+    for rule in mine {
+        moved.push_str(&rule.replacen("-A ", "-D ", 1));
+        moved.push('\n');
+    }
+    moved.push_str(&format!("-I {from} 1 -i {bridge} -j {chain}\nCOMMIT\n"));
+    restore(cmd, &moved).await
+}
+
+/// The jumps of one family (`cmd`: iptables or ip6tables): INPUT to the input chain, and to
+/// the forward chain from `DOCKER-USER` (when Docker keeps it) and from FORWARD.
+async fn install_jumps(cmd: &str, plan: &Plan, bridge: &str) -> Result<(), String> {
+    jump(cmd, "INPUT", bridge, &plan.input_chain, false).await?;
+    let docker_user = run(cmd, &["-w", "-n", "-L", "DOCKER-USER"]).await.is_ok();
+    if docker_user {
+        jump(cmd, "DOCKER-USER", bridge, &plan.forward_chain, false).await?;
+    }
+    jump(cmd, "FORWARD", bridge, &plan.forward_chain, docker_user).await
+}
+
+/// The filter table of one family as `<cmd>-save -t filter` prints it: each chain's rules,
+/// in order.
+#[derive(Debug, Default)]
+struct Table(HashMap<String, Vec<String>>);
+
+impl Table {
+    async fn read(cmd: &str) -> Result<Self, String> {
+        let save = format!("{cmd}-save");
+        let out = Command::new(&save)
+            .args(["-t", "filter"])
+            .output()
+            .await
+            .map_err(|e| describe_spawn(&save, &e))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`{save} -t filter` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Self::parse(&String::from_utf8_lossy(&out.stdout)))
+    }
+
+    fn parse(text: &str) -> Self {
+        let mut chains: HashMap<String, Vec<String>> = HashMap::new();
+        for line in text.lines().map(str::trim_end) {
+            if let Some(rest) = line.strip_prefix(':') {
+                if let Some(name) = rest.split_whitespace().next() {
+                    chains.entry(name.to_owned()).or_default();
+                }
+            } else if let Some(rest) = line.strip_prefix("-A ")
+                && let Some(name) = rest.split_whitespace().next()
+            {
+                chains
+                    .entry(name.to_owned())
+                    .or_default()
+                    .push(line.to_owned());
+            }
+        }
+        Self(chains)
+    }
+
+    fn rules(&self, chain: &str) -> Option<&[String]> {
+        self.0.get(chain).map(Vec::as_slice)
+    }
+
+    /// sandboxd's two chains as this table holds them.
+    fn chains(&self, plan: &Plan) -> Chains {
+        Chains {
+            input: self.rules(&plan.input_chain).unwrap_or_default().to_vec(),
+            forward: self.rules(&plan.forward_chain).unwrap_or_default().to_vec(),
+            docker_user: self.rules("DOCKER-USER").is_some(),
+        }
+    }
+
+    /// What differs from the firewall as installed (`expected`), one sentence per problem;
+    /// empty when nothing does.
+    fn problems(&self, plan: &Plan, bridge: &str, expected: &Chains) -> Vec<String> {
+        let mut out = Vec::new();
+        for (chain, want) in [
+            (&plan.input_chain, &expected.input),
+            (&plan.forward_chain, &expected.forward),
+        ] {
+            match self.rules(chain) {
+                None => out.push(format!("the chain {chain} is missing")),
+                Some(have) if have != want.as_slice() => out.push(format!(
+                    "the chain {chain} was changed ({} rules, {} installed)",
+                    have.len(),
+                    want.len()
+                )),
+                Some(_) => {}
+            }
+        }
+        let docker_user = expected.docker_user;
+        let mut jumps = vec![("INPUT", &plan.input_chain, false)];
+        if docker_user {
+            jumps.push(("DOCKER-USER", &plan.forward_chain, false));
+        }
+        jumps.push(("FORWARD", &plan.forward_chain, docker_user));
+        for (from, chain, after_docker) in jumps {
+            let wanted = format!("-A {from} -i {bridge} -j {chain}");
+            let rules = self.rules(from).unwrap_or_default();
+            if !rules.contains(&wanted) {
+                out.push(format!(
+                    "{from} does not jump to {chain} for traffic from {bridge}"
+                ));
+            } else if !in_place(rules, from, &wanted, after_docker) {
+                // The first rule above it that may not stand there.
+                let above = rules
+                    .iter()
+                    .take_while(|r| **r != wanted)
+                    .find(|r| {
+                        !in_place(&[(*r).clone(), wanted.clone()], from, &wanted, after_docker)
+                    })
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                out.push(format!(
+                    "{from}'s jump to {chain} is not its first rule (above it: `{above}`)"
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Heals the firewall of `network` every `period`, and soon after each Docker network event
+/// (Docker rewrites its own rules when it makes a network) and after the event stream breaks
+/// (a Docker restart rewrites them all): what was repaired is counted in `repairs` and
+/// logged; `intact` is 1 while nothing is missing.
+pub fn spawn_guard(
+    network: Arc<SandboxNetwork>,
+    period: Duration,
+    repairs: Counter,
+    intact: Gauge,
+) -> tokio::task::JoinHandle<()> {
+    let nudge = Arc::new(tokio::sync::Notify::new());
+    if !network.engine.is_noop() {
+        tokio::spawn(watch_events(network.clone(), nudge.clone()));
+    }
+    tokio::spawn(async move {
+        intact.set(1);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                () = nudge.notified() => {
+                    // A burst of events (a network made, containers attached) is one look.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            match network.heal().await {
+                Ok(Healed::NotSetUp | Healed::Intact) => {
+                    intact.set(1);
+                }
+                Ok(Healed::Gone) => {
+                    intact.set(1);
+                    info!(network = %network.plan.network, "the sandbox network is gone; the next open of a runtime with network makes it again");
+                }
+                Ok(Healed::Repaired(problems)) => {
+                    repairs.inc();
+                    intact.set(1);
+                    warn!(network = %network.plan.network, ?problems, "the sandbox network's firewall was changed behind sandboxd's back; installed again");
+                }
+                Ok(Healed::Updated(node)) => {
+                    intact.set(1);
+                    info!(network = %network.plan.network, ?node, "the node's addresses changed; the sandbox network's firewall drops the new ones");
+                }
+                Err(e) => {
+                    intact.set(0);
+                    warn!(network = %network.plan.network, error = %e, "the sandbox network's firewall is not whole and cannot be installed again");
+                }
+            }
+        }
+    })
+}
+
+/// Nudges `nudge` at each network event Docker reports and whenever the stream ends or fails
+/// (Docker restarted); subscribes again after a pause that doubles up to 30 s while Docker
+/// does not answer.
+async fn watch_events(network: Arc<SandboxNetwork>, nudge: Arc<tokio::sync::Notify>) {
+    let mut pause = Duration::from_secs(1);
+    loop {
+        if let Ok(docker) = network.engine.docker().map(DockerEngine::client) {
+            let filters = HashMap::from([("type", vec!["network"])]);
+            let options = bollard::query_parameters::EventsOptionsBuilder::default()
+                .filters(&filters)
+                .build();
+            let mut events = std::pin::pin!(docker.events(Some(options)));
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(_) => {
+                        pause = Duration::from_secs(1);
+                        nudge.notify_one();
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        nudge.notify_one();
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
 }
 
 #[cfg(test)]
@@ -702,7 +1125,7 @@ mod tests {
         let p = plan();
         let (i, f) = (&p.input_chain, &p.forward_chain);
         assert_eq!(
-            p.ipv4_rules(&[8080]),
+            p.ipv4_rules(&[8080], &[Ipv4Addr::new(198, 18, 0, 7)]),
             format!(
                 "*filter\n:{i} - [0:0]\n:{f} - [0:0]\n\
                  -A {i} -p tcp --dport 8080 -j DROP\n\
@@ -713,6 +1136,7 @@ mod tests {
                  -A {f} -d 172.16.0.0/12 -j DROP\n\
                  -A {f} -d 192.168.0.0/16 -j DROP\n\
                  -A {f} -d 100.64.0.0/10 -j DROP\n\
+                 -A {f} -m conntrack --ctorigdst 198.18.0.7/32 -j DROP\n\
                  COMMIT\n"
             )
         );
@@ -722,5 +1146,116 @@ mod tests {
                 "*filter\n:{i} - [0:0]\n:{f} - [0:0]\n-A {i} -j DROP\n-A {f} -j DROP\nCOMMIT\n"
             )
         );
+    }
+
+    #[test]
+    fn the_node_addresses_leave_out_loopback_and_what_a_range_denies() {
+        let deny = plan().deny;
+        assert!(range_holds("10.0.0.0/8", Ipv4Addr::new(10, 9, 8, 7)));
+        assert!(!range_holds("10.0.0.0/8", Ipv4Addr::new(11, 0, 0, 1)));
+        assert!(range_holds("0.0.0.0/0", Ipv4Addr::new(8, 8, 8, 8)));
+        assert!(range_holds("1.2.3.4/32", Ipv4Addr::new(1, 2, 3, 4)));
+        let node = node_addresses(&deny);
+        assert!(node.iter().all(|a| !a.is_loopback()), "{node:?}");
+        assert!(
+            node.iter()
+                .all(|a| !deny.iter().any(|r| range_holds(r, *a))),
+            "{node:?}"
+        );
+        assert!(node.windows(2).all(|w| w[0] < w[1]), "sorted, once each");
+    }
+
+    /// A table as `iptables-save -t filter` prints it, with sandboxd's rules installed.
+    fn saved(p: &Plan, input_first: &str, forward_first: &[&str], fwd_rules: &str) -> Table {
+        let (i, f) = (&p.input_chain, &p.forward_chain);
+        let bridge = &p.bridge;
+        let forward: String = forward_first.iter().map(|r| format!("{r}\n")).collect();
+        Table::parse(&format!(
+            "# Generated by iptables-save\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n\
+             :DOCKER-USER - [0:0]\n:{i} - [0:0]\n:{f} - [0:0]\n\
+             {input_first}\n-A INPUT -i {bridge} -j {i}\n\
+             {forward}-A FORWARD -i {bridge} -j {f}\n-A FORWARD -j DOCKER-ISOLATION\n\
+             -A DOCKER-USER -i {bridge} -j {f}\n-A DOCKER-USER -j RETURN\n\
+             -A {i} -j DROP\n{fwd_rules}COMMIT\n"
+        ))
+    }
+
+    #[test]
+    fn a_check_names_a_flushed_chain_and_a_jump_pushed_down() {
+        let p = plan();
+        let (i, f) = (p.input_chain.clone(), p.forward_chain.clone());
+        let rules = format!("-A {f} -d 10.0.0.0/8 -j DROP\n");
+        // As installed, with Docker's jump to DOCKER-USER above sandboxd's in FORWARD.
+        let whole = saved(&p, "", &["-A FORWARD -j DOCKER-USER"], &rules);
+        let installed = whole.chains(&p);
+        assert!(installed.docker_user);
+        assert_eq!(installed.input, [format!("-A {i} -j DROP")]);
+        assert_eq!(
+            whole.problems(&p, &p.bridge, &installed),
+            Vec::<String>::new()
+        );
+
+        // `iptables -I FORWARD 1 -j ACCEPT`, `-I INPUT 1 -j ACCEPT` and a flush of the forward
+        // chain: each named.
+        let attacked = saved(
+            &p,
+            "-A INPUT -j ACCEPT",
+            &["-A FORWARD -j ACCEPT", "-A FORWARD -j DOCKER-USER"],
+            "",
+        );
+        assert_eq!(
+            attacked.problems(&p, &p.bridge, &installed),
+            [
+                format!("the chain {f} was changed (0 rules, 1 installed)"),
+                format!(
+                    "INPUT's jump to {i} is not its first rule (above it: `-A INPUT -j ACCEPT`)"
+                ),
+                format!(
+                    "FORWARD's jump to {f} is not its first rule (above it: `-A FORWARD -j ACCEPT`)"
+                ),
+            ]
+        );
+        // A chain gone, and its jump with it.
+        let gone = Table::parse(&format!(
+            "*filter\n:INPUT ACCEPT [0:0]\n:{f} - [0:0]\n-A {f} -d 10.0.0.0/8 -j DROP\nCOMMIT\n"
+        ));
+        let found = gone.problems(&p, &p.bridge, &installed);
+        assert_eq!(found[0], format!("the chain {i} is missing"));
+        assert!(found.contains(&format!(
+            "INPUT does not jump to {i} for traffic from {}",
+            p.bridge
+        )));
+    }
+
+    #[test]
+    fn only_dockers_and_other_instances_jumps_may_stand_above_a_jump() {
+        let w = "-A FORWARD -i sbx -j F".to_owned();
+        let docker = "-A FORWARD -j DOCKER-USER".to_owned();
+        let accept = "-A FORWARD -j ACCEPT".to_owned();
+        assert!(in_place(std::slice::from_ref(&w), "FORWARD", &w, false));
+        assert!(in_place(&[docker.clone(), w.clone()], "FORWARD", &w, true));
+        assert!(!in_place(
+            &[docker.clone(), w.clone()],
+            "FORWARD",
+            &w,
+            false
+        ));
+        // Docker's rules for a network it made go above the others, below its jump.
+        let dockers = "-A FORWARD -o sbx-new -j DOCKER".to_owned();
+        assert!(in_place(
+            &[docker.clone(), dockers.clone(), w.clone()],
+            "FORWARD",
+            &w,
+            true
+        ));
+        assert!(!in_place(&[dockers, w.clone()], "FORWARD", &w, true));
+        assert!(!in_place(&[accept, docker, w.clone()], "FORWARD", &w, true));
+        assert!(!in_place(&[], "FORWARD", &w, true));
+        // Another sandboxd's jump for its own bridge may stand above; a rule for this bridge
+        // that is not sandboxd's may not.
+        let other = "-A FORWARD -i sbx-other -j SANDBOXD-FWD-other".to_owned();
+        assert!(in_place(&[other.clone(), w.clone()], "FORWARD", &w, false));
+        let sneaky = "-A FORWARD -i sbx -j ACCEPT".to_owned();
+        assert!(!in_place(&[sneaky, w.clone()], "FORWARD", &w, true));
     }
 }

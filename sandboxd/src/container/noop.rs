@@ -5,16 +5,15 @@
 //! in-sandbox agent and an image build fail with a message that says so instead of waiting.
 //!
 //! It exists only for the operator bench (`operator-bench --driver noop`): it is one of the
-//! engines behind [`super::docker::Containers`], chosen only by
-//! [`super::docker::Engine::noop`].
+//! two engines behind the seam's `Containers` trait, chosen only by [`super::Engine::noop`],
+//! and knows nothing of the Docker engine beside it.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use bollard::Docker;
 use futures::future::BoxFuture;
 
-use super::docker::{Containers, DockerError, Owned, Presence, SandboxSpec};
+use super::{Containers, DockerError, Owned, Presence, SandboxSpec};
 
 /// What the no-op engine answers where a real container or Docker itself is needed.
 const NOOP_REFUSAL: &str = "this sandboxd runs on the no-op engine of the operator bench: it has no Docker, and nothing runs in its containers (no runs, no agent, no image builds)";
@@ -56,7 +55,8 @@ fn find(map: &HashMap<String, NoopContainer>, id_or_name: &str) -> Option<String
 }
 
 impl NoopEngine {
-    /// The answer where the raw Docker client is asked for: there is none.
+    /// The answer where the Docker engine is asked for ([`super::Engine::docker`]): there is
+    /// none.
     pub(super) fn no_client() -> DockerError {
         DockerError {
             action: "be reached".to_owned(),
@@ -180,12 +180,8 @@ impl NoopEngine {
 }
 
 impl Containers for NoopEngine {
-    fn client(&self) -> Result<&Docker, DockerError> {
-        Err(Self::no_client())
-    }
-
-    fn is_noop(&self) -> bool {
-        true
+    fn ping(&self, _timeout: std::time::Duration) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
     }
 
     fn has_image<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, DockerError>> {
@@ -236,7 +232,7 @@ impl Containers for NoopEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::docker::{Engine, SandboxSpec};
+    use crate::container::{Engine, SandboxSpec};
 
     fn spec(session: &str) -> SandboxSpec {
         SandboxSpec {
@@ -329,7 +325,7 @@ mod tests {
     #[test]
     fn the_noop_engine_has_no_docker_and_says_so() {
         let e = Engine::noop("bench")
-            .client()
+            .docker()
             .map(|_| ())
             .expect_err("no Docker client");
         assert_eq!(

@@ -14,12 +14,32 @@
 //!   of the TLS handshake. A client that opens a connection and never says hello (or stalls in
 //!   the handshake) is disconnected; the three timeouts above start once the handshake is done.
 //!
+//! - **minimum rate** (`SANDBOXD_MIN_TRANSFER_RATE`): a request body that arrives, or an answer
+//!   the client reads, slower than this many bytes a second over a body timeout's time is cut:
+//!   a client that reads a byte now and then holds no buffer of sandboxd's for long.
+//!
+//! Two caps hold before any of that: connections open at once (`SANDBOXD_MAX_CONNECTIONS`)
+//! and connections open at once from one source address
+//! (`SANDBOXD_MAX_CONNECTIONS_PER_SOURCE`). A connection past either is closed at its accept,
+//! with a reset and before a byte is read, and counted in
+//! `sandboxd_connections_refused_total{cap}`; so one client that floods sandboxd with idle
+//! connections holds at most its share, and every other source is still answered.
+//!
 //! A request in progress is never cut for being slow to answer: a run that waits for its
 //! command, or streams its output for up to the execute timeout, keeps its connection, as long
 //! as the client reads what is written.
+//!
+//! An answer given before its request's body was read to the end (a write refused mid-body:
+//! workspace full, over a cap) is followed by a lingering close, as nginx does: what is left of
+//! the body is read and dropped beside the answer, for at most [`LINGER`] and [`LINGER_BYTES`],
+//! before the connection closes, so a client that sends its whole body before it reads
+//! (Python's `urllib`, `requests`) reads the status instead of a broken pipe. A request refused
+//! for its token (401, 403) is not drained: an anonymous body is never read.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,6 +58,7 @@ use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+use crate::metrics::Metrics;
 use crate::tls::Reloading;
 
 /// The three timeouts of every connection.
@@ -51,7 +72,16 @@ pub struct Timeouts {
     pub idle: Duration,
     /// From the accept to the end of the TLS handshake (with TLS only).
     pub handshake: Duration,
+    /// Bytes a second a body must at least arrive at and an answer be read at (0: any).
+    pub min_rate: u64,
 }
+
+/// Longest the rest of a refused request's body is read and dropped after its answer.
+pub const LINGER: Duration = Duration::from_secs(30);
+
+/// Most bytes of a refused request's body read and dropped after its answer; a client that
+/// sends more is cut off.
+pub const LINGER_BYTES: u64 = 512 << 20;
 
 impl Timeouts {
     /// How often a connection's watchdog looks: a quarter of the shortest timeout, between
@@ -59,6 +89,107 @@ impl Timeouts {
     fn check_every(&self) -> Duration {
         (self.header.min(self.body).min(self.idle) / 4)
             .clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+}
+
+/// The caps on connections open at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// In all.
+    pub total: usize,
+    /// From one source address.
+    pub per_source: usize,
+}
+
+/// Which cap refused a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    Total,
+    PerSource,
+}
+
+impl Refused {
+    fn label(self) -> &'static str {
+        match self {
+            Refused::Total => "total",
+            Refused::PerSource => "per_source",
+        }
+    }
+}
+
+/// The connections open now, in all and by source address.
+#[derive(Debug, Default)]
+struct Counted {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// The connections open now, against the [`Caps`]; each counts from its accept until its
+/// task ends (its [`Admitted`] is dropped).
+#[derive(Clone)]
+struct Gate {
+    caps: Caps,
+    open: Arc<Mutex<Counted>>,
+    metrics: Arc<Metrics>,
+}
+
+/// One connection counted against the caps until it is dropped.
+struct Admitted {
+    gate: Gate,
+    source: IpAddr,
+}
+
+impl Gate {
+    fn new(caps: Caps, metrics: Arc<Metrics>) -> Self {
+        Self {
+            caps,
+            open: Arc::default(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Counted> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a connection from `source` in, or says which cap it is over.
+    fn admit(&self, source: IpAddr) -> Result<Admitted, Refused> {
+        // An IPv4 client of a dual-stack listener is the same source as over IPv4.
+        let source = source.to_canonical();
+        let mut open = self.lock();
+        if open.total >= self.caps.total {
+            return Err(Refused::Total);
+        }
+        let from = open.by_source.entry(source).or_insert(0);
+        if *from >= self.caps.per_source {
+            return Err(Refused::PerSource);
+        }
+        *from += 1;
+        open.total += 1;
+        self.metrics
+            .connections_open
+            .set(i64::try_from(open.total).unwrap_or(i64::MAX));
+        Ok(Admitted {
+            gate: self.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.gate.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_source.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.by_source.remove(&self.source);
+            }
+        }
+        self.gate
+            .metrics
+            .connections_open
+            .set(i64::try_from(open.total).unwrap_or(i64::MAX));
     }
 }
 
@@ -71,6 +202,8 @@ enum Cut {
     Idle,
     /// The client read none of a response for the body timeout.
     ResponseStalled,
+    /// The client read a response slower than the minimum rate.
+    ResponseSlow,
 }
 
 impl Cut {
@@ -79,6 +212,7 @@ impl Cut {
             Cut::Header => "headers not complete within SANDBOXD_HEADER_TIMEOUT",
             Cut::Idle => "idle for SANDBOXD_IDLE_TIMEOUT",
             Cut::ResponseStalled => "response not read for SANDBOXD_BODY_TIMEOUT",
+            Cut::ResponseSlow => "response read slower than SANDBOXD_MIN_TRANSFER_RATE",
         }
     }
 }
@@ -94,6 +228,8 @@ struct Activity {
     request_started: Option<Instant>,
     /// Since when writing to the client has been blocked.
     write_blocked: Option<Instant>,
+    /// Since when writes have been slow (one blocked), and the bytes written since.
+    slow: Option<(Instant, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -106,6 +242,7 @@ impl Watch {
             idle_since: Instant::now(),
             request_started: None,
             write_blocked: None,
+            slow: None,
         })))
     }
 
@@ -122,11 +259,21 @@ impl Watch {
     }
 
     fn write_blocked(&self, blocked: bool) {
+        self.wrote(blocked, 0);
+    }
+
+    /// A write was tried: it blocked, or `bytes` went out.
+    fn wrote(&self, blocked: bool, bytes: u64) {
         let mut a = self.lock();
         match (blocked, a.write_blocked) {
             (true, None) => a.write_blocked = Some(Instant::now()),
             (false, Some(_)) => a.write_blocked = None,
             _ => {}
+        }
+        match &mut a.slow {
+            Some((_, written)) => *written += bytes,
+            None if blocked => a.slow = Some((Instant::now(), 0)),
+            None => {}
         }
     }
 
@@ -140,13 +287,28 @@ impl Watch {
 
     /// Whether to cut the connection now, and if not, when to look again at the latest.
     fn verdict(&self, now: Instant, t: &Timeouts) -> Result<Instant, Cut> {
-        let a = self.lock();
+        let mut a = self.lock();
         let mut next = now + t.check_every();
         if let Some(since) = a.write_blocked {
             if now >= since + t.body {
                 return Err(Cut::ResponseStalled);
             }
             next = next.min(since + t.body);
+        }
+        // Writes slow since `since`: over a body timeout's time, the client must have read at
+        // the minimum rate, or the connection is cut; then the next window starts, if writes
+        // are still blocked.
+        if let Some((since, written)) = a.slow {
+            let window = now.saturating_duration_since(since);
+            if window >= t.body {
+                let rate = written as f64 / window.as_secs_f64();
+                if t.min_rate > 0 && rate < t.min_rate as f64 && a.write_blocked.is_some() {
+                    return Err(Cut::ResponseSlow);
+                }
+                a.slow = a.write_blocked.map(|_| (now, 0));
+            } else {
+                next = next.min(since + t.body);
+            }
         }
         if a.in_flight == 0 {
             let (deadline, cut) = match a.request_started {
@@ -172,6 +334,14 @@ impl Drop for InFlight {
         if a.in_flight == 0 {
             a.idle_since = Instant::now();
         }
+    }
+}
+
+/// The bytes a write put out.
+fn written(polled: &Poll<std::io::Result<usize>>) -> u64 {
+    match polled {
+        Poll::Ready(Ok(n)) => *n as u64,
+        _ => 0,
     }
 }
 
@@ -203,7 +373,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.watch.write_blocked(polled.is_pending());
+        self.watch.wrote(polled.is_pending(), written(&polled));
         polled
     }
 
@@ -213,7 +383,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.watch.write_blocked(polled.is_pending());
+        self.watch.wrote(polled.is_pending(), written(&polled));
         polled
     }
 
@@ -239,29 +409,112 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 )]
 pub struct BodyStalled(u64);
 
-/// A request body whose reads fail after the body timeout without a byte. The clock runs
-/// only while the handler waits for bytes, not while it works on the ones it has.
+/// A request body that arrives slower than the minimum rate.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request body arrived at {rate} bytes a second, below the {min} of SANDBOXD_MIN_TRANSFER_RATE; the connection is closed"
+)]
+pub struct BodySlow {
+    rate: u64,
+    min: u64,
+}
+
+/// What is left of a request body its handler did not read to the end, kept for the
+/// lingering close.
+type Leftover = Arc<Mutex<Option<Body>>>;
+
+/// A request body whose reads fail after the body timeout without a byte, or when it arrives
+/// slower than the minimum rate. The clocks run only while the handler waits for bytes, not
+/// while it works on the ones it has. Dropped before its end, it leaves what is left of the
+/// body for the lingering close.
 struct TimedBody {
-    inner: Body,
+    inner: Option<Body>,
     limit: Duration,
+    min_rate: u64,
     sleep: Option<Pin<Box<Sleep>>>,
     waiting: bool,
+    /// When the current wait for bytes began.
+    wait_began: Option<Instant>,
+    /// Time spent waiting, and bytes received, since the rate was last checked.
+    window: (Duration, u64),
     stalled: bool,
     /// Set once the body has been read to its end.
     read_whole: Arc<AtomicBool>,
+    leftover: Leftover,
 }
 
 impl TimedBody {
+    #[cfg(test)]
     fn new(inner: Body, limit: Duration) -> Self {
+        Self::with_rate(inner, limit, 0)
+    }
+
+    fn with_rate(inner: Body, limit: Duration, min_rate: u64) -> Self {
         Self {
             read_whole: Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&inner))),
-            inner,
+            inner: Some(inner),
             limit,
+            min_rate,
             sleep: None,
             waiting: false,
+            wait_began: None,
+            window: (Duration::ZERO, 0),
             stalled: false,
+            leftover: Leftover::default(),
         }
     }
+
+    /// Counts `bytes` received after a wait, and fails the body when, over a body timeout's
+    /// time of waiting, they came slower than the minimum rate.
+    fn arrived(&mut self, bytes: u64) -> Result<(), BodySlow> {
+        if let Some(began) = self.wait_began.take() {
+            self.window.0 += began.elapsed();
+        }
+        self.window.1 += bytes;
+        let (waited, received) = self.window;
+        if waited >= self.limit {
+            let rate = (received as f64 / waited.as_secs_f64()) as u64;
+            if self.min_rate > 0 && rate < self.min_rate {
+                return Err(BodySlow {
+                    rate,
+                    min: self.min_rate,
+                });
+            }
+            self.window = (Duration::ZERO, 0);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        if !self.stalled
+            && !self.read_whole.load(Ordering::Relaxed)
+            && let Some(inner) = self.inner.take()
+        {
+            *self
+                .leftover
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(inner);
+        }
+    }
+}
+
+/// Reads and drops what is left of a refused request's body, for at most [`LINGER`] and
+/// [`LINGER_BYTES`], and while it arrives at all (each wait for bytes at most `limit`).
+async fn linger(body: Body, limit: Duration) {
+    use futures::StreamExt;
+    let mut data = body.into_data_stream();
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut dropped = 0u64;
+        while let Ok(Some(Ok(chunk))) = tokio::time::timeout(limit, data.next()).await {
+            dropped += chunk.len() as u64;
+            if dropped > LINGER_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 impl http_body::Body for TimedBody {
@@ -276,15 +529,29 @@ impl http_body::Body for TimedBody {
         if this.stalled {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.waiting = false;
-                if frame.is_none() || this.inner.is_end_stream() {
+                if frame.is_none() || inner.is_end_stream() {
                     this.read_whole.store(true, Ordering::Relaxed);
+                }
+                let bytes = match &frame {
+                    Some(Ok(f)) => f.data_ref().map_or(0, |d| d.len() as u64),
+                    _ => 0,
+                };
+                if let Err(slow) = this.arrived(bytes) {
+                    this.stalled = true;
+                    return Poll::Ready(Some(Err(slow.into())));
                 }
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {
+                if this.wait_began.is_none() {
+                    this.wait_began = Some(Instant::now());
+                }
                 let deadline = Instant::now() + this.limit;
                 let sleep = this
                     .sleep
@@ -305,11 +572,13 @@ impl http_body::Body for TimedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.stalled || self.inner.is_end_stream()
+        self.stalled || self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
@@ -340,16 +609,22 @@ impl http_body::Body for TrackedBody {
 }
 
 /// Serves `router` on `listener` until `stop` completes, then lets the requests in progress
-/// finish (as `axum::serve(..).with_graceful_shutdown`), with [`Timeouts`] on every connection.
+/// finish (as `axum::serve(..).with_graceful_shutdown`), with [`Timeouts`] on every connection
+/// and at most the [`Caps`] open at once (refusals counted in `metrics`).
 /// With `tls`, every connection is TLS (a plain-HTTP request fails its handshake and is
 /// closed), with the certificate in use at its accept.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     timeouts: Timeouts,
+    caps: Caps,
+    metrics: Arc<Metrics>,
     tls: Option<Reloading>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let gate = Gate::new(caps, metrics.clone());
+    // A refusal is logged at most every 10 s (a flood would fill the log); all are counted.
+    let mut last_warned: Option<Instant> = None;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let mut stop = std::pin::pin!(stop);
     // Connections still in their TLS handshake; stopping waits for none of them.
@@ -368,18 +643,48 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        let admitted = match gate.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(cap) => {
+                metrics
+                    .connections_refused
+                    .get_or_create(&crate::metrics::CapLabel {
+                        cap: cap.label().to_owned(),
+                    })
+                    .inc();
+                if last_warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+                    last_warned = Some(Instant::now());
+                    match cap {
+                        Refused::Total => warn!(
+                            %peer,
+                            max = caps.total,
+                            "connection refused: sandboxd holds SANDBOXD_MAX_CONNECTIONS connections (logged once every 10 s; sandboxd_connections_refused_total counts them all)"
+                        ),
+                        Refused::PerSource => warn!(
+                            %peer,
+                            max = caps.per_source,
+                            "connection refused: its source holds SANDBOXD_MAX_CONNECTIONS_PER_SOURCE connections (logged once every 10 s; sandboxd_connections_refused_total counts them all)"
+                        ),
+                    }
+                }
+                // Closed at once with a reset: nothing read, nothing left in TIME_WAIT.
+                let _ = tcp.set_zero_linger();
+                drop(tcp);
+                continue;
+            }
+        };
         // Small responses must not wait for delayed ACKs (Nagle's algorithm).
         let _ = tcp.set_nodelay(true);
         match &tls {
-            None => serve_connection(tcp, peer, &router, timeouts, &graceful),
+            None => serve_connection(tcp, peer, &router, timeouts, &graceful, admitted),
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
                 let (router, graceful) = (router.clone(), graceful.clone());
                 handshakes.spawn(async move {
                     match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            serve_connection(stream, peer, &router, timeouts, &graceful)
-                        }
+                        Ok(Ok(stream)) => serve_connection(
+                            stream, peer, &router, timeouts, &graceful, admitted,
+                        ),
                         Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => debug!(
                             %peer,
@@ -400,13 +705,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one accepted connection (plain TCP or a finished TLS handshake) in a task of its own.
+/// Serves one accepted connection (plain TCP or a finished TLS handshake) in a task of its
+/// own, which holds its place under the caps (`admitted`) until it ends.
 fn serve_connection<T>(
     io: T,
     peer: std::net::SocketAddr,
     router: &Router,
     timeouts: Timeouts,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
+    admitted: Admitted,
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -416,10 +723,11 @@ fn serve_connection<T>(
             io,
             watch: watch.clone(),
         }),
-        service(router.clone(), watch.clone(), timeouts.body),
+        service(router.clone(), watch.clone(), timeouts),
     );
     let served = graceful.watch(conn);
     tokio::spawn(async move {
+        let _admitted = admitted;
         tokio::select! {
             served = served => if let Err(e) = served {
                 debug!(%peer, error = %e, "connection ended with an error");
@@ -436,7 +744,7 @@ fn serve_connection<T>(
 fn service(
     router: Router,
     watch: Watch,
-    body_timeout: Duration,
+    timeouts: Timeouts,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<Body>,
@@ -448,17 +756,30 @@ fn service(
     hyper::service::service_fn(move |req: Request<Incoming>| {
         let in_flight = watch.begin();
         let (parts, body) = req.into_parts();
-        let body = TimedBody::new(Body::new(body), body_timeout);
+        let body = TimedBody::with_rate(Body::new(body), timeouts.body, timeouts.min_rate);
         let read_whole = body.read_whole.clone();
+        let leftover = body.leftover.clone();
         let answered = router
             .clone()
             .oneshot(Request::from_parts(parts, Body::new(body)));
         async move {
             let mut response = answered.await.unwrap_or_else(|e: Infallible| match e {});
             // Answered without reading the whole body (refused before it, or over its cap):
-            // the rest is not read, so the connection ends with this answer, and says so, so
-            // no client sends another request on it.
+            // the connection ends with this answer, and says so, so no client sends another
+            // request on it. The rest of an authenticated request's body is read and dropped
+            // beside the answer (the lingering close); an anonymous one's is never read.
             if !read_whole.load(Ordering::Relaxed) {
+                let rest = leftover
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                let anonymous = matches!(
+                    response.status(),
+                    axum::http::StatusCode::UNAUTHORIZED | axum::http::StatusCode::FORBIDDEN
+                );
+                if let Some(rest) = rest.filter(|_| !anonymous) {
+                    tokio::spawn(linger(rest, timeouts.body));
+                }
                 response.headers_mut().insert(
                     axum::http::header::CONNECTION,
                     axum::http::HeaderValue::from_static("close"),
@@ -493,6 +814,7 @@ mod tests {
         body: Duration::from_secs(20),
         idle: Duration::from_secs(60),
         handshake: Duration::from_secs(10),
+        min_rate: 1000,
     };
 
     #[tokio::test]
@@ -523,6 +845,25 @@ mod tests {
             Err(Cut::ResponseStalled)
         );
         w.write_blocked(false);
+        // ...or reads it slower than the minimum rate: 10 KiB in 21 s is 488 bytes a second,
+        // with writes blocked again now.
+        let slow = Instant::now();
+        {
+            let mut a = w.lock();
+            a.slow = Some((slow, 10 * 1024));
+            a.write_blocked = Some(slow + Duration::from_secs(15));
+        }
+        assert!(w.verdict(slow + Duration::from_secs(19), &T).is_ok());
+        assert_eq!(
+            w.verdict(slow + Duration::from_secs(21), &T),
+            Err(Cut::ResponseSlow)
+        );
+        // A client that reads at the rate starts a new window.
+        w.lock().slow = Some((slow, 40 * 1024));
+        assert!(w.verdict(slow + Duration::from_secs(21), &T).is_ok());
+        assert_eq!(w.lock().slow, Some((slow + Duration::from_secs(21), 0)));
+        w.write_blocked(false);
+        w.lock().slow = None;
         drop(req);
         let idle = Instant::now();
         assert!(w.verdict(idle + Duration::from_secs(59), &T).is_ok());
@@ -565,5 +906,31 @@ mod tests {
         assert!(whole.read_whole.load(Ordering::Relaxed));
         let empty = TimedBody::new(Body::empty(), limit);
         assert!(empty.read_whole.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_caps_count_each_source_and_the_total_and_free_a_place_when_a_connection_ends() {
+        let metrics = Arc::new(Metrics::default());
+        let gate = Gate::new(
+            Caps {
+                total: 3,
+                per_source: 2,
+            },
+            metrics.clone(),
+        );
+        let a: IpAddr = "127.0.0.1".parse().expect("an address");
+        let b: IpAddr = "127.0.0.2".parse().expect("an address");
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("an address");
+        let a1 = gate.admit(a).expect("room");
+        let _a2 = gate.admit(a).expect("room");
+        // The same source over a dual-stack listener is the same source.
+        assert_eq!(gate.admit(mapped).err(), Some(Refused::PerSource));
+        let _b1 = gate.admit(b).expect("room");
+        assert_eq!(gate.admit(b).err(), Some(Refused::Total));
+        assert_eq!(metrics.connections_open.get(), 3);
+        drop(a1);
+        assert_eq!(metrics.connections_open.get(), 2);
+        let _b2 = gate.admit(b).expect("a place freed");
+        assert_eq!(gate.admit(a).err(), Some(Refused::Total));
     }
 }

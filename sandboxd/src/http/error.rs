@@ -73,6 +73,11 @@ impl ServiceError {
             Self::ChangedWhileOpening { .. } | Self::Changed { .. } => {
                 (409, ErrorCode::SessionChanged)
             }
+            Self::Rebuilding { .. } | Self::StoppedForRebuild { .. } => {
+                (409, ErrorCode::SessionRebuilding)
+            }
+            Self::RebuildRefused(_) => (409, ErrorCode::RebuildRefused),
+            Self::RebuildFailed { .. } => (502, ErrorCode::RebuildFailed),
             Self::Lost { .. } => (410, ErrorCode::SessionLost),
             Self::Gone { .. } => (410, ErrorCode::SessionGone),
             Self::OwnerMismatch { .. } => (409, ErrorCode::OwnerMismatch),
@@ -80,7 +85,11 @@ impl ServiceError {
             Self::OpenFailed { .. } => (502, ErrorCode::OpenFailed),
             Self::TenantCap { .. } => (429, ErrorCode::TenantCap),
             Self::HostCap { .. } => (429, ErrorCode::HostCap),
+            Self::TenantWorkspaces { .. } => (429, ErrorCode::TenantWorkspaces),
+            Self::WorkspaceBudget { .. } => (429, ErrorCode::WorkspaceBudget),
             Self::RunCap { .. } => (429, ErrorCode::RunCap),
+            Self::MemoryBusy(_) => (503, ErrorCode::MemoryBusy),
+            Self::FileWorkBusy(_) => (503, ErrorCode::FileWorkBusy),
             Self::RunExists { .. } => (409, ErrorCode::RunExists),
             Self::RunNotRunning { .. } | Self::RunUnknown { .. } => (404, ErrorCode::RunNotFound),
             // nginx's "client closed request": nobody is left to read it.
@@ -126,6 +135,8 @@ impl FileError {
             Self::WorkspaceMissing => (410, ErrorCode::SessionLost),
             Self::PermissionDenied { .. } => (403, ErrorCode::PermissionDenied),
             Self::NotRegularFile { .. } => (409, ErrorCode::NotARegularFile),
+            Self::Stopped { .. } => (503, ErrorCode::FileWorkStopped),
+            Self::Busy { .. } => (503, ErrorCode::MemoryBusy),
             Self::Io { .. } => (500, ErrorCode::IoError),
         }
     }
@@ -174,7 +185,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::docker::DockerError;
+    use crate::container::DockerError;
     use crate::container::network::NetworkError;
     use crate::workspace::disk::DiskError;
 
@@ -306,6 +317,30 @@ mod tests {
                 "Session 's-1' changed; try again".to_owned(),
             ),
             (
+                ServiceError::Rebuilding { id: id() },
+                409,
+                ErrorCode::SessionRebuilding,
+                "Session 's-1' is being rebuilt (its container is recreated from its runtime's current image; the workspace stays); run the command again once it is done".to_owned(),
+            ),
+            (
+                ServiceError::StoppedForRebuild { id: id() },
+                409,
+                ErrorCode::SessionRebuilding,
+                "The run was stopped: session 's-1' is being rebuilt (its container is recreated from its runtime's current image; the workspace stays); run it again once the session runs".to_owned(),
+            ),
+            (
+                ServiceError::RebuildRefused("runtime 'base' is at image b:2 on this host, not b:1: the session was not rebuilt".to_owned()),
+                409,
+                ErrorCode::RebuildRefused,
+                "runtime 'base' is at image b:2 on this host, not b:1: the session was not rebuilt".to_owned(),
+            ),
+            (
+                ServiceError::RebuildFailed { id: id(), image: "b:2".to_owned(), message: "Docker said no".to_owned() },
+                502,
+                ErrorCode::RebuildFailed,
+                "The rebuild of session 's-1' onto image b:2 failed: Docker said no. The workspace is kept; the session has no container until it is rebuilt again or woken".to_owned(),
+            ),
+            (
                 ServiceError::Lost { id: id() },
                 410,
                 ErrorCode::SessionLost,
@@ -353,6 +388,39 @@ mod tests {
                 429,
                 ErrorCode::HostCap,
                 "This host already holds 20 of 20 sessions. Release an idle session before opening another.".to_owned(),
+            ),
+            (
+                ServiceError::TenantWorkspaces {
+                    tenant: "acme".to_owned(),
+                    held: 20,
+                    max: 20,
+                },
+                429,
+                ErrorCode::TenantWorkspaces,
+                "Tenant 'acme' already holds 20 of 20 workspaces on this host (SANDBOXD_MAX_WORKSPACES_PER_TENANT; sleeping and reclaimed sessions count until they are destroyed). Destroy a session before opening another.".to_owned(),
+            ),
+            (
+                ServiceError::WorkspaceBudget {
+                    budget: 95 << 30,
+                    held: 92 << 30,
+                    workspaces: 23,
+                    asked: 4 << 30,
+                },
+                429,
+                ErrorCode::WorkspaceBudget,
+                "This host's workspace budget of 95 GiB (SANDBOXD_WORKSPACE_BUDGET) has no room for a workspace of 4 GiB: 23 workspaces hold 92 GiB (sleeping and reclaimed sessions count until they are destroyed). Destroy a session or open it on another host.".to_owned(),
+            ),
+            (
+                ServiceError::FileWorkBusy("session 's-1' waits".to_owned()),
+                503,
+                ErrorCode::FileWorkBusy,
+                "session 's-1' waits".to_owned(),
+            ),
+            (
+                ServiceError::MemoryBusy("session 's-1' holds 64 MiB".to_owned()),
+                503,
+                ErrorCode::MemoryBusy,
+                "session 's-1' holds 64 MiB".to_owned(),
             ),
             (
                 ServiceError::RunCap {
@@ -496,6 +564,10 @@ mod tests {
             | ServiceError::Destroying { .. }
             | ServiceError::ChangedWhileOpening { .. }
             | ServiceError::Changed { .. }
+            | ServiceError::Rebuilding { .. }
+            | ServiceError::StoppedForRebuild { .. }
+            | ServiceError::RebuildRefused(_)
+            | ServiceError::RebuildFailed { .. }
             | ServiceError::Lost { .. }
             | ServiceError::Gone { .. }
             | ServiceError::OwnerMismatch { .. }
@@ -503,7 +575,11 @@ mod tests {
             | ServiceError::OpenFailed { .. }
             | ServiceError::TenantCap { .. }
             | ServiceError::HostCap { .. }
+            | ServiceError::TenantWorkspaces { .. }
+            | ServiceError::WorkspaceBudget { .. }
             | ServiceError::RunCap { .. }
+            | ServiceError::MemoryBusy(_)
+            | ServiceError::FileWorkBusy(_)
             | ServiceError::RunExists { .. }
             | ServiceError::RunNotRunning { .. }
             | ServiceError::RunUnknown { .. }
@@ -529,7 +605,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 29, "one row per variant of ServiceError");
+        assert_eq!(variants.len(), 37, "one row per variant of ServiceError");
         for (e, status, code, message) in table {
             assert!(listed(&e));
             let what = format!("{e:?}");
@@ -617,6 +693,22 @@ mod tests {
                 ErrorCode::NotARegularFile,
             ),
             (
+                FileError::Stopped {
+                    path: p(),
+                    stop: crate::workspace::deadline::Stop::Cancelled,
+                },
+                503,
+                ErrorCode::FileWorkStopped,
+            ),
+            (
+                FileError::Busy {
+                    path: p(),
+                    why: "w".to_owned(),
+                },
+                503,
+                ErrorCode::MemoryBusy,
+            ),
+            (
                 FileError::Io {
                     path: p(),
                     source: std::io::Error::other("x"),
@@ -629,7 +721,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 12, "one row per variant of FileError");
+        assert_eq!(variants.len(), 14, "one row per variant of FileError");
         for (e, status, code) in cases {
             let message = e.to_string();
             assert_eq!(ApiError::from(e), ApiError::new(status, code, message));

@@ -4,7 +4,7 @@
 //!
 //! `/v1` reads `Authorization: Bearer` and answers `{"code", "message"}` ([`Caller`], [`Admin`],
 //! [`ForSession`]); the wire protocol reads `X-Sandbox-Token` and answers `{"detail"}`
-//! ([`Service`], [`WireSession`]). The rules themselves are each surface's (`v1::caller`,
+//! ([`Service`], [`WireSession`]). The rules themselves are each surface's (`state::caller`,
 //! `wire::for_session`, …). The router's middleware has refused a token this host does not
 //! know before any handler runs; these decide what a known one reaches. A handler lists them
 //! after its `Path` and `Query`, so a malformed path or query is answered first, as before.
@@ -17,7 +17,7 @@ use axum::http::request::Parts;
 use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 
 use crate::http::error::ApiError;
-use crate::http::v1::{self, AppState, Caller};
+use crate::http::state::{self, AppState, Caller};
 use crate::http::wire::{self, WireError};
 use crate::service::Actor;
 use crate::storage::store::SessionRow;
@@ -67,7 +67,7 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        v1::caller(state, &parts.headers).await
+        state::caller(state, &parts.headers).await
     }
 }
 
@@ -81,7 +81,7 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        v1::admin(state, &parts.headers).await?;
+        state::admin(state, &parts.headers).await?;
         Ok(Self)
     }
 }
@@ -100,7 +100,7 @@ impl FromRequestParts<AppState> for ForSession {
         let id = path_param(parts, state, "id")
             .await
             .map_err(ApiError::bad_request)?;
-        v1::for_session(state, &parts.headers, &id).await?;
+        state::for_session(state, &parts.headers, &id).await?;
         Ok(Self)
     }
 }

@@ -14,9 +14,10 @@ use clap::Parser as _;
 use tower::ServiceExt as _;
 
 use crate::config::Config;
-use crate::container::docker::Engine;
-use crate::http::v1::{self, AppState};
+use crate::container::Engine;
+use crate::http::v1;
 use crate::http::wire;
+use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::run::ExecRunner;
 use crate::runtimes::Runtimes;
@@ -152,7 +153,7 @@ pub(crate) fn same(a: &BTreeSet<String>, a_name: &str, b: &BTreeSet<String>, b_n
 #[tokio::test]
 async fn the_routers_serve_exactly_the_listed_routes() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let router = v1::router(state(dir.path()).await);
+    let router = router(state(dir.path()).await);
     same(
         &served(&router, v1::paths()).await,
         "what the /v1 router serves",

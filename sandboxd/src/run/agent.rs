@@ -46,7 +46,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::container::docker::{AgentMount, Engine};
+use crate::container::docker::DockerEngine;
+use crate::container::{AgentMount, Engine};
 use crate::metrics::Metrics;
 use crate::run::{ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 
@@ -213,8 +214,9 @@ impl AgentRunner {
         let name = container.map_or_else(|| self.engine.container_name(session), str::to_owned);
         let inspected = self
             .engine
-            .client()
+            .docker()
             .map_err(|e| e.to_string())?
+            .client()
             .inspect_container(&name, None::<InspectContainerOptions>)
             .await
             .map_err(|e| format!("inspect container {name}: {e}"))?;
@@ -462,8 +464,9 @@ impl AgentRunner {
         // here with its message, before any wait for an agent.
         let inspected = self
             .engine
-            .client()
+            .docker()
             .map_err(|e| RunError::Start(e.to_string()))?
+            .client()
             .inspect_container(&spec.container, None::<InspectContainerOptions>)
             .await
             .map_err(|e| match e {
@@ -527,7 +530,7 @@ impl AgentRunner {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
-            cwd: Some(crate::container::docker::WORKSPACE_MOUNT.to_owned()),
+            cwd: Some(crate::container::WORKSPACE_MOUNT.to_owned()),
             timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
             max_output_bytes: spec.max_output_bytes as u64,
         })
@@ -571,7 +574,9 @@ impl AgentRunner {
                     Ok(Some(Frame::Stdout(b))) => output.stdout(&b),
                     Ok(Some(Frame::Stderr(b))) => output.stderr(&b),
                     Ok(Some(Frame::Msg(Msg::Exit(exit)))) => break exit,
-                    Ok(Some(Frame::Msg(Msg::Started { .. }))) => {}
+                    Ok(Some(Frame::Msg(Msg::Started { .. }))) => {
+                        self.metrics.observe_run_start("agent", started);
+                    }
                     Ok(Some(Frame::Msg(Msg::Error { code, message }))) if code == "process_limit" => {
                         return Err(RunError::ProcessLimit(message));
                     }
@@ -621,8 +626,9 @@ impl AgentRunner {
     /// The agent's connection broke mid-run: if the agent died, its container went with it:
     /// report it and start the container again.
     async fn lost_mid_run(&self, spec: &RunSpec, e: Option<proto::FrameError>) -> RunError {
-        let running = match self.engine.client() {
+        let running = match self.engine.docker() {
             Ok(docker) => docker
+                .client()
                 .inspect_container(&spec.container, None::<InspectContainerOptions>)
                 .await
                 .ok()
@@ -739,7 +745,7 @@ impl Runner for AgentRunner {
 
     fn container_stopped<'a>(&'a self, session: &'a str, container: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Ok(docker) = self.engine.client() else {
+            let Ok(docker) = self.engine.docker().map(DockerEngine::client) else {
                 return;
             };
             let Ok(inspected) = docker

@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::container::docker::{Engine, WORKSPACE_MOUNT};
+use crate::container::docker::DockerEngine;
+use crate::container::{Engine, WORKSPACE_MOUNT};
 
 /// Prints the shell's pid on the first stdout line, then becomes the command. The pid is the
 /// run's process group (Docker starts each exec as a session leader), which stop and timeout kill.
@@ -27,12 +28,26 @@ pub(super) const IO_WAIT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct ExecRunner {
     engine: Engine,
+    /// Where runs are counted by path (`exec`) when this is the configured backend; none when
+    /// it is the agent's fallback, which counts its own (`exec_fallback`).
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl ExecRunner {
-    /// A runner on `engine`.
+    /// A runner on `engine` (the agent runner's fallback).
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        Self {
+            engine,
+            metrics: None,
+        }
+    }
+
+    /// The configured backend: a runner on `engine` that counts its runs as path `exec`.
+    pub fn counted(engine: Engine, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        Self {
+            engine,
+            metrics: Some(metrics),
+        }
     }
 
     pub(super) async fn kill_group(&self, container: &str, pid: u32, uid: u32) {
@@ -57,7 +72,7 @@ impl ExecRunner {
             attach_stderr: Some(true),
             ..Default::default()
         };
-        let Ok(docker) = self.engine.client() else {
+        let Ok(docker) = self.engine.docker().map(DockerEngine::client) else {
             return;
         };
         let Ok(exec) = docker.create_exec(container, options).await else {
@@ -79,8 +94,9 @@ impl ExecRunner {
         let started = Instant::now();
         let docker = self
             .engine
-            .client()
-            .map_err(|e| RunError::Start(e.to_string()))?;
+            .docker()
+            .map_err(|e| RunError::Start(e.to_string()))?
+            .client();
         let options = CreateExecOptions {
             cmd: Some(vec![
                 "/bin/sh".to_owned(),
@@ -112,6 +128,9 @@ impl ExecRunner {
         else {
             return Err(RunError::Start("docker started the exec detached".into()));
         };
+        if let Some(m) = &self.metrics {
+            m.observe_run_start("exec", started);
+        }
 
         let mut captured = Output::new(spec.max_output_bytes, events);
         let mut pid: Option<u32> = None;
@@ -238,6 +257,9 @@ impl Runner for ExecRunner {
         events: Option<mpsc::Sender<RunEvent>>,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<RunOutcome, RunError>> {
+        if let Some(m) = &self.metrics {
+            m.run_path("exec");
+        }
         Box::pin(self.run_exec(spec, events, cancel))
     }
 

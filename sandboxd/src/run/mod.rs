@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::container::docker::AgentMount;
+use crate::container::AgentMount;
 pub use sandboxd_api::run::{RunEvent, RunOutcome, RunStatus};
 
 /// What to run.

@@ -14,7 +14,8 @@ use sandboxd_catalog::CatalogEntry;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::container::docker::Engine;
+use crate::container::Engine;
+use crate::container::docker::DockerEngine;
 
 pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -174,10 +175,13 @@ pub async fn build_once(
     if engine.has_image(&image).await.unwrap_or(false) {
         return Ok(());
     }
-    let docker = engine.client().map_err(|e| BuildFailure {
-        message: format!("building {image} failed: {e}"),
-        log_tail: String::new(),
-    })?;
+    let docker = engine
+        .docker()
+        .map_err(|e| BuildFailure {
+            message: format!("building {image} failed: {e}"),
+            log_tail: String::new(),
+        })?
+        .client();
     let mut lines: Vec<String> = Vec::new();
     let mut push = |text: &str| {
         for l in text.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
@@ -274,7 +278,7 @@ pub(super) async fn prune(engine: &Engine, alias: &str, keep: &str) {
     let options = ListImagesOptionsBuilder::default()
         .filters(&filters)
         .build();
-    let Ok(docker) = engine.client() else {
+    let Ok(docker) = engine.docker().map(DockerEngine::client) else {
         return;
     };
     let Ok(images) = docker.list_images(Some(options)).await else {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::container::docker::Engine;
+use crate::container::Engine;
 pub use sandboxd_api::runtimes::{RuntimeKind, RuntimeList, RuntimeStatus};
 
 mod allowlist;
@@ -421,6 +421,12 @@ impl Runtimes {
                 (e.alias.clone(), e.warm_pool, image)
             })
             .collect()
+    }
+
+    /// The image runtime `alias` names on this host now, whatever its build state; `None` when
+    /// it is not allowlisted.
+    pub fn current_image(&self, alias: &str) -> Option<String> {
+        self.lock().status.get(alias).map(|s| s.tag.clone())
     }
 
     /// The runtime a ready session of `alias` runs, if it is allowlisted and ready.

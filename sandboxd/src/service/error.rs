@@ -4,12 +4,12 @@
 //! ([`crate::http::error`]); the wire protocol words them its own way. The message of an error
 //! is its `Display`, the same on every surface.
 
-use crate::container::docker::DockerError;
+use crate::container::DockerError;
 use crate::container::network::NetworkError;
 use crate::run::RunError;
 use crate::runtimes::RuntimeError;
 use crate::workspace::FileError;
-use crate::workspace::disk::DiskError;
+use crate::workspace::disk::{DiskError, human};
 
 /// Why the core refused or failed an operation.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,38 @@ pub enum ServiceError {
     Changed {
         /// The session.
         id: String,
+    },
+    /// The session is being rebuilt: a run, or another rebuild, waits until it is done.
+    #[error(
+        "Session '{id}' is being rebuilt (its container is recreated from its runtime's current image; the workspace stays); run the command again once it is done"
+    )]
+    Rebuilding {
+        /// The session.
+        id: String,
+    },
+    /// A run stopped because its session is being rebuilt.
+    #[error(
+        "The run was stopped: session '{id}' is being rebuilt (its container is recreated from its runtime's current image; the workspace stays); run it again once the session runs"
+    )]
+    StoppedForRebuild {
+        /// The session.
+        id: String,
+    },
+    /// A rebuild refused as asked (the runtime names another image here, runs in flight
+    /// when an idle one was asked for); the message says why.
+    #[error("{0}")]
+    RebuildRefused(String),
+    /// A rebuild that failed after the old container was removed.
+    #[error(
+        "The rebuild of session '{id}' onto image {image} failed: {message}. The workspace is kept; the session has no container until it is rebuilt again or woken"
+    )]
+    RebuildFailed {
+        /// The session.
+        id: String,
+        /// The image it was to run.
+        image: String,
+        /// What failed.
+        message: String,
     },
     /// The session's workspace vanished: the session is lost, never given an empty one.
     #[error(
@@ -107,6 +139,40 @@ pub enum ServiceError {
         /// Sessions it may hold.
         max: u32,
     },
+    /// The tenant holds as many workspaces as it may, asleep and reclaimed ones included.
+    #[error(
+        "Tenant '{tenant}' already holds {held} of {max} workspaces on this host (SANDBOXD_MAX_WORKSPACES_PER_TENANT; sleeping and reclaimed sessions count until they are destroyed). Destroy a session before opening another."
+    )]
+    TenantWorkspaces {
+        /// The tenant.
+        tenant: String,
+        /// Workspaces it holds.
+        held: u32,
+        /// Workspaces it may hold.
+        max: u32,
+    },
+    /// The host's workspace budget has no room for another workspace disk.
+    #[error(
+        "This host's workspace budget of {} (SANDBOXD_WORKSPACE_BUDGET) has no room for a workspace of {}: {workspaces} workspaces hold {} (sleeping and reclaimed sessions count until they are destroyed). Destroy a session or open it on another host.",
+        human(*.budget), human(*.asked), human(*.held)
+    )]
+    WorkspaceBudget {
+        /// The budget, bytes.
+        budget: u64,
+        /// Bytes the host's workspaces hold.
+        held: u64,
+        /// How many workspaces hold them.
+        workspaces: u32,
+        /// The size of the workspace asked for.
+        asked: u64,
+    },
+    /// The session's file operations waiting for a worker are as many as may wait.
+    #[error("{0}")]
+    FileWorkBusy(String),
+    /// The budget of bytes in flight (the host's or the session's) has no room for a run's
+    /// output buffers; the text says which.
+    #[error("{0}")]
+    MemoryBusy(String),
     /// The session has as many runs in flight as it may.
     #[error(
         "Session '{id}' already has {held} of {max} runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one."

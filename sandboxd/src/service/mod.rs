@@ -3,35 +3,43 @@
 //! [`Core`] and its settings are here; its work is split by what it acts on: opening a session
 //! (`open`), a session after it opened (`sessions`), runs (`runs`), session tokens (`tokens`,
 //! with the token arithmetic in [`auth`]), the reconcile at start (`reconcile`), the live
-//! [`policy`]. What goes wrong is a [`ServiceError`], which says what happened and nothing of
+//! [`policy`], what a running sandbox uses (`usage`). What goes wrong is a [`ServiceError`], which says what happened and nothing of
 //! HTTP: the surfaces give it a status and a code (`crate::http::error`).
 
 pub mod auth;
 mod error;
+mod health;
+pub mod memory;
 mod open;
 pub mod policy;
 pub mod pool;
+mod rebuild;
 mod reconcile;
 mod runs;
 mod sessions;
 mod tokens;
+mod usage;
+pub mod work;
 
 pub use error::ServiceError;
+pub use health::Counts;
 use open::*;
+pub use rebuild::RebuildRequest;
 pub use reconcile::Reconciled;
 use reconcile::*;
 use runs::*;
+pub use usage::{USAGE_FRESH, cpu_percent};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::container::docker::Engine;
+use crate::container::Engine;
 use crate::container::network::SandboxNetwork;
 use crate::metrics::Metrics;
 use crate::run::Runner;
@@ -87,6 +95,8 @@ pub struct Settings {
     /// Workspace size (default and ceiling), bytes; `None`: workspaces are not limited
     /// (SANDBOXD_WORKSPACE_QUOTA=off).
     pub workspace_size: Option<u64>,
+    /// The bounds of file work.
+    pub file_work: work::FileWorkLimits,
 }
 
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
@@ -157,7 +167,8 @@ pub struct Core {
     runtimes: Arc<Runtimes>,
     policy: RwLock<Policy>,
     audit: Audit,
-    tenants: Mutex<HashMap<String, String>>,
+    /// The tenant and incarnation of each session looked up, for its audit rows.
+    tenants: Mutex<HashMap<String, (String, String)>>,
     /// Session tokens already looked up: token hash to session id. An entry is forgotten
     /// whenever a session's tokens change or its row goes (rotate, destroy, a failed open),
     /// so the cache never answers for a token the store would refuse.
@@ -166,6 +177,8 @@ pub struct Core {
     /// The open or wake in flight per session (see [`OpeningSlot`]).
     opening: Mutex<HashMap<String, watch::Receiver<bool>>>,
     runs: Mutex<HashMap<String, RunEntry>>,
+    /// The sessions being rebuilt now: their runs are refused (see [`rebuild`]).
+    rebuilding: Mutex<HashSet<String>>,
     metrics: Arc<Metrics>,
     /// The network of sessions whose runtime needs one; `None`: such a session gets
     /// `settings.runtime_network` as it is (unit tests only).
@@ -174,6 +187,12 @@ pub struct Core {
     disks: Disks,
     /// The warm pools of the runtimes (see [`pool`]).
     pool: pool::Pool,
+    /// The last usage reading and answer per session (see `usage`).
+    usage: usage::UsageCache,
+    /// What `/healthz` and `/metrics` reuse (see [`health`]).
+    looks: health::Looks,
+    /// The file workers and every session's share of them (see [`work`]).
+    file_work: work::FileWork,
 }
 
 /// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
@@ -205,7 +224,8 @@ pub struct Outcome {
 pub async fn detached<T: Send + 'static>(
     change: impl std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
 ) -> Result<T, ServiceError> {
-    tokio::spawn(change)
+    // The task keeps the request's span: its spans are the request's children.
+    tokio::spawn(tracing::Instrument::in_current_span(change))
         .await
         .map_err(|e| ServiceError::internal(format!("the operation's task failed: {e}")))?
 }
@@ -263,6 +283,7 @@ impl Core {
         let disks = Disks::new(&settings.workspace_root, settings.uid);
         Self {
             pool: pool::Pool::new(&settings.workspace_root),
+            usage: usage::UsageCache::default(),
             disks,
             store,
             engine,
@@ -274,9 +295,12 @@ impl Core {
             token_cache: Mutex::default(),
             opening: Mutex::default(),
             runs: Mutex::default(),
+            rebuilding: Mutex::default(),
             metrics,
             network: None,
             trash: Trash::new(&settings.workspace_root),
+            looks: health::Looks::default(),
+            file_work: work::FileWork::new(settings.file_work),
             settings,
         }
     }
@@ -291,6 +315,11 @@ impl Core {
     /// The settings.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The file workers.
+    pub fn file_work(&self) -> &work::FileWork {
+        &self.file_work
     }
 
     /// The warm pools.
@@ -343,7 +372,23 @@ impl Core {
         Caps {
             max_sessions: p.max_sessions,
             max_per_tenant: p.max_sessions_per_tenant,
+            ..self.settings.caps
         }
+    }
+
+    /// The policy with what cannot change at runtime, and what the host's workspaces hold now.
+    pub async fn policy_view_with_use(&self) -> PolicyView {
+        let mut view = self.policy_view();
+        match self.store.held("").await {
+            Ok(held) => {
+                view.workspaces = Some(sandboxd_api::policy::WorkspaceUse {
+                    workspaces: held.workspaces,
+                    bytes: held.workspace_bytes,
+                });
+            }
+            Err(e) => warn!(error = %e, "cannot count the workspaces for the policy"),
+        }
+        view
     }
 
     /// The policy with what cannot change at runtime.
@@ -351,13 +396,14 @@ impl Core {
         let s = &self.settings;
         PolicyView {
             policy: self.policy(),
+            workspaces: None,
             fixed: Fixed {
                 runtimes: self.runtimes.aliases(),
                 network_mode: s.network_mode.clone(),
                 runtime_network: s.runtime_network.clone(),
                 oci_runtime: s.oci_runtime.clone(),
                 sandbox_uid: s.uid,
-                work_dir: crate::container::docker::WORKSPACE_MOUNT.to_owned(),
+                work_dir: crate::container::WORKSPACE_MOUNT.to_owned(),
                 workspace_root: s.workspace_root.display().to_string(),
                 persist_containers: s.persist_containers,
                 cpus: s.cpus,
@@ -365,6 +411,8 @@ impl Core {
                 pids_limit: s.pids_limit,
                 tmpfs_size: s.tmpfs_size.clone(),
                 workspace_size: s.workspace_size,
+                workspace_budget: s.caps.workspace_budget,
+                max_workspaces_per_tenant: Some(s.caps.max_workspaces_per_tenant),
             },
         }
     }
@@ -400,11 +448,14 @@ impl Core {
         outcome: Outcome,
         started: std::time::Instant,
     ) {
-        let tenant = self.tenants.lock().ok().and_then(|t| t.get(id).cloned());
-        let Some(tenant) = tenant else { return };
+        let known = self.tenants.lock().ok().and_then(|t| t.get(id).cloned());
+        let Some((tenant, incarnation)) = known else {
+            return;
+        };
         self.audit.record(NewOperation {
             at_ms: crate::storage::store::now_ms(),
             session: id.to_owned(),
+            incarnation,
             tenant,
             agent: actor.agent.clone(),
             run: actor.run.clone(),
@@ -416,6 +467,25 @@ impl Core {
             bytes: outcome.bytes,
             duration_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
         });
+    }
+
+    /// The activity feed of session `id` (its incarnation's audit rows in the wire protocol's
+    /// shape) after sequence number `after`.
+    pub async fn events(
+        &self,
+        id: &str,
+        after: i64,
+    ) -> Result<crate::storage::audit::SessionEvents, ServiceError> {
+        let row = self.row(id).await?;
+        self.audit
+            .events(id, &row.incarnation, after)
+            .await
+            .map_err(|e| ServiceError::internal(e.to_string()))
+    }
+
+    /// The incarnation of session `id` (for whose audit rows a session token may see).
+    pub async fn incarnation(&self, id: &str) -> Result<String, ServiceError> {
+        Ok(self.row(id).await?.incarnation)
     }
 
     /// The workspace of a session.

@@ -4,9 +4,9 @@
 use super::*;
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
-use crate::container::docker::SandboxSpec;
+use crate::container::SandboxSpec;
 use crate::runtimes::RuntimeImage;
 use crate::service::parse_bytes;
 use crate::storage::store::{Claim, NewSession, SessionRow, State};
@@ -54,9 +54,20 @@ impl Core {
         Some(asked.clamp(crate::workspace::disk::MIN_SIZE, ceiling))
     }
 
-    pub(super) fn cap_error(&self, claim: &Claim, tenant: &str) -> ServiceError {
+    pub(super) fn cap_error(&self, claim: &Claim, tenant: &str, asked: u64) -> ServiceError {
         let caps = self.caps();
         match claim {
+            Claim::TenantWorkspaces { held } => ServiceError::TenantWorkspaces {
+                tenant: tenant.to_owned(),
+                held: *held,
+                max: caps.max_workspaces_per_tenant,
+            },
+            Claim::Budget { held, workspaces } => ServiceError::WorkspaceBudget {
+                budget: caps.workspace_budget.unwrap_or(u64::MAX),
+                held: *held,
+                workspaces: *workspaces,
+                asked,
+            },
             Claim::TenantCap { held } => ServiceError::TenantCap {
                 tenant: tenant.to_owned(),
                 held: *held,
@@ -79,6 +90,7 @@ impl Core {
     /// Opens a session by name: creates it, or finds it (waiting for a concurrent open of the
     /// same name). Concurrent opens make exactly one container.
     pub async fn open(&self, req: OpenRequest) -> Result<Opened, ServiceError> {
+        let started = std::time::Instant::now();
         if !valid_session_id(&req.name) {
             return Err(ServiceError::invalid(format!(
                 "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -134,6 +146,11 @@ impl Core {
             token_hash: &hash,
             limits: &limits_json,
             owner: req.owner.as_deref(),
+            disk_bytes: limits
+                .workspace_size
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
         };
         // Take the session's slot before claiming, so a concurrent open that finds the row in
         // state opening always has something to wait on; one in flight is waited for first.
@@ -149,7 +166,12 @@ impl Core {
                 }
             }
         };
-        let claim = self.store.claim(&new, self.caps()).await.map_err(db)?;
+        let claim = self
+            .store
+            .claim(&new, self.caps())
+            .instrument(tracing::info_span!("claim"))
+            .await
+            .map_err(db)?;
         match claim {
             Claim::Inserted => {
                 // A folder (or disk) this open makes is removed again if it fails, so that no
@@ -161,16 +183,19 @@ impl Core {
                 let result = if had_folder || had_disk {
                     self.create_container(&req.name, &req.tenant, &runtime, &limits)
                         .await
+                        .map(|()| sandboxd_api::session::Launch::Cold)
                 } else {
                     crate::service::pool::open(self, &req.name, &req.tenant, &runtime, &limits)
+                        .instrument(tracing::info_span!("launch"))
                         .await
                 };
                 match result {
-                    Ok(()) => {
+                    Ok(launch) => {
                         self.metrics
                             .opens
                             .get_or_create(&crate::metrics::Outcome::new("created"))
                             .inc();
+                        self.metrics.observe_open(launch, started);
                         let row = self.row(&req.name).await?;
                         Ok(Opened {
                             created: true,
@@ -225,7 +250,7 @@ impl Core {
                     .opens
                     .get_or_create(&crate::metrics::Outcome::new("refused"))
                     .inc();
-                Err(self.cap_error(&refused, &req.tenant))
+                Err(self.cap_error(&refused, &req.tenant, new.disk_bytes))
             }
         }
     }
@@ -339,6 +364,7 @@ impl Core {
                 let id = id.to_owned();
                 move || disks.create(&id, size)
             })
+            .instrument(tracing::info_span!("disk", bytes = size))
             .await
             .map_err(|e| ServiceError::internal(format!("the disk task failed: {e}")))?;
             made.map_err(|e| ServiceError::disk(id, e))?;
@@ -352,10 +378,16 @@ impl Core {
         let container = self
             .engine
             .create(&spec)
+            .instrument(tracing::info_span!("container create"))
             .await
             .map_err(ServiceError::Docker)?;
         self.store
             .set_container(id, Some(&container))
+            .await
+            .map_err(db)?;
+        // A wake after the runtime changed makes the container from its current image.
+        self.store
+            .set_image(id, &runtime.image, None)
             .await
             .map_err(db)?;
         if !self

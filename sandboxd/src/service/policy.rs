@@ -10,7 +10,7 @@ use crate::service::ServiceError;
 pub use sandboxd_api::policy::{Fixed, Policy, PolicyView};
 
 /// The fields that are refused, and the variable a restart would change them with.
-pub const FIXED_FIELDS: [(&str, &str); 14] = [
+pub const FIXED_FIELDS: [(&str, &str); 16] = [
     ("runtimes", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
     ("allowlist", "PUT /v1/runtimes or SANDBOXD_RUNTIMES"),
     ("network_mode", "SANDBOXD_NETWORK_MODE"),
@@ -25,6 +25,11 @@ pub const FIXED_FIELDS: [(&str, &str); 14] = [
     ("pids_limit", "SANDBOXD_PIDS_LIMIT"),
     ("tmpfs_size", "SANDBOXD_TMPFS_SIZE"),
     ("workspace_size", "SANDBOXD_WORKSPACE_SIZE"),
+    ("workspace_budget", "SANDBOXD_WORKSPACE_BUDGET"),
+    (
+        "max_workspaces_per_tenant",
+        "SANDBOXD_MAX_WORKSPACES_PER_TENANT",
+    ),
 ];
 
 /// The fields that change live.

@@ -41,11 +41,12 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use sandboxd_api::runtimes::RuntimeList;
+use sandboxd_api::session::Launch;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::container::docker::Engine;
+use crate::container::Engine;
 use crate::metrics::RuntimeLabel;
 use crate::runtimes::RuntimeImage;
 use crate::service::{Core, Limits, ServiceError};
@@ -236,14 +237,15 @@ pub fn runtime_list(core: &Core) -> RuntimeList {
 
 /// Starts session `id`'s sandbox: on a container of its runtime's warm pool when one fits
 /// (see the module docs), else cold ([`Core::create_container`]), after making room for it
-/// among the pooled containers.
+/// among the pooled containers. An open of a runtime that keeps a pool which is empty is
+/// counted (`sandboxd_warm_pool_empty_opens_total`): the pool does not keep up.
 pub(crate) async fn open(
     core: &Core,
     id: &str,
     tenant: &str,
     runtime: &RuntimeImage,
     limits: &Limits,
-) -> Result<(), ServiceError> {
+) -> Result<Launch, ServiceError> {
     {
         let shape = core.shape(runtime, limits);
         let disk = core.workspace_size_of(runtime, limits);
@@ -255,7 +257,7 @@ pub(crate) async fn open(
                 Ok(()) => {
                     publish(core);
                     info!(session = id, tenant, runtime = %runtime.alias, container = %pooled.name, "session opened on a warm container");
-                    return Ok(());
+                    return Ok(Launch::Warm);
                 }
                 Err(Claimed::Changed(e)) => return Err(e),
                 Err(Claimed::Failed(why)) => {
@@ -264,9 +266,25 @@ pub(crate) async fn open(
             }
         }
         publish(core);
+        // No container fitted; when none was there at all, the pool did not keep up.
+        let keeps_pool = core
+            .runtimes()
+            .warm_pools()
+            .iter()
+            .any(|(alias, size, _)| *alias == runtime.alias && *size > 0);
+        if keeps_pool && core.pool().ready(runtime) == 0 {
+            core.metrics()
+                .warm_pool_empty_opens
+                .get_or_create(&RuntimeLabel {
+                    runtime: runtime.alias.clone(),
+                })
+                .inc();
+        }
     }
     make_room(core).await;
-    core.create_container(id, tenant, runtime, limits).await
+    core.create_container(id, tenant, runtime, limits)
+        .await
+        .map(|()| Launch::Cold)
 }
 
 /// Why a claim did not give the session its container.
@@ -399,7 +417,7 @@ fn discard_folder(core: &Core, name: &str) {
 /// Sessions holding a slot on this host.
 async fn held(core: &Core) -> Option<usize> {
     match core.store().held("").await {
-        Ok((host, _)) => Some(host as usize),
+        Ok(held) => Some(held.sessions as usize),
         Err(e) => {
             warn!(error = %e, "cannot count the sessions for the warm pools");
             None
@@ -451,6 +469,7 @@ fn publish(core: &Core) {
             runtime: alias.clone(),
         };
         let mine = ready.iter().filter(|p| p.runtime.alias == alias);
+        let _ = m.warm_pool_empty_opens.get_or_create(&label);
         m.warm_pool_size.get_or_create(&label).set(i64::from(size));
         m.warm_pool_ready
             .get_or_create(&label)

@@ -5,7 +5,7 @@ use super::*;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::container::docker::Presence;
+use crate::container::Presence;
 use crate::storage::store::{SessionRow, State};
 
 impl Core {
@@ -71,7 +71,7 @@ impl Core {
     pub(super) async fn reconcile_row(
         &self,
         row: &SessionRow,
-        container: Option<&crate::container::docker::Owned>,
+        container: Option<&crate::container::Owned>,
     ) -> Result<bool, ServiceError> {
         match (row.state, container) {
             (State::Opening, _)
@@ -185,10 +185,7 @@ mod tests {
         let store = Store::open(&dir.path().join("state"))
             .await
             .expect("the store");
-        let caps = Caps {
-            max_sessions: 100,
-            max_per_tenant: 100,
-        };
+        let caps = Caps::sessions(100, 100);
         for id in ["cut", "halfway"] {
             let new = NewSession {
                 id,
@@ -198,6 +195,7 @@ mod tests {
                 token_hash: id,
                 limits: "{}",
                 owner: None,
+                disk_bytes: 0,
             };
             assert_eq!(
                 store.claim(&new, caps).await.expect("claim"),

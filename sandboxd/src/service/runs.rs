@@ -4,6 +4,7 @@
 use super::*;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,8 +15,10 @@ use crate::run::{RunError, RunEvent, RunOutcome, RunSpec, RunStatus};
 use crate::storage::store::State;
 
 pub(super) struct RunEntry {
-    session: String,
+    pub(super) session: String,
     cancel: CancellationToken,
+    /// Set when the run is stopped because its session is being rebuilt.
+    for_rebuild: Arc<AtomicBool>,
 }
 
 /// A run in flight: when it ends, or its caller goes away, it is cancelled and forgotten.
@@ -74,6 +77,17 @@ impl Core {
         }
     }
 
+    /// Stops the runs in flight of a session being rebuilt; each answers
+    /// [`ServiceError::StoppedForRebuild`].
+    pub(super) fn stop_runs_for_rebuild(&self, id: &str) {
+        if let Ok(runs) = self.runs.lock() {
+            for e in runs.values().filter(|e| e.session == id) {
+                e.for_rebuild.store(true, Ordering::SeqCst);
+                e.cancel.cancel();
+            }
+        }
+    }
+
     /// Runs a command, waking the session first; output also goes to `events` as it comes.
     /// `under_way` hears once the run is in the session's table (from then on a stop of its
     /// id reaches it); it is dropped unheard when the run ends before that.
@@ -110,8 +124,18 @@ impl Core {
             }
             env.push(format!("{k}={v}"));
         }
+        // With tracing on, the program may continue the trace of its run (the W3C variable);
+        // one the caller set is kept.
+        if let Some(tp) = sandboxd_telemetry::traceparent()
+            && !env.iter().any(|e| e.starts_with("TRACEPARENT="))
+        {
+            env.push(format!("TRACEPARENT={tp}"));
+        }
         // Refused before anything is woken or asked of Docker; checked again, atomically, as
         // the run is entered in the table below.
+        if self.is_rebuilding(id) {
+            return Err(ServiceError::Rebuilding { id: id.to_owned() });
+        }
         self.check_run_cap(id, self.runs_in_flight(id))?;
         // A running session goes straight to a run path that finds a stopped container by
         // itself (the agent's handshake fails, and `NotRunning` below starts it again): no
@@ -134,6 +158,7 @@ impl Core {
             .clone()
             .unwrap_or_else(|| format!("run-{}", &auth::new_session_token()[4..20]));
         let cancel = CancellationToken::new();
+        let for_rebuild = Arc::new(AtomicBool::new(false));
         {
             let mut runs = self
                 .runs
@@ -142,15 +167,34 @@ impl Core {
             if runs.contains_key(&run_id) {
                 return Err(ServiceError::RunExists { run_id });
             }
+            // A rebuild marks its session under this lock: one that began since the check
+            // above refuses the run here.
+            if self.is_rebuilding(id) {
+                return Err(ServiceError::Rebuilding { id: id.to_owned() });
+            }
             self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
             runs.insert(
                 run_id.clone(),
                 RunEntry {
                     session: id.to_owned(),
                     cancel: cancel.clone(),
+                    for_rebuild: for_rebuild.clone(),
                 },
             );
         }
+        // The run's output buffers (two streams, each up to the output cap) come out of the
+        // budget of bytes in flight for as long as the run goes; taken once the run holds its
+        // place under the run cap, so a flood of runs is refused by the cap first.
+        let output_bytes = self.policy().max_output_bytes.saturating_mul(2);
+        let _output = match self.file_work.memory().reserve(id, output_bytes, false) {
+            Ok(held) => held,
+            Err(why) => {
+                if let Ok(mut runs) = self.runs.lock() {
+                    runs.remove(&run_id);
+                }
+                return Err(ServiceError::MemoryBusy(why));
+            }
+        };
         if let Some(under_way) = under_way {
             let _ = under_way.send(());
         }
@@ -188,7 +232,7 @@ impl Core {
         let mut result = self
             .spawn_run(spec.clone(), events.clone(), cancel.clone())
             .await;
-        if matches!(result, Err(RunError::NotRunning)) {
+        if matches!(result, Err(RunError::NotRunning)) && !for_rebuild.load(Ordering::SeqCst) {
             // The container died under the session (its init was OOM-killed, Docker restarted):
             // start it again, files intact, and run once more.
             warn!(
@@ -223,6 +267,9 @@ impl Core {
             && self.destroyed_or_destroying(id).await
         {
             return Err(ServiceError::Gone { id: id.to_owned() });
+        }
+        if for_rebuild.load(Ordering::SeqCst) {
+            return Err(ServiceError::StoppedForRebuild { id: id.to_owned() });
         }
         if crate::storage::store::now_ms().saturating_sub(touched_at) > ACTIVITY_RESOLUTION_MS {
             let _ = self.store.touch(id).await;

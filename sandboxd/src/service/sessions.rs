@@ -4,7 +4,7 @@ use super::*;
 
 use tracing::info;
 
-use crate::container::docker::Presence;
+use crate::container::Presence;
 use crate::runtimes::{RuntimeError, RuntimeImage};
 use crate::service::parse_bytes;
 use crate::storage::store::{Claim, SessionRow, State};
@@ -61,6 +61,22 @@ impl Core {
             } else {
                 sandboxd_api::session::Launch::Cold
             },
+            usage: None,
+            runtime_image: self.runtimes.current_image(&row.runtime),
+            limits: {
+                let Limits {
+                    cpus,
+                    mem_limit,
+                    pids_limit,
+                    workspace_size,
+                } = Self::limits_of(row);
+                sandboxd_api::Limits {
+                    cpus,
+                    mem_limit,
+                    pids_limit,
+                    workspace_size,
+                }
+            },
         }
     }
 
@@ -72,27 +88,36 @@ impl Core {
             .map_err(db)?
             .ok_or_else(|| ServiceError::NoSuchSession { id: id.to_owned() })?;
         if let Ok(mut t) = self.tenants.lock()
-            && t.get(id) != Some(&row.tenant)
+            && t.get(id).is_none_or(|(tenant, incarnation)| {
+                *tenant != row.tenant || *incarnation != row.incarnation
+            })
         {
-            t.insert(id.to_owned(), row.tenant.clone());
+            t.insert(id.to_owned(), (row.tenant.clone(), row.incarnation.clone()));
         }
         Ok(row)
     }
 
-    /// One session; no side effects (never wakes, never marks anything).
-    pub async fn get(&self, id: &str) -> Result<SessionView, ServiceError> {
+    /// One session, with its usage when `usage` (see [`Core::usage`]); no side effects
+    /// (never wakes, never marks anything).
+    pub async fn get(&self, id: &str, usage: bool) -> Result<SessionView, ServiceError> {
         let row = self.row(id).await?;
-        Ok(self.view(&row, true).await)
+        let mut view = self.view(&row, true).await;
+        if usage {
+            view.usage = self.usage(&row).await;
+        }
+        Ok(view)
     }
 
     /// Every session.
     pub async fn list(&self) -> Result<Vec<SessionView>, ServiceError> {
         let rows = self.store.list().await.map_err(db)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            out.push(self.view(row, false).await);
-        }
-        Ok(out)
+        // Side by side: each running session's usage may cost a Docker call.
+        Ok(futures::future::join_all(rows.iter().map(|row| async move {
+            let mut view = self.view(row, false).await;
+            view.usage = self.usage(row).await;
+            view
+        }))
+        .await)
     }
 
     pub(super) fn runtime(&self, alias: Option<&str>) -> Result<RuntimeImage, RuntimeError> {
@@ -192,6 +217,7 @@ impl Core {
                 Box::pin(self.wake(id)).await
             }
             State::Stopped => {
+                let started = std::time::Instant::now();
                 let Some(c) = row.container_id.clone() else {
                     self.store
                         .transition(id, &[State::Stopped], State::Reclaimed)
@@ -229,9 +255,11 @@ impl Core {
                     .await
                     .map_err(db)?;
                 info!(session = id, "session woken");
+                self.metrics.observe_wake("stopped", started);
                 self.row(id).await
             }
             State::Reclaimed => {
+                let started = std::time::Instant::now();
                 let slot = match self.take_slot(id)? {
                     Slot::Mine(slot) => slot,
                     Slot::Busy(rx) => {
@@ -246,7 +274,7 @@ impl Core {
                     .map_err(db)?
                 {
                     Some(Claim::Inserted) => {}
-                    Some(refused) => return Err(self.cap_error(&refused, &row.tenant)),
+                    Some(refused) => return Err(self.cap_error(&refused, &row.tenant, 0)),
                     None => {
                         drop(slot);
                         return Box::pin(self.wake(id)).await;
@@ -276,6 +304,7 @@ impl Core {
                         .map_err(db)?;
                     return Err(e);
                 }
+                self.metrics.observe_wake("reclaimed", started);
                 let woken = self.row(id).await;
                 drop(slot);
                 woken
@@ -308,7 +337,7 @@ impl Core {
                 return Err(ServiceError::Destroying { id: id.to_owned() });
             }
         }
-        self.get(id).await
+        self.get(id, false).await
     }
 
     /// Removes a session's container; the workspace stays. A host that keeps containers
@@ -343,7 +372,7 @@ impl Core {
                 return Err(ServiceError::Destroying { id: id.to_owned() });
             }
         }
-        self.get(id).await
+        self.get(id, false).await
     }
 
     /// Removes the container and the workspace. Destroying what is already gone succeeds.
@@ -421,6 +450,7 @@ impl Core {
         if let Ok(mut t) = self.tenants.lock() {
             t.remove(id);
         }
+        self.usage.forget(id);
         info!(session = id, "session destroyed");
         Ok(Destroyed {
             id: id.to_owned(),
@@ -432,12 +462,21 @@ impl Core {
     /// The workspace of a session for a file operation: never wakes it; a vanished workspace
     /// makes it lost.
     pub async fn files(&self, id: &str) -> Result<Workspace, ServiceError> {
+        if let Some(busy) = self.file_work.refuses(id) {
+            return Err(ServiceError::FileWorkBusy(busy.to_string()));
+        }
         let row = self.row(id).await?;
         if row.state == State::Destroying {
             return Err(ServiceError::Destroying { id: id.to_owned() });
         }
         self.check_workspace(&row).await?;
-        let _ = self.store.touch(id).await;
+        // A row touched within the last second needs no write: a flood of file operations
+        // would otherwise queue every session's behind its writes.
+        if crate::storage::store::now_ms().saturating_sub(row.last_activity_at)
+            > ACTIVITY_RESOLUTION_MS
+        {
+            let _ = self.store.touch(id).await;
+        }
         Ok(self.workspace(id).with_size_limit(self.disks.size(id)))
     }
 }

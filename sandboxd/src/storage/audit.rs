@@ -1,8 +1,14 @@
 //! The audit log: every read, write, ls, mkdir, remove and execute that reaches a session is a
-//! row — time, session, tenant, agent and run (from the request's `X-Sandbox-Agent` and
-//! `X-Sandbox-Run` headers), operation, target (the path, or the command cut to
-//! [`MAX_TARGET_CHARS`]), ok, the numeric exit status of a failed command, bytes of a read,
-//! duration. Never a payload and never output.
+//! row — time, session and its incarnation, tenant, agent and run (from the request's
+//! `X-Sandbox-Agent` and `X-Sandbox-Run` headers, marked as the caller's), operation, target (the
+//! path, or the command cut to [`MAX_TARGET_CHARS`]), ok, the numeric exit status of a failed
+//! command, bytes of a read, duration, and whether a field was cut at its cap. Never a payload
+//! and never output.
+//!
+//! A row belongs to one incarnation of its session (made anew each time the id is opened from
+//! nothing) and is numbered within it (`seq`, from 1): the activity feed of a session
+//! ([`AuditStore::events`]) is its incarnation's rows in that order, and a session token never
+//! sees another incarnation's rows.
 //!
 //! Stored through sqlx: SQLite in the state folder by default (`audit.db`), PostgreSQL when
 //! `SANDBOXD_AUDIT_DATABASE_URL` is a `postgres://` URL; one migration set per backend
@@ -16,7 +22,8 @@
 use std::time::Duration;
 
 pub use sandboxd_api::audit::{
-    DEFAULT_PAGE, MAX_PAGE, Op, Operation, OperationPage, OperationQuery,
+    DEFAULT_PAGE, EVENT_TARGET_CHARS, EVENTS_PAGE, MAX_PAGE, Op, Operation, OperationPage,
+    OperationQuery, SessionEvent, SessionEvents, StreamQuery,
 };
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Row};
@@ -27,10 +34,15 @@ use tracing::{info, warn};
 pub const MAX_TARGET_CHARS: usize = 1000;
 /// The longest agent or run id kept, in characters.
 pub const MAX_ID_CHARS: usize = 200;
+/// The longest error kept, in characters.
+pub const MAX_ERROR_CHARS: usize = 200;
 /// The default retention, days (`OPERATION_RETENTION_DAYS`).
 pub const RETENTION_DAYS: u32 = 30;
 /// How often the retention sweep runs.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
+/// The PostgreSQL advisory lock the writers of every sandboxd sharing a store take for each
+/// transaction (an arbitrary number of this project's own).
+const WRITER_LOCK: i64 = 0x5eed_a0d1;
 /// Rows the writer puts in one transaction at most.
 const BATCH: usize = 500;
 /// Rows waiting to be written at most, by default (`SANDBOXD_AUDIT_QUEUE`).
@@ -45,6 +57,8 @@ pub struct NewOperation {
     pub at_ms: i64,
     /// The session.
     pub session: String,
+    /// Its incarnation (see the module's documentation).
+    pub incarnation: String,
     /// Its tenant.
     pub tenant: String,
     /// The agent, from `X-Sandbox-Agent`.
@@ -66,6 +80,30 @@ pub struct NewOperation {
     pub bytes: Option<i64>,
     /// How long it took.
     pub duration_ms: i64,
+}
+
+impl NewOperation {
+    /// The row with every field within its cap: the target at [`MAX_TARGET_CHARS`], agent and
+    /// run at [`MAX_ID_CHARS`], the error at [`MAX_ERROR_CHARS`]; whether any was cut.
+    fn capped(mut self) -> (Self, bool) {
+        let mut cut = false;
+        let mut cap = |text: &mut String, max: usize| {
+            if text.chars().nth(max).is_some() {
+                *text = bounded(text, max);
+                cut = true;
+            }
+        };
+        cap(&mut self.target, MAX_TARGET_CHARS);
+        for field in [&mut self.agent, &mut self.run] {
+            if let Some(v) = field.as_mut() {
+                cap(v, MAX_ID_CHARS);
+            }
+        }
+        if let Some(e) = self.error.as_mut() {
+            cap(e, MAX_ERROR_CHARS);
+        }
+        (self, cut)
+    }
 }
 
 /// What the audit store can fail with.
@@ -174,17 +212,50 @@ impl AuditStore {
         }
     }
 
-    /// Writes rows in one transaction.
+    /// Writes rows in one transaction, each field within its cap (flagged when cut), each
+    /// numbered after the last row of its session's incarnation.
     pub async fn insert(&self, rows: &[NewOperation]) -> Result<(), AuditError> {
         if rows.is_empty() {
             return Ok(());
         }
         let sql = format!(
-            "INSERT INTO operations (at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms) VALUES ({})",
-            (1..=12).map(|n| self.ph(n)).collect::<Vec<_>>().join(", ")
+            "INSERT INTO operations (at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms, incarnation, seq, truncated, caller_labels) VALUES ({})",
+            (1..=16).map(|n| self.ph(n)).collect::<Vec<_>>().join(", ")
         );
+        let last = format!(
+            "SELECT COALESCE(MAX(seq), 0) AS seq FROM operations WHERE session = {} AND incarnation = {}",
+            self.ph(1),
+            self.ph(2)
+        );
+        let mut next: std::collections::HashMap<(String, String), i64> = Default::default();
         let mut tx = self.pool.begin().await?;
+        if self.postgres {
+            // One writer at a time across every sandboxd sharing the store: ids are drawn
+            // inside the lock, so they become visible in their order, and a stream that has
+            // read up to an id never finds a smaller one committed later.
+            sqlx::query(AssertSqlSafe(format!(
+                "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock({WRITER_LOCK})) AS l"
+            )))
+            .execute(&mut *tx)
+            .await?;
+        }
         for r in rows {
+            let (r, truncated) = r.clone().capped();
+            let key = (r.session.clone(), r.incarnation.clone());
+            let seq = match next.get(&key) {
+                Some(n) => *n,
+                None => {
+                    let found: i64 = sqlx::query(AssertSqlSafe(last.clone()))
+                        .bind(&r.session)
+                        .bind(&r.incarnation)
+                        .fetch_one(&mut *tx)
+                        .await?
+                        .try_get("seq")?;
+                    found + 1
+                }
+            };
+            next.insert(key, seq + 1);
+            let caller_labels = r.agent.is_some() || r.run.is_some();
             sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(r.at_ms)
                 .bind(&r.session)
@@ -198,11 +269,59 @@ impl AuditStore {
                 .bind(r.error.as_deref())
                 .bind(r.bytes)
                 .bind(r.duration_ms)
+                .bind(&r.incarnation)
+                .bind(seq)
+                .bind(i64::from(truncated))
+                .bind(i64::from(caller_labels))
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// The activity feed of `session`'s incarnation `incarnation`: its rows after sequence
+    /// number `after`, the newest [`EVENTS_PAGE`] of them, oldest first, and the highest
+    /// sequence number it has.
+    pub async fn events(
+        &self,
+        session: &str,
+        incarnation: &str,
+        after: i64,
+    ) -> Result<SessionEvents, AuditError> {
+        let (p1, p2, p3) = (self.ph(1), self.ph(2), self.ph(3));
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT seq, at_ms, op, target, ok, exit_code, error, duration_ms FROM operations WHERE session = {p1} AND incarnation = {p2} AND seq > {p3} ORDER BY seq DESC LIMIT {EVENTS_PAGE}"
+        )))
+        .bind(session)
+        .bind(incarnation)
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
+        events.reverse();
+        let latest_seq: i64 = sqlx::query(AssertSqlSafe(format!(
+            "SELECT COALESCE(MAX(seq), 0) AS seq FROM operations WHERE session = {p1} AND incarnation = {p2}"
+        )))
+        .bind(session)
+        .bind(incarnation)
+        .fetch_one(&self.pool)
+        .await?
+        .try_get("seq")?;
+        Ok(SessionEvents { events, latest_seq })
+    }
+
+    /// At most `limit` rows after id `after`, oldest first: the audit stream's next lines.
+    pub async fn after(&self, after: i64, limit: u32) -> Result<Vec<Operation>, AuditError> {
+        let sql = format!(
+            "SELECT id, at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms, incarnation, truncated, caller_labels FROM operations WHERE id > {} ORDER BY id ASC LIMIT {limit}",
+            self.ph(1)
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(row).collect::<Result<Vec<_>, _>>()?)
     }
 
     /// One page of rows matching `q`, newest first; the cursor is the id of the last row.
@@ -224,6 +343,7 @@ impl AuditStore {
             ("tenant", &q.tenant),
             ("agent", &q.agent),
             ("run", &q.run),
+            ("incarnation", &q.incarnation),
         ] {
             if let Some(v) = value {
                 add(
@@ -264,7 +384,7 @@ impl AuditStore {
             wheres.push("ok = 0".to_owned());
         }
         let sql = format!(
-            "SELECT id, at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms FROM operations{} ORDER BY id DESC LIMIT {}",
+            "SELECT id, at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms, incarnation, truncated, caller_labels FROM operations{} ORDER BY id DESC LIMIT {}",
             if wheres.is_empty() {
                 String::new()
             } else {
@@ -323,6 +443,28 @@ fn row(r: &AnyRow) -> Result<Operation, sqlx::Error> {
         error: r.try_get("error")?,
         bytes: r.try_get("bytes")?,
         duration_ms: r.try_get("duration_ms")?,
+        incarnation: Some(r.try_get::<String, _>("incarnation")?).filter(|i| !i.is_empty()),
+        truncated: r.try_get::<i64, _>("truncated")? != 0,
+        caller_labels: r.try_get::<i64, _>("caller_labels")? != 0,
+    })
+}
+
+fn event(r: &AnyRow) -> Result<SessionEvent, sqlx::Error> {
+    let name: String = r.try_get("op")?;
+    let op = Op::parse(&name)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown operation '{name}'").into()))?;
+    let ok = r.try_get::<i64, _>("ok")? != 0;
+    let exit_code: Option<i64> = r.try_get("exit_code")?;
+    let error: Option<String> = r.try_get("error")?;
+    let target: String = r.try_get("target")?;
+    Ok(SessionEvent {
+        seq: r.try_get("seq")?,
+        at: r.try_get::<i64, _>("at_ms")? as f64 / 1000.0,
+        op: sandboxd_api::audit::event_op(op).to_owned(),
+        target: bounded(&target, EVENT_TARGET_CHARS),
+        ok,
+        detail: sandboxd_api::audit::event_detail(op, ok, exit_code, error.as_deref()),
+        duration_ms: r.try_get::<i64, _>("duration_ms")? as f64,
     })
 }
 
@@ -418,17 +560,30 @@ impl Audit {
 
     /// Records a row; never blocks and never fails the request. A row that finds the queue
     /// full (the store slow or down) is dropped, counted and warned of.
-    pub fn record(&self, mut row: NewOperation) {
+    pub fn record(&self, row: NewOperation) {
         if self.store.is_none() {
             return;
         }
-        row.target = bounded(&row.target, MAX_TARGET_CHARS);
-        row.agent = row.agent.map(|a| bounded(&a, MAX_ID_CHARS));
-        row.run = row.run.map(|r| bounded(&r, MAX_ID_CHARS));
         if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(Msg::Row(Box::new(row))) {
             self.dropped
                 .add(1, "the audit queue is full (SANDBOXD_AUDIT_QUEUE)");
         }
+    }
+
+    /// At most `limit` rows after id `after`, oldest first, once everything recorded before
+    /// is written.
+    pub async fn after(&self, after: i64, limit: u32) -> Result<Vec<Operation>, AuditError> {
+        self.flush().await;
+        match &self.store {
+            Some(s) => s.after(after, limit).await,
+            None => Ok(vec![]),
+        }
+    }
+
+    /// Rows waiting in the queue for the writer now, and the queue's size.
+    pub fn queued(&self) -> (usize, usize) {
+        let size = self.tx.max_capacity();
+        (size.saturating_sub(self.tx.capacity()), size)
     }
 
     /// Rows dropped since start.
@@ -453,6 +608,21 @@ impl Audit {
                 operations: vec![],
                 next_cursor: None,
             }),
+        }
+    }
+
+    /// The activity feed of a session's incarnation after `after` (after a flush, so a caller
+    /// sees what it did); empty when the audit log is off.
+    pub async fn events(
+        &self,
+        session: &str,
+        incarnation: &str,
+        after: i64,
+    ) -> Result<SessionEvents, AuditError> {
+        self.flush().await;
+        match &self.store {
+            Some(s) => s.events(session, incarnation, after).await,
+            None => Ok(SessionEvents::default()),
         }
     }
 
@@ -536,6 +706,7 @@ pub(crate) mod tests {
         NewOperation {
             at_ms,
             session: session.into(),
+            incarnation: format!("{session}-i1"),
             tenant: tenant.into(),
             agent: Some("agent-1".into()),
             run: Some("run-1".into()),
@@ -692,6 +863,214 @@ pub(crate) mod tests {
             ["kept.txt"]
         );
         assert_eq!(store.sweep(now, RETENTION_DAYS).await.expect("sweep"), 0);
+    }
+
+    /// The feed of one incarnation: numbered from 1 per incarnation, `after` and the page,
+    /// the wire protocol's names and details; another incarnation of the same id sees none of
+    /// it; an oversize field is cut and flagged, caller labels marked.
+    async fn feed_suite(store: AuditStore) {
+        let mut first = op(1_000, "s", "t", Op::Execute, "echo hi", true);
+        first.incarnation = "old".into();
+        let mut rows = vec![first];
+        for (i, (o, target, ok)) in [
+            (Op::Execute, "ls -la", true),
+            (Op::Write, "/workspace/a.txt", true),
+            (Op::Read, "missing.txt", false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut r = op(2_000 + i as i64, "s", "t", o, target, ok);
+            r.incarnation = "new".into();
+            if o == Op::Read {
+                r.error = Some("not_found".into());
+            }
+            rows.push(r);
+        }
+        store.insert(&rows).await.expect("insert");
+        let feed = store.events("s", "new", 0).await.expect("events");
+        let seen: Vec<_> = feed
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.seq,
+                    e.op.as_str(),
+                    e.target.as_str(),
+                    e.ok,
+                    e.detail.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (1, "run", "ls -la", true, "exit 0"),
+                (2, "write", "/workspace/a.txt", true, ""),
+                (3, "read", "missing.txt", false, "not found"),
+            ]
+        );
+        assert_eq!(feed.latest_seq, 3);
+        assert_eq!(feed.events[0].at, 2.0);
+        let later = store.events("s", "new", 3).await.expect("events");
+        assert_eq!((later.events.len(), later.latest_seq), (0, 3));
+        let old = store.events("s", "old", 0).await.expect("events");
+        assert_eq!(
+            old.events
+                .iter()
+                .map(|e| e.target.as_str())
+                .collect::<Vec<_>>(),
+            ["echo hi"]
+        );
+        // A later batch goes on numbering; only the newest EVENTS_PAGE come back.
+        let more: Vec<_> = (0..250)
+            .map(|i| {
+                let mut r = op(3_000 + i, "s", "t", Op::Ls, &format!("d{i}"), true);
+                r.incarnation = "new".into();
+                r
+            })
+            .collect();
+        store.insert(&more).await.expect("insert");
+        let page = store.events("s", "new", 0).await.expect("events");
+        assert_eq!(page.latest_seq, 253);
+        assert_eq!(page.events.len(), EVENTS_PAGE as usize);
+        assert_eq!(
+            (
+                page.events[0].seq,
+                page.events[199].seq,
+                page.events[199].target.as_str()
+            ),
+            (54, 253, "d249")
+        );
+        // Oversize fields are cut and flagged; the feed cuts targets further, as the protocol.
+        let mut big = op(9_000, "s", "t", Op::Execute, &"x".repeat(5000), true);
+        big.incarnation = "big".into();
+        big.agent = Some("a".repeat(300));
+        store.insert(&[big]).await.expect("insert");
+        let rows = store
+            .query(&OperationQuery {
+                incarnation: Some("big".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("query")
+            .operations;
+        let r = &rows[0];
+        assert_eq!(
+            (
+                r.target.chars().count(),
+                r.agent.as_deref().map(|a| a.chars().count()),
+                r.truncated,
+                r.caller_labels,
+                r.incarnation.as_deref(),
+            ),
+            (
+                MAX_TARGET_CHARS + 1,
+                Some(MAX_ID_CHARS + 1),
+                true,
+                true,
+                Some("big")
+            )
+        );
+        let feed = store.events("s", "big", 0).await.expect("events");
+        assert_eq!(
+            feed.events[0].target,
+            format!("{}…", "x".repeat(EVENT_TARGET_CHARS))
+        );
+    }
+
+    /// A database made by the first migration, with rows in it, takes the second: the old rows
+    /// stay (incarnation none, seq 0, labels marked), visible to an unfiltered query only.
+    async fn migrates_an_existing_database(url: &str, postgres: bool, dir: &std::path::Path) {
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .expect("connect");
+        let mut first = if postgres {
+            sqlx::migrate!("./migrations/audit/postgres")
+        } else {
+            sqlx::migrate!("./migrations/audit/sqlite")
+        };
+        first.migrations = first
+            .migrations
+            .iter()
+            .filter(|m| m.version == 1)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        first.run(&pool).await.expect("the first migration");
+        sqlx::query("INSERT INTO operations (at_ms, session, tenant, agent, run, op, target, ok, exit_code, error, bytes, duration_ms) VALUES (1, 's', 't', 'agent-1', NULL, 'read', 'old.txt', 1, NULL, NULL, 3, 2)")
+            .execute(&pool)
+            .await
+            .expect("an old row");
+        pool.close().await;
+        let store = AuditStore::open(postgres.then_some(url), dir)
+            .await
+            .expect("the store opens and migrates");
+        let rows = store
+            .query(&OperationQuery::default())
+            .await
+            .expect("query")
+            .operations;
+        assert_eq!(
+            rows.iter()
+                .map(|o| (
+                    o.target.as_str(),
+                    o.incarnation.clone(),
+                    o.caller_labels,
+                    o.truncated
+                ))
+                .collect::<Vec<_>>(),
+            [("old.txt", None, true, false)]
+        );
+        let mut r = op(5, "s", "t", Op::Write, "new.txt", true);
+        r.incarnation = "i".into();
+        store.insert(&[r]).await.expect("insert");
+        let feed = store.events("s", "i", 0).await.expect("events");
+        assert_eq!(
+            feed.events
+                .iter()
+                .map(|e| (e.seq, e.target.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "new.txt")]
+        );
+    }
+
+    #[tokio::test]
+    async fn sqlite_feed_numbers_per_incarnation() {
+        let dir = tempfile::tempdir().expect("dir");
+        feed_suite(AuditStore::open(None, dir.path()).await.expect("sqlite")).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_feed_numbers_per_incarnation() {
+        let url = postgres_url().await;
+        let dir = tempfile::tempdir().expect("dir");
+        feed_suite(
+            AuditStore::open(Some(&url), dir.path())
+                .await
+                .expect("postgres"),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_migrates_an_existing_database() {
+        let dir = tempfile::tempdir().expect("dir");
+        sqlx::any::install_default_drivers();
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("audit.db").display()
+        );
+        migrates_an_existing_database(&url, false, dir.path()).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_migrates_an_existing_database() {
+        let url = postgres_url().await;
+        let dir = tempfile::tempdir().expect("dir");
+        migrates_an_existing_database(&url, true, dir.path()).await;
     }
 
     #[tokio::test]

@@ -36,6 +36,15 @@ pub enum State {
 impl State {
     /// The states that hold a slot against the caps.
     pub const HELD: [State; 3] = [State::Opening, State::Running, State::Stopped];
+    /// Every state.
+    pub const ALL: [State; 6] = [
+        State::Opening,
+        State::Running,
+        State::Stopped,
+        State::Reclaimed,
+        State::Lost,
+        State::Destroying,
+    ];
 
     /// The name stored and shown.
     pub fn as_str(self) -> &'static str {
@@ -111,6 +120,9 @@ pub struct SessionRow {
     pub owner: Option<String>,
     /// Whether its container was taken from a warm pool (`launch = 'warm'`).
     pub warm: bool,
+    /// Its incarnation: 32 hex digits made with the row, so a session opened again under the
+    /// same id after a destroy is another incarnation (its audit rows are told apart).
+    pub incarnation: String,
 }
 
 /// A session to insert.
@@ -130,6 +142,9 @@ pub struct NewSession<'a> {
     pub limits: &'a str,
     /// The object it belongs to, when the opener named one.
     pub owner: Option<&'a str>,
+    /// The nominal size of its workspace disk (0 without one): what it counts against the
+    /// workspace budget until it is destroyed.
+    pub disk_bytes: u64,
 }
 
 /// The caps a new slot is checked against.
@@ -139,6 +154,39 @@ pub struct Caps {
     pub max_sessions: u32,
     /// Sessions per tenant.
     pub max_per_tenant: u32,
+    /// Workspaces one tenant may hold in any state until they are destroyed (asleep and
+    /// reclaimed included).
+    pub max_workspaces_per_tenant: u32,
+    /// The bytes of workspace disks (their nominal sizes) the host may hold; `None`: no budget
+    /// (workspaces without disks).
+    pub workspace_budget: Option<u64>,
+}
+
+impl Caps {
+    /// Session caps alone: no workspace cap of the tenant's and no disk budget (tests and tools).
+    pub fn sessions(max_sessions: u32, max_per_tenant: u32) -> Self {
+        Self {
+            max_sessions,
+            max_per_tenant,
+            max_workspaces_per_tenant: u32::MAX,
+            workspace_budget: None,
+        }
+    }
+}
+
+/// What the host holds now: sessions holding a slot, and workspaces holding disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    /// Sessions holding a slot on the host (opening, running, stopped).
+    pub sessions: u32,
+    /// Of them, the tenant's.
+    pub tenant_sessions: u32,
+    /// Workspaces on the host, in any state until destroyed.
+    pub workspaces: u32,
+    /// Of them, the tenant's.
+    pub tenant_workspaces: u32,
+    /// The nominal bytes of the host's workspace disks.
+    pub workspace_bytes: u64,
 }
 
 /// What claiming a slot for a new session did.
@@ -158,6 +206,18 @@ pub enum Claim {
         /// Sessions the host holds.
         held: u32,
     },
+    /// The tenant holds as many workspaces as it may.
+    TenantWorkspaces {
+        /// Workspaces it holds.
+        held: u32,
+    },
+    /// The host's workspace budget has no room for the new disk.
+    Budget {
+        /// Bytes its workspaces hold.
+        held: u64,
+        /// How many workspaces hold them.
+        workspaces: u32,
+    },
 }
 
 /// The state store.
@@ -172,6 +232,10 @@ pub fn now_ms() -> i64 {
 }
 
 const HELD_SQL: &str = "state IN ('opening', 'running', 'stopped')";
+
+/// The rows whose workspace still takes disk: every state until destroyed but lost (a lost
+/// workspace has none left).
+const DISK_SQL: &str = "state <> 'lost'";
 
 fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
     Ok(SessionRow {
@@ -188,6 +252,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         last_activity_at: r.try_get("last_activity_at")?,
         owner: r.try_get("owner")?,
         warm: r.try_get::<String, _>("launch")? == "warm",
+        incarnation: r.try_get("incarnation")?,
     })
 }
 
@@ -244,18 +309,74 @@ impl Store {
             .collect()
     }
 
-    /// Sessions holding a slot: on the host, and of `tenant`.
-    pub async fn held(&self, tenant: &str) -> Result<(u32, u32), sqlx::Error> {
+    /// How many sessions are in each state (states with none left out): one count, no row
+    /// read into sandboxd.
+    pub async fn counts(&self) -> Result<Vec<(State, u64)>, sqlx::Error> {
+        sqlx::query("SELECT state, count(*) AS n FROM sessions GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                let state: State = r.try_get::<String, _>("state")?.parse()?;
+                let n = u64::try_from(r.try_get::<i64, _>("n")?).unwrap_or(0);
+                Ok((state, n))
+            })
+            .collect()
+    }
+
+    /// What the host holds, and of it `tenant`.
+    pub async fn held(&self, tenant: &str) -> Result<Held, sqlx::Error> {
         let r = sqlx::query(AssertSqlSafe(format!(
-            "SELECT (SELECT count(*) FROM sessions WHERE {HELD_SQL}) AS host, (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?) AS tenant"
+            "SELECT (SELECT count(*) FROM sessions WHERE {HELD_SQL}) AS host,
+                    (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?1) AS tenant,
+                    (SELECT count(*) FROM sessions WHERE {DISK_SQL}) AS workspaces,
+                    (SELECT count(*) FROM sessions WHERE {DISK_SQL} AND tenant = ?1) AS tenant_workspaces,
+                    (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) AS bytes"
         )))
         .bind(tenant)
         .fetch_one(&self.pool)
         .await?;
-        Ok((
-            r.try_get::<i64, _>("host")? as u32,
-            r.try_get::<i64, _>("tenant")? as u32,
-        ))
+        let count = |name: &str| -> Result<u32, sqlx::Error> {
+            Ok(u32::try_from(r.try_get::<i64, _>(name)?).unwrap_or(u32::MAX))
+        };
+        Ok(Held {
+            sessions: count("host")?,
+            tenant_sessions: count("tenant")?,
+            workspaces: count("workspaces")?,
+            tenant_workspaces: count("tenant_workspaces")?,
+            workspace_bytes: u64::try_from(r.try_get::<i64, _>("bytes")?).unwrap_or(0),
+        })
+    }
+
+    /// Why a claim under `caps` was refused, from what the host holds now.
+    async fn refusal(
+        &self,
+        tenant: &str,
+        caps: Caps,
+        disk_bytes: u64,
+    ) -> Result<Claim, sqlx::Error> {
+        let held = self.held(tenant).await?;
+        Ok(if held.tenant_sessions >= caps.max_per_tenant {
+            Claim::TenantCap {
+                held: held.tenant_sessions,
+            }
+        } else if held.tenant_workspaces >= caps.max_workspaces_per_tenant {
+            Claim::TenantWorkspaces {
+                held: held.tenant_workspaces,
+            }
+        } else if caps
+            .workspace_budget
+            .is_some_and(|b| held.workspace_bytes.saturating_add(disk_bytes) > b)
+        {
+            Claim::Budget {
+                held: held.workspace_bytes,
+                workspaces: held.workspaces,
+            }
+        } else {
+            Claim::HostCap {
+                held: held.sessions,
+            }
+        })
     }
 
     /// Inserts a new session in state opening if its id is free and both caps have room, in
@@ -263,10 +384,12 @@ impl Store {
     pub async fn claim(&self, new: &NewSession<'_>, caps: Caps) -> Result<Claim, sqlx::Error> {
         let now = now_ms();
         let inserted = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at, owner)
-             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7, ?10
+            "INSERT INTO sessions (id, tenant, runtime, image, state, token_hash, limits, created_at, updated_at, last_activity_at, owner, incarnation, disk_bytes)
+             SELECT ?1, ?2, ?3, ?4, 'opening', ?5, ?6, ?7, ?7, ?7, ?10, ?11, ?12
              WHERE (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?8
                AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?2) < ?9
+               AND (SELECT count(*) FROM sessions WHERE {DISK_SQL} AND tenant = ?2) < ?13
+               AND (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) + ?12 <= ?14
              ON CONFLICT (id) DO NOTHING"
         )))
         .bind(new.id)
@@ -279,6 +402,10 @@ impl Store {
         .bind(caps.max_sessions)
         .bind(caps.max_per_tenant)
         .bind(new.owner)
+        .bind(format!("{:032x}", rand::random::<u128>()))
+        .bind(i64::try_from(new.disk_bytes).unwrap_or(i64::MAX))
+        .bind(caps.max_workspaces_per_tenant)
+        .bind(caps.workspace_budget.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX)))
         .execute(&self.pool)
         .await?
         .rows_affected();
@@ -288,12 +415,7 @@ impl Store {
         if let Some(existing) = self.get(new.id).await? {
             return Ok(Claim::Exists(Box::new(existing)));
         }
-        let (host, tenant) = self.held(new.tenant).await?;
-        Ok(if tenant >= caps.max_per_tenant {
-            Claim::TenantCap { held: tenant }
-        } else {
-            Claim::HostCap { held: host }
-        })
+        self.refusal(new.tenant, caps, new.disk_bytes).await
     }
 
     /// Moves a reclaimed session back to opening if the caps have room; `Ok(None)` when it was
@@ -322,13 +444,10 @@ impl Store {
             return Ok(Some(Claim::Inserted));
         }
         match self.get(id).await? {
+            // Its workspace already counts: only the session caps can refuse a wake.
             Some(r) if r.state == State::Reclaimed => {
-                let (host, t) = self.held(tenant).await?;
-                Ok(Some(if t >= caps.max_per_tenant {
-                    Claim::TenantCap { held: t }
-                } else {
-                    Claim::HostCap { held: host }
-                }))
+                let caps = Caps::sessions(caps.max_sessions, caps.max_per_tenant);
+                Ok(Some(self.refusal(tenant, caps, 0).await?))
             }
             _ => Ok(None),
         }
@@ -395,6 +514,49 @@ impl Store {
             .bind(now_ms())
             .execute(&self.pool)
             .await?;
+        Ok(())
+    }
+
+    /// Counts `bytes` as the size of session `id`'s disk, if the host's workspaces with it fit
+    /// `budget`; false (nothing changed) when they do not.
+    pub async fn grow_disk_bytes(
+        &self,
+        id: &str,
+        bytes: u64,
+        budget: Option<u64>,
+    ) -> Result<bool, sqlx::Error> {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET disk_bytes = ?2
+             WHERE id = ?1
+               AND (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) - disk_bytes + ?2 <= ?3"
+        )))
+        .bind(id)
+        .bind(bytes)
+        .bind(budget.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX)))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// Records what a session's next container is made of: its image, and (a rebuild) its
+    /// limits as JSON.
+    pub async fn set_image(
+        &self,
+        id: &str,
+        image: &str,
+        limits: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE sessions SET image = ?2, limits = coalesce(?3, limits), updated_at = ?4 WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(image)
+        .bind(limits)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -501,6 +663,7 @@ mod tests {
             token_hash: hash,
             limits: "{}",
             owner: None,
+            disk_bytes: 0,
         }
     }
 
@@ -508,10 +671,7 @@ mod tests {
     async fn claims_respect_both_caps_and_ids() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).await.expect("store");
-        let caps = Caps {
-            max_sessions: 3,
-            max_per_tenant: 2,
-        };
+        let caps = Caps::sessions(3, 2);
         assert_eq!(
             store
                 .claim(&new("a", "t1", "h1"), caps)
@@ -571,19 +731,116 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn owners_are_adopted_once_and_guard_transitions() {
+    async fn workspaces_count_against_the_budget_until_destroyed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).await.expect("store");
         let caps = Caps {
-            max_sessions: 3,
-            max_per_tenant: 3,
+            max_sessions: 100,
+            max_per_tenant: 100,
+            max_workspaces_per_tenant: 3,
+            workspace_budget: Some(100),
         };
+        let sized = |id: &'static str, tenant: &'static str, disk_bytes: u64| NewSession {
+            disk_bytes,
+            ..new(id, tenant, id)
+        };
+        for id in ["a1", "a2"] {
+            assert_eq!(
+                store.claim(&sized(id, "a", 40), caps).await.expect("claim"),
+                Claim::Inserted
+            );
+        }
+        // Reclaimed and asleep workspaces keep their disks: they still count.
+        assert!(
+            store
+                .transition("a1", &[State::Opening], State::Reclaimed)
+                .await
+                .expect("transition")
+        );
+        assert_eq!(
+            store
+                .claim(&sized("b1", "b", 40), caps)
+                .await
+                .expect("claim"),
+            Claim::Budget {
+                held: 80,
+                workspaces: 2
+            }
+        );
+        assert_eq!(
+            store
+                .claim(&sized("b1", "b", 20), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        // The tenant's own cap on workspaces counts every state but lost.
+        assert_eq!(
+            store
+                .claim(&sized("a3", "a", 0), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        assert_eq!(
+            store
+                .claim(&sized("a4", "a", 0), caps)
+                .await
+                .expect("claim"),
+            Claim::TenantWorkspaces { held: 3 }
+        );
+        // A destroyed workspace gives its bytes back; a lost one holds none.
+        assert!(store.delete("a2").await.expect("delete"));
+        assert!(
+            store
+                .transition("a1", &[State::Reclaimed], State::Lost)
+                .await
+                .expect("transition")
+        );
+        let held = store.held("a").await.expect("held");
+        assert_eq!(
+            (
+                held.workspaces,
+                held.workspace_bytes,
+                held.tenant_workspaces
+            ),
+            (2, 20, 1)
+        );
+        assert_eq!(
+            store
+                .claim(&sized("b2", "b", 80), caps)
+                .await
+                .expect("claim"),
+            Claim::Inserted
+        );
+        // A disk grown by a rebuild counts with its new size, within the budget only.
+        assert!(
+            !store
+                .grow_disk_bytes("b2", 81, Some(100))
+                .await
+                .expect("grow")
+        );
+        assert!(
+            store
+                .grow_disk_bytes("b1", 20, Some(100))
+                .await
+                .expect("grow")
+        );
+        assert_eq!(store.held("b").await.expect("held").workspace_bytes, 100);
+    }
+
+    #[tokio::test]
+    async fn owners_are_adopted_once_and_guard_transitions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).await.expect("store");
+        let caps = Caps::sessions(3, 3);
         store
             .claim(&new("a", "t", "h1"), caps)
             .await
             .expect("claim");
         let owned = NewSession {
             owner: Some("uid-b"),
+            disk_bytes: 0,
             ..new("b", "t", "h2")
         };
         store.claim(&owned, caps).await.expect("claim");
@@ -625,10 +882,7 @@ mod tests {
     async fn transitions_are_guarded() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).await.expect("store");
-        let caps = Caps {
-            max_sessions: 3,
-            max_per_tenant: 2,
-        };
+        let caps = Caps::sessions(3, 2);
         store
             .claim(&new("a", "t1", "h1"), caps)
             .await

@@ -1,11 +1,16 @@
 //! Workspace disks: every session's workspace is a filesystem of its own, so a sandbox that
 //! writes without end fills its own disk ("No space left on device") and never the node's.
 //!
-//! A session's disk is an ext4 image file `{root}/{id}/workspace.img`, allocated in full when
-//! the session is created (`fallocate`: the space is the session's from then on, so sessions
-//! can never together take more of the node's disk than their sizes add up to), formatted, and
-//! loop-mounted (`nosuid,nodev`) at `{root}/{id}/workspace`, the folder every file operation
-//! and the container's `/workspace` bind mount use. The image's size is the session's limit.
+//! A session's disk is an ext4 image file `{root}/{id}/workspace.img`, made sparse when the
+//! session is created (its nominal size is the session's limit; the node's disk gives it only
+//! what it writes), formatted without writing its inode tables or journal ahead, and
+//! loop-mounted (`nosuid,nodev,noinit_itable,discard`: nothing zeroes the tables later, and
+//! what a sandbox deletes goes back to the node) at `{root}/{id}/workspace`, the folder every
+//! file operation and the container's `/workspace` bind mount use. A new 4 GiB disk takes about
+//! 4 MiB of the node's. Sparse disks could together promise more than the node has: the
+//! workspace budget (`SANDBOXD_WORKSPACE_BUDGET`, checked in the same statement that claims a
+//! session's slot) never lets the nominal sizes of the workspaces a host holds add up to more
+//! than the filesystem has less a reserve for sandboxd's state.
 //!
 //! This needs no filesystem quota support in the kernel (XFS project quotas and ext4 quotas
 //! need `CONFIG_XFS_QUOTA` or `CONFIG_QUOTA`, which many VM and CI kernels are built without),
@@ -13,8 +18,8 @@
 //! in sandboxd's mount namespace and must be seen by dockerd: sandboxd runs on the host, or in
 //! a privileged container whose workspace root is mounted with bidirectional propagation.
 //!
-//! Everything is done with the tools (`fallocate`, `mkfs.ext4`, `mount`, `umount`): this
-//! workspace forbids unsafe code, and so the ioctls and syscalls behind them.
+//! Everything is done with the tools (`mkfs.ext4`, `mount`, `umount`): this workspace forbids
+//! unsafe code, and so the ioctls and syscalls behind them.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -31,7 +36,7 @@ pub const MIN_SIZE: u64 = 16 << 20;
 /// Why a disk could not be made, mounted or released.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
-    /// The node has no room for the disk's full size.
+    /// The node's filesystem refused the disk's image file.
     #[error(
         "this host has no room for a workspace of {} (the node's disk under {root} is too full); close sessions or ask for a smaller limits.workspace_size",
         human(*.size)
@@ -102,6 +107,31 @@ fn run(what: &str, cmd: &mut Command) -> Result<(), DiskError> {
     })
 }
 
+/// `e2fsck -f -p` of a disk image before an offline resize (which refuses an unchecked one):
+/// exit status 0 (clean) and 1 (errors corrected) go on, anything else fails with its words.
+fn check(image: &Path) -> Result<(), DiskError> {
+    let out = Command::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(image)
+        .output()
+        .map_err(|e| DiskError::Tool {
+            what: "e2fsck".to_owned(),
+            message: format!("cannot run it: {e}"),
+        })?;
+    match out.status.code() {
+        Some(0 | 1) => Ok(()),
+        _ => Err(DiskError::Tool {
+            what: "e2fsck".to_owned(),
+            message: format!(
+                "{}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }),
+    }
+}
+
 fn on_path(tool: &str) -> bool {
     let dirs = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&dirs)
@@ -126,7 +156,7 @@ impl Disks {
         if euid != Some(0) {
             missing.push("root (mounting a filesystem needs CAP_SYS_ADMIN)".to_owned());
         }
-        for tool in ["fallocate", "mkfs.ext4", "mount", "umount"] {
+        for tool in ["mkfs.ext4", "mount", "umount"] {
             if !on_path(tool) {
                 missing.push(format!(
                     "{tool} (Debian's {})",
@@ -204,17 +234,16 @@ impl Disks {
         }
         let partial = folder.join(format!("{IMAGE_NAME}.new"));
         let _ = std::fs::remove_file(&partial);
-        let allocated = run(
-            "fallocate",
-            Command::new("fallocate")
-                .arg("-l")
-                .arg(size.to_string())
-                .arg(&partial),
-        );
+        // Sparse: the file has its nominal size and no blocks yet.
+        let allocated = std::fs::File::create(&partial)
+            .and_then(|f| f.set_len(size))
+            .map_err(io(&partial));
         if let Err(e) = allocated {
             let _ = std::fs::remove_file(&partial);
             return Err(match e {
-                DiskError::Tool { message, .. } if message.contains("No space left") => {
+                DiskError::Io { source, .. }
+                    if source.raw_os_error() == Some(28) || source.raw_os_error() == Some(27) =>
+                {
                     DiskError::NoRoom {
                         size,
                         root: self.root.display().to_string(),
@@ -228,7 +257,7 @@ impl Disks {
             Command::new("mkfs.ext4")
                 .args(["-q", "-F", "-m", "0", "-E"])
                 .arg(format!(
-                    "root_owner={0}:{0},nodiscard,lazy_itable_init=1",
+                    "root_owner={0}:{0},nodiscard,lazy_itable_init=1,lazy_journal_init=1",
                     self.uid
                 ))
                 .arg(&partial),
@@ -245,6 +274,97 @@ impl Disks {
         Ok(())
     }
 
+    /// Grows a session's disk to `size` bytes: the image file is allocated to the new size,
+    /// the loop device behind the mount told of it (`losetup -c`) and the ext4 on it grown
+    /// (`resize2fs`) online. Where the kernel refuses an online resize (it needs
+    /// `CAP_SYS_RESOURCE`, which a container may lack) the disk is grown offline instead:
+    /// unmounted (refused while anything holds it: no lazy unmount here), checked
+    /// (`e2fsck -f -p`), grown and mounted again; the caller makes sure no container binds it.
+    /// A size at or below the disk's changes nothing (a disk never shrinks: the caller
+    /// refuses that, naming the size).
+    pub fn grow(&self, id: &str, size: u64) -> Result<(), DiskError> {
+        let image = self.image(id);
+        let Some(current) = self.size(id) else {
+            return Err(DiskError::Tool {
+                what: "grow".to_owned(),
+                message: format!("session '{id}' has no workspace disk to grow"),
+            });
+        };
+        if size <= current {
+            return Ok(());
+        }
+        self.mount(id)?;
+        let allocated = run(
+            "fallocate",
+            Command::new("fallocate")
+                .arg("-l")
+                .arg(size.to_string())
+                .arg(&image),
+        );
+        if let Err(e) = allocated {
+            return Err(match e {
+                DiskError::Tool { message, .. } if message.contains("No space left") => {
+                    DiskError::NoRoom {
+                        size,
+                        root: self.root.display().to_string(),
+                    }
+                }
+                other => other,
+            });
+        }
+        let online = self.loop_device(&image).and_then(|device| {
+            run(
+                "losetup -c",
+                Command::new("losetup").arg("--set-capacity").arg(&device),
+            )?;
+            run("resize2fs", Command::new("resize2fs").arg(&device))
+        });
+        if let Err(e) = online {
+            info!(session = id, error = %e, "online resize refused; the disk is grown offline");
+            let mount_point = self.mount_point(id);
+            run("umount", Command::new("umount").arg(&mount_point))?;
+            let grown = check(&image)
+                .and_then(|()| run("resize2fs", Command::new("resize2fs").arg(&image)));
+            // Mounted again whatever happened: the workspace is never left unmounted.
+            let mounted = self.mount(id);
+            grown?;
+            mounted?;
+        }
+        info!(
+            session = id,
+            from = current,
+            to = size,
+            "workspace disk grown"
+        );
+        Ok(())
+    }
+
+    /// The loop device that holds `image`.
+    fn loop_device(&self, image: &Path) -> Result<String, DiskError> {
+        let out = Command::new("losetup")
+            .args(["--noheadings", "--output", "NAME", "--associated"])
+            .arg(image)
+            .output()
+            .map_err(|e| DiskError::Tool {
+                what: "losetup".to_owned(),
+                message: format!("cannot run it: {e}"),
+            })?;
+        let listed = String::from_utf8_lossy(&out.stdout);
+        listed
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| DiskError::Tool {
+                what: "losetup".to_owned(),
+                message: format!(
+                    "no loop device holds {}: {}",
+                    image.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            })
+    }
+
     /// Mounts a session's disk at its workspace folder if it has one and it is not mounted.
     pub fn mount(&self, id: &str) -> Result<(), DiskError> {
         let image = self.image(id);
@@ -259,7 +379,12 @@ impl Disks {
         run(
             "mount",
             Command::new("mount")
-                .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
+                .args([
+                    "-t",
+                    "ext4",
+                    "-o",
+                    "loop,nosuid,nodev,noatime,noinit_itable,discard",
+                ])
                 .arg(&image)
                 .arg(&mount_point),
         )

@@ -83,6 +83,23 @@ pub enum FileError {
         /// The path as given.
         path: String,
     },
+    /// The operation was stopped before it was done: past its deadline, or its client went
+    /// away (see [`deadline`](super::deadline)).
+    #[error("'{path}': {stop}")]
+    Stopped {
+        /// The path as given.
+        path: String,
+        /// Why.
+        stop: super::deadline::Stop,
+    },
+    /// The bytes the operation would hold do not fit sandboxd's budget of bytes in flight now.
+    #[error("'{path}': {why}")]
+    Busy {
+        /// The path as given.
+        path: String,
+        /// Which budget is full, in words.
+        why: String,
+    },
     /// Any other I/O failure.
     #[error("'{path}': {source}")]
     Io {

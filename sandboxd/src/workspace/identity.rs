@@ -39,13 +39,18 @@ pub fn run_as<T: Send>(uid: u32, gid: u32, op: impl FnOnce() -> T + Send) -> io:
     if acting_as(uid, gid) {
         return Ok(op());
     }
+    // The operation's ticket (deadline, memory) goes with it to the thread that does it.
+    let ticket = super::deadline::current();
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("sandboxd-files".to_owned())
             .spawn_scoped(scope, move || {
                 become_user(uid, gid)?;
                 ACTING_AS.with(|a| a.set(Some((uid, gid))));
-                Ok(op())
+                Ok(match ticket {
+                    Some(ticket) => super::deadline::under(ticket, op),
+                    None => op(),
+                })
             })?;
         match thread.join() {
             Ok(result) => result,

@@ -28,6 +28,7 @@
 //! All operations are blocking; callers on an async runtime should run them on a blocking
 //! thread.
 
+pub mod deadline;
 pub mod disk;
 mod error;
 pub mod identity;

@@ -60,6 +60,8 @@ impl Workspace {
                 limit: max_read_bytes,
             });
         }
+        // The bytes come out of the budget of bytes in flight before they are read.
+        super::deadline::reserve(wanted).map_err(|e| map_io(path, e))?;
         let mut file = file;
         file.seek(SeekFrom::Start(start))
             .map_err(|e| map_io(path, e))?;

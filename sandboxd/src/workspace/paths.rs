@@ -200,6 +200,12 @@ pub(super) fn is_symlink_loop(e: &io::Error) -> bool {
 /// The [`FileError`] for an I/O error on `path`.
 pub(super) fn map_io(path: &str, e: io::Error) -> FileError {
     let path = shown(path);
+    if let Some(stop) = super::deadline::stop_of(&e) {
+        return FileError::Stopped { path, stop };
+    }
+    if let Some(why) = super::deadline::busy_of(&e) {
+        return FileError::Busy { path, why };
+    }
     if is_escape(&e) {
         return FileError::OutsideWorkspace { path };
     }

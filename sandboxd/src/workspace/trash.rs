@@ -293,20 +293,37 @@ fn remove_tree(
     name: &OsStr,
     stopping: &dyn Fn() -> bool,
 ) -> io::Result<()> {
-    let top = match open_dir_nofollow(parent, name) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(()),
-        // Not a folder (a symlink gives ELOOP under O_NOFOLLOW): the entry itself goes.
-        Err(Errno::NOTDIR | Errno::LOOP) => return unlink_leaf(parent, name, stopping),
-        Err(e) => return Err(e.into()),
-    };
-    empty_folder(top.as_fd(), stopping)?;
-    drop(top);
-    match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(e) => Err(e.into()),
+    // A folder refilled between its last pass and its removal (a sandbox writing into the
+    // folder its remove works on) is emptied again, until the operation's deadline.
+    let mut refilled = 0;
+    loop {
+        let top = match open_dir_nofollow(parent, name) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(()),
+            // Not a folder (a symlink gives ELOOP under O_NOFOLLOW): the entry itself goes.
+            Err(Errno::NOTDIR | Errno::LOOP) => return unlink_leaf(parent, name, stopping),
+            Err(e) => return Err(e.into()),
+        };
+        empty_folder(top.as_fd(), stopping)?;
+        drop(top);
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::NOTEMPTY | Errno::EXIST) if refilled < MAX_REFILLS => {
+                refilled += 1;
+                super::deadline::check()?;
+            }
+            Err(Errno::NOTEMPTY | Errno::EXIST) => {
+                return Err(io::Error::other(
+                    "the folder kept being refilled while it was removed: stop what writes into it and remove it again",
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
+
+/// Times a folder found refilled at its removal is emptied again.
+const MAX_REFILLS: usize = 10_000;
 
 fn stopped() -> io::Error {
     io::Error::new(
@@ -345,6 +362,9 @@ fn empty_folder(top: BorrowedFd<'_>, stopping: &dyn Fn() -> bool) -> io::Result<
             if stopping() {
                 return Err(stopped());
             }
+            // A remove in a request (in place, on a workspace disk) ends at its deadline even
+            // when the sandbox keeps refilling the folder.
+            super::deadline::check()?;
             seen = true;
             let done = if entry.file_type() == FileType::Directory {
                 drain_subfolder(top, name, &mut fresh, stopping)?
@@ -403,6 +423,7 @@ fn drain_subfolder(
         if stopping() {
             return Err(stopped());
         }
+        super::deadline::check()?;
         let here = listing.fd()?;
         let moved = if entry.file_type() == FileType::Directory {
             move_up(here, inner, top, fresh)?

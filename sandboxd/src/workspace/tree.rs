@@ -183,6 +183,12 @@ impl Workspace {
             pending.push_back((Pending::Listed(first), 1));
         }
         'walk: while let Some((next, depth)) = pending.pop_front() {
+            if let Some(stop) = super::deadline::stopped() {
+                return Err(FileError::Stopped {
+                    path: path.to_owned(),
+                    stop,
+                });
+            }
             let listed = match next {
                 Pending::Listed(listed) => listed,
                 Pending::Dir { rel, id } => {
@@ -321,6 +327,7 @@ pub(super) fn read_dir_bounded(
     let mut more = false;
     for item in dir.entries()? {
         let item = item?;
+        super::deadline::check()?;
         let name = item.file_name().to_string_lossy().into_owned();
         let path = child_path(dir_rel, &name);
         if skip(&path, &name) {

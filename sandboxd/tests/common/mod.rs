@@ -9,21 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rand::Rng;
-use sandboxd::client::Client;
+use sandboxd_api::client::Client;
 
-// One PKI helper for every test crate: the tests crate's own file.
-#[path = "../../../tests/src/pki.rs"]
-pub mod pki;
+// The PKI, polling and process helpers every test crate shares.
+#[allow(unused_imports)] // not every test binary uses every part
+pub use sandboxd_testkit::{pki, poll, process, until};
 
-// One polling helper for every test crate, shared the same way.
-#[path = "../../../tests/src/poll.rs"]
-pub mod poll;
-#[allow(unused_imports)] // not every test binary polls
-pub use poll::until;
-
-// One launcher of the test processes for every test crate, shared the same way.
-#[path = "../../../tests/src/process.rs"]
-pub mod process;
 pub use process::Sandboxd;
 
 fn need(what: &str) -> String {

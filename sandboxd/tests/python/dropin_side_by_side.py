@@ -1,7 +1,7 @@
 """The drop-in cases, against the seed's sandboxd and ours, side by side.
 
 Runs the same cases - links with container paths, a symlink loop, permissions, a FIFO, a
-cancelled run, a destroy during a run - through pydantic-ai-backend's own
+cancelled run, a destroy during a run, the activity feed those leave - through pydantic-ai-backend's own
 `SandboxdWorkspaceBackend` against two services, and prints one row per case with both
 answers, so a drift on either side shows:
 
@@ -163,6 +163,37 @@ async def exists_fresh(s: Service, name: str, path: str) -> bool:
         return False
 
 
+async def activity_feed(_b: SandboxdWorkspaceBackend, s: Service, name: str) -> str:
+    """The events a run, a failed run, a read, a missing read and a listing leave, over plain
+    HTTP: every field's name and JSON type, then op, target, ok and detail of each, whether the
+    numbers go on by one, and what `after=latest_seq` returns."""
+    headers = {"X-Sandbox-Token": s.token}
+    async with httpx.AsyncClient(base_url=s.url, headers=headers, timeout=60) as http:
+        start = (await http.get(f"/sessions/{name}/events")).json()["latest_seq"]
+        for argv in (["sh", "-c", "echo hi > feed.txt"], ["sh", "-c", "exit 3"]):
+            await http.post(f"/sessions/{name}/run", json={"argv": argv, "run_id": uuid.uuid4().hex})
+        await http.post(f"/sessions/{name}/files/read", json={"path": "/workspace/feed.txt"})
+        await http.post(f"/sessions/{name}/files/read", json={"path": "/workspace/missing.txt"})
+        await http.post(f"/sessions/{name}/files/list", json={"path": "/workspace"})
+        feed = (await http.get(f"/sessions/{name}/events", params={"after": start})).json()
+        later = (await http.get(f"/sessions/{name}/events", params={"after": feed["latest_seq"]})).json()
+    events = feed["events"]
+    shape = sorted(f"{k}:{type(v).__name__}" for k, v in events[0].items()) if events else []
+    rows = [f"{e['op']} {e['target']!r} {e['ok']} {e['detail']!r}" for e in events]
+    numbered = [e["seq"] for e in events] == list(range(start + 1, feed["latest_seq"] + 1))
+    return f"{' '.join(shape)} | {' | '.join(rows)} | by one: {numbered} | after latest: {len(later['events'])}"
+
+
+FEED = (
+    "at:float detail:str duration_ms:float ok:bool op:str seq:int target:str"
+    " | run \"sh -c 'echo hi > feed.txt'\" True 'exit 0'"
+    " | run \"sh -c 'exit 3'\" False 'exit 3'"
+    " | read '/workspace/feed.txt' True ''"
+    " | read '/workspace/missing.txt' False 'not found'"
+    " | ls '/workspace' True ''"
+    " | by one: True | after latest: 0"
+)
+
 LINKS = "mkdir -p notes && echo hi > notes/a.txt && ln -s /workspace/notes/a.txt abs && ln -s /workspace/notes absdir"
 
 CASES = [
@@ -210,6 +241,7 @@ CASES = [
     Case("4 read a FIFO", "mkfifo pipe", fifo_read, "OSError after <5 s"),
     Case("5 cancel a run", "true", cancelled_run, "stopped within 10 s"),
     Case("6 destroy during a run", "true", destroyed_mid_run, "WorkspaceUnavailableError"),
+    Case("7 activity feed", "true", activity_feed, FEED),
 ]
 
 

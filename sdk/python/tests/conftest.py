@@ -9,6 +9,8 @@ Run with `make sdk-test` (after `make up` and a cargo build).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -56,6 +58,11 @@ def binary(name: str) -> Path:
     if not path.is_file():
         raise RuntimeError(f"{path} is missing: build it with `cargo build -p sandboxd -p sandboxd-operator --bins`")
     return path
+
+
+def node_token(master: str, node: str) -> str:
+    """The admin token of `node`, derived from the master as sandboxd and the operator derive it."""
+    return hmac.new(master.encode(), f"sandboxd-admin-token/v1/{node}".encode(), hashlib.sha256).hexdigest()
 
 
 def free_port() -> int:
@@ -188,10 +195,14 @@ def stack() -> Iterator[Stack]:
             }
         )
         # sandboxd, on the project's dockerd, with room for every session the tests open.
-        port, token = free_port(), f"admin-{secrets.token_hex(16)}"
+        # Told its node, it takes only the admin token derived for it from the master, the one
+        # the operator sends a host whose spec.node names that node (a host without one is sent
+        # nothing).
+        port, token, node = free_port(), f"admin-{secrets.token_hex(16)}", f"sdk-{stack.scope}"
         log = stack.dir / "sandboxd.log"
         env = os.environ | {
             "SANDBOXD_TOKEN": token,
+            "SANDBOXD_NODE_NAME": node,
             "SANDBOXD_WORKSPACE_QUOTA": "off",
             "SANDBOXD_PORT": str(port),
             "SANDBOXD_RUNTIMES": f"base={image}",
@@ -201,6 +212,7 @@ def stack() -> Iterator[Stack]:
             "SANDBOXD_MEM_LIMIT": "256m",
             "SANDBOXD_MAX_SESSIONS": "200",
             "SANDBOXD_MAX_SESSIONS_PER_TENANT": "200",
+            "SANDBOXD_MAX_WORKSPACES_PER_TENANT": "200",
             "RUST_LOG": "warn,sandboxd::server=error",
         }
         with log.open("wb") as out:
@@ -208,7 +220,7 @@ def stack() -> Iterator[Stack]:
         stack.processes.append(process)
         line = first_line(log, process, "sandboxd")
         assert f":{port}" in line, line
-        stack.endpoint, stack.admin_token = f"http://127.0.0.1:{port}", token
+        stack.endpoint, stack.admin_token = f"http://127.0.0.1:{port}", node_token(token, node)
         stack.apply(
             {
                 "apiVersion": "v1",
@@ -224,6 +236,7 @@ def stack() -> Iterator[Stack]:
                 "metadata": {"name": f"host-{stack.scope}", "labels": stack.labels},
                 "spec": {
                     "endpoint": f"http://127.0.0.1:{port}",
+                    "node": node,
                     "adminTokenSecret": {"namespace": stack.namespace, "name": "host-admin", "key": "token"},
                 },
             }

@@ -6,6 +6,7 @@ import secrets
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
 
 from sandboxd import AsyncSandboxes, Sandbox, Sandboxes, SandboxHTTPError
@@ -125,3 +126,69 @@ async def test_the_async_client_streams_and_reads_the_same(stack: Stack) -> None
             assert (stopped.stopped, stopped.exit_code) == (True, 137)
         finally:
             assert await sbx.destroy()
+
+
+def test_usage_and_the_activity_feed(stack: Stack, sbx: Sandbox) -> None:
+    sbx.run("echo feed")
+    usage = sbx.usage()
+    assert usage is not None
+    assert usage.memory_bytes is not None
+    assert usage.memory_limit_bytes is not None
+    assert usage.pids is not None
+    assert usage.memory_limit_bytes >= usage.memory_bytes > 0
+    assert usage.pids >= 1
+    sbx.files.write("notes.txt", "hello\n")
+    assert sbx.files.read_text("notes.txt") == "hello\n"
+    page = sbx.events_after(0)
+    tail = [(e.op, e.target, e.ok, e.detail) for e in page.events][-3:]
+    assert tail == [
+        ("run", "echo feed", True, "exit 0"),
+        ("write", "notes.txt", True, ""),
+        ("read", "notes.txt", True, ""),
+    ]
+    assert [e.seq for e in page.events] == list(range(1, page.latest_seq + 1))
+    assert sbx.events_after(page.latest_seq).events == []
+
+    async def follow() -> list[str]:
+        seen: list[str] = []
+        async for event in sbx.aio.events(after=page.latest_seq, interval=0.2):
+            seen.append(f"{event.op} {event.target} {event.detail}")
+            if len(seen) == 1:
+                return seen
+        return seen
+
+    async def later() -> None:
+        await anyio.sleep(0.5)
+        await sbx.aio.run("exit 4")
+
+    async def both() -> list[str]:
+        async with anyio.create_task_group() as group:
+            group.start_soon(later)
+            seen = await follow()
+        return seen
+
+    assert sbx._portal.call(both) == ["run exit 4 exit 4"]
+    sbx.sleep()
+    stack.wait_for("Sleeping", 60, lambda: stack.phase(sbx.name) == "Sleeping")
+    assert sbx.usage() is None
+
+
+def test_a_traceparent_goes_on_the_session_and_a_malformed_one_is_refused(stack: Stack, sandboxes: Sandboxes) -> None:
+    trace, span = secrets.token_hex(16), secrets.token_hex(8)
+    traceparent = f"00-{trace}-{span}-01"
+    sbx = sandboxes.session(
+        tenant=f"org-{secrets.token_hex(3)}", subject=f"c-{secrets.token_hex(6)}", traceparent=traceparent
+    )
+    try:
+        # The operator and sandboxd of this stack send no spans; the session keeps the trace
+        # for them all the same, and calls carry it.
+        assert sbx.run("echo ok").stdout == "ok\n"
+        obj = stack.session(sbx.name)
+        assert obj is not None
+        assert obj["metadata"]["annotations"]["sandboxd.dev/traceparent"] == traceparent
+    finally:
+        sbx.destroy()
+        sbx.close()
+    for bad in ("", "01-" + trace + "-" + span + "-01", f"00-{trace.upper()}-{span}-01", f"00-{'0' * 32}-{span}-01"):
+        with pytest.raises(ValueError, match="is not a W3C traceparent"):
+            sandboxes.session(tenant="org-x", subject="c-x", traceparent=bad)

@@ -22,7 +22,9 @@ def test_a_platform_service_account_with_the_charts_role_opens_uses_and_destroys
     rendered = subprocess.run(
         [
             need("SANDBOXD_HELM"), "template", "rel", str(REPO / "charts/sandboxd"),
-            "-n", stack.namespace, "--kube-version", "1.37.2",
+            # A release namespace of its own: the chart refuses to make the release's namespace,
+            # which holds the master admin token, a session namespace.
+            "-n", f"{stack.namespace}-release", "--kube-version", "1.37.2",
             "--set", "adminToken.value=render-only-admin-token-0123456789abcdef",
             "--set", f"platform.serviceAccounts[0].name={account}",
             "--set", f"platform.serviceAccounts[0].namespace={stack.namespace}",

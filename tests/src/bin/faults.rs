@@ -387,7 +387,7 @@ impl Trial {
                 .create(&PostParams::default(), &serde_json::from_value(json!({
                     "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
                     "metadata": {"name": host.name, "labels": labels(&scope)},
-                    "spec": {"endpoint": host.endpoint(), "adminTokenSecret": {"namespace": home, "name": format!("{}-admin", host.name), "key": "token"}}}))?)
+                    "spec": {"endpoint": host.endpoint(), "node": host.node, "adminTokenSecret": {"namespace": home, "name": format!("{}-admin", host.name), "key": "token"}}}))?)
                 .await?;
             self.hosts.push(host);
         }

@@ -17,7 +17,7 @@
 //! Secret, as a cluster registers one. `--driver` chooses its containers:
 //! - `docker` (the default): the project's dockerd (`DOCKER_HOST`), one real container of the
 //!   base image (`SANDBOXD_BASE_IMAGE`) per session;
-//! - `noop`: `sandboxd::docker::Engine::noop`, containers that are in-memory records only
+//! - `noop`: `sandboxd::container::Engine::noop`, containers that are in-memory records only
 //!   (nothing runs), so the figures are the operator's, the API server's and sandboxd's.
 //!
 //! At the end the operator is stopped and the bench destroys every session through sandboxd

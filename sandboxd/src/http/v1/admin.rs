@@ -1,5 +1,4 @@
-//! The service's own routes: the index, health and metrics, the runtimes, the live policy and
-//! the audit log.
+//! The admin routes of `/v1`: the runtimes, the live policy and the audit log.
 
 use super::*;
 
@@ -9,73 +8,9 @@ use axum::extract::{RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+use super::openapi::PolicyChange;
 use crate::http::error::ApiError;
-use crate::http::openapi::PolicyChange;
-use crate::metrics::StateLabel;
-use crate::storage::audit::OperationQuery;
-
-/// The index: [`Index`] (every route of both surfaces), and the fields of the wire protocol's
-/// own index (`health`, `endpoints`, …, and `wire`: the pydantic-ai-backend release served).
-#[utoipa::path(
-    get, path = "/", tag = "service", security(()),
-    responses((status = 200, description = "The service, its version and every route it serves, with the wire protocol's index fields", body = Index))
-)]
-pub(crate) async fn index(
-    State(state): State<AppState>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let index = Index {
-        service: crate::SERVICE.into(),
-        version: crate::VERSION.into(),
-        routes: ROUTES
-            .iter()
-            .chain(crate::http::wire::ROUTES.iter())
-            .map(|r| (*r).to_owned())
-            .collect(),
-    };
-    let mut body = serde_json::to_value(index).map_err(|e| ApiError::internal(e.to_string()))?;
-    if let Some(map) = body.as_object_mut() {
-        map.extend(crate::http::wire::index_fields(&state.core).await?);
-    }
-    Ok(Json(body))
-}
-
-/// Health: `{"status": "ok"}` and the wire protocol's capacity summary (`ServiceHealth`).
-#[utoipa::path(
-    get, path = "/healthz", tag = "service", security(()),
-    responses((status = 200, description = "`{\"status\": \"ok\"}` and the capacity summary", body = Object))
-)]
-pub(crate) async fn healthz(
-    State(state): State<AppState>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    Ok(Json(crate::http::wire::health(&state.core).await?))
-}
-
-#[utoipa::path(
-    get, path = "/metrics", tag = "service", security(()),
-    responses((status = 200, description = "Prometheus metrics", body = String, content_type = "application/openmetrics-text"))
-)]
-pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
-    if let Ok(rows) = state.core.store().list().await {
-        state.metrics.sessions.clear();
-        for row in rows {
-            state
-                .metrics
-                .sessions
-                .get_or_create(&StateLabel {
-                    state: row.state.as_str().to_owned(),
-                })
-                .inc();
-        }
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-        .into_response()
-}
+use crate::storage::audit::{OperationQuery, StreamQuery};
 
 #[utoipa::path(
     get, path = "/v1/runtimes", tag = "runtimes",
@@ -124,7 +59,7 @@ pub(crate) async fn put_runtimes(
     responses((status = 200, description = "The live policy and what needs a restart", body = crate::service::policy::PolicyView))
 )]
 pub(crate) async fn policy(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
-    Ok(Json(state.core.policy_view()).into_response())
+    Ok(Json(state.core.policy_view_with_use().await).into_response())
 }
 
 #[utoipa::path(
@@ -141,7 +76,8 @@ pub(crate) async fn put_policy(
     Ok(Json(state.core.set_policy(&fields)?).into_response())
 }
 
-/// Pages through the audit log, newest first. A session token sees only its own session.
+/// Pages through the audit log, newest first. A session token sees only its own session's
+/// rows of its own incarnation; the admin token sees every row.
 #[utoipa::path(
     get, path = "/v1/operations", tag = "operations", params(OperationQuery),
     responses((status = 200, description = "One page of the audit log, newest first", body = crate::storage::audit::OperationPage))
@@ -154,23 +90,97 @@ pub(crate) async fn operations(
     let mut q: OperationQuery = serde_urlencoded::from_str(raw.as_deref().unwrap_or_default())
         .map_err(|e| {
             ApiError::bad_request(format!(
-                "invalid operations query: {e}; the filters are session, tenant, agent, run, op, failed, q, cursor and limit"
+                "invalid operations query: {e}; the filters are session, tenant, agent, run, incarnation, op, failed, q, cursor and limit"
             ))
         })?;
     match caller {
         Caller::Admin => {}
-        Caller::Session(own) => match q.session.as_deref() {
-            Some(other) if other != own => {
+        Caller::Session(own) => {
+            if q.session.as_deref().is_some_and(|other| other != own) {
                 return Err(ApiError::forbidden(
                     "a session token sees only its own session's operations",
                 ));
             }
-            _ => q.session = Some(own),
-        },
+            // Only this incarnation's rows: not those of an earlier session of the same id.
+            let mine = state.core.incarnation(&own).await?;
+            if q.incarnation.as_deref().is_some_and(|other| other != mine) {
+                return Err(ApiError::forbidden(
+                    "a session token sees only its own incarnation's operations",
+                ));
+            }
+            q.session = Some(own);
+            q.incarnation = Some(mine);
+        }
     }
     let page = state.core.audit().query(&q).await.map_err(|e| match e {
         crate::storage::audit::AuditError::BadQuery(m) => ApiError::bad_request(m),
         other => ApiError::internal(other.to_string()),
     })?;
     Ok(Json(page).into_response())
+}
+
+/// Rows the stream reads from the store at a time.
+const STREAM_BATCH: u32 = 500;
+/// How long the stream waits before it looks for new rows, once it has sent every row.
+const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The audit log as JSON lines, for the admin: every row after `after`, oldest first, then
+/// each new row as it is written, for as long as the client reads. Each line is a row as
+/// `GET /v1/operations` shows it; its `id` is the cursor to resume from (`?after=<id>`), also
+/// after sandboxd restarts: no row is sent twice or left out.
+#[utoipa::path(
+    get, path = "/v1/operations/stream", tag = "operations", params(StreamQuery),
+    responses((status = 200, description = "The audit log's rows after the cursor, one JSON object a line, then each new row as it is written", body = crate::storage::audit::Operation, content_type = "application/x-ndjson"))
+)]
+pub(crate) async fn operations_stream(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+    _: Admin,
+) -> Result<Response, ApiError> {
+    let q: StreamQuery = serde_urlencoded::from_str(raw.as_deref().unwrap_or_default())
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "invalid stream query: {e}; the one parameter is after (the id of the last row received)"
+            ))
+        })?;
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(a) => a.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "after '{a}' is not a row id; pass the id of the last row received"
+            ))
+        })?,
+    };
+    let core = state.core.clone();
+    // Ends when the client goes (the body is dropped) or the store fails (the connection is
+    // closed; the client resumes from its last id).
+    let stream = futures::stream::unfold(Some(after), move |cursor| {
+        let core = core.clone();
+        async move {
+            let mut after = cursor?;
+            loop {
+                match core.audit().after(after, STREAM_BATCH).await {
+                    Ok(rows) if rows.is_empty() => tokio::time::sleep(STREAM_POLL).await,
+                    Ok(rows) => {
+                        let mut chunk = Vec::new();
+                        for row in &rows {
+                            if serde_json::to_writer(&mut chunk, row).is_ok() {
+                                chunk.push(b'\n');
+                            }
+                            after = row.id;
+                        }
+                        return Some((Ok(Bytes::from(chunk)), Some(after)));
+                    }
+                    Err(e) => {
+                        return Some((Err(std::io::Error::other(e.to_string())), None));
+                    }
+                }
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
 }

@@ -10,9 +10,10 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use crate::http::audited::{Unfinished as _, blocking};
+use super::openapi::{FilePath, SessionId};
+use crate::http::audited::{Unfinished as _, blocking, held_body};
 use crate::http::error::{ApiError, ErrorCode};
-use crate::http::openapi::{Binary, FilePath, SessionId};
+use crate::http::openapi::Binary;
 use crate::storage::audit::Op;
 use crate::workspace::{MAX_LIST_ENTRIES, TreeLimits};
 
@@ -54,8 +55,8 @@ pub(crate) async fn read_file(
     let ws = state.core.files(&id).await?;
     let max = state.core.policy().max_read_bytes;
     let p = path.clone();
-    let read = audited
-        .blocking(
+    let (read, held) = audited
+        .blocking_held(
             move || ws.read(&p, q.offset, q.limit, max),
             |r| i64::try_from(r.data.len()).ok(),
             ApiError::from,
@@ -64,6 +65,7 @@ pub(crate) async fn read_file(
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, read.data.len().to_string()),
             (
                 header::HeaderName::from_static("x-file-size"),
                 read.size.to_string(),
@@ -73,7 +75,7 @@ pub(crate) async fn read_file(
                 read.offset.to_string(),
             ),
         ],
-        read.data,
+        held_body(read.data, held),
     )
         .into_response())
 }
@@ -107,9 +109,17 @@ pub(crate) async fn write_file(
     }
     let audited = Audited::new(&state.core, &id, &actor, Op::Write, &path);
     let ws = state.core.files(&id).await?;
+    // A write holds at most a batch being received and one being written.
+    let _held = state
+        .core
+        .file_work()
+        .memory()
+        .reserve(&id, 2 * WRITE_BATCH as u64, false)
+        .map_err(|why| ApiError::new(503, ErrorCode::MemoryBusy, why))?;
     let p = path.clone();
-    let written = match blocking(move || ws.begin_write(&p), ApiError::from).await {
-        Ok(pending) => stream_to(pending, body).await,
+    let written = match blocking(&state.core, &id, move || ws.begin_write(&p), ApiError::from).await
+    {
+        Ok(pending) => stream_to(&state.core, &id, pending, body).await,
         Err(e) => Err(e),
     };
     audited.record(&written, |w| i64::try_from(w.size).ok());
@@ -133,6 +143,8 @@ pub(super) fn write_too_large() -> ApiError {
 /// the file in place. On any failure the pending write is dropped, and its temporary file
 /// with it.
 pub(super) async fn stream_to(
+    core: &crate::service::Core,
+    id: &str,
     pending: crate::workspace::PendingWrite,
     body: Body,
 ) -> Result<crate::workspace::WriteResult, ApiError> {
@@ -170,6 +182,8 @@ pub(super) async fn stream_to(
     }
     let pending = finished(writing).await?;
     blocking(
+        core,
+        id,
         move || {
             let mut pending = pending;
             for b in &batch {

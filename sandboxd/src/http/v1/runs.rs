@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
+use super::openapi::{RunId, SessionId};
+use crate::http::audited::record_run;
 use crate::http::error::ApiError;
-use crate::http::openapi::{RunId, SessionId};
 use crate::run::{RunEvent, RunOutcome, RunStatus};
-use crate::service::{Core, Outcome, RunRequest, ServiceError};
-use crate::storage::audit::Op;
+use crate::service::{RunRequest, ServiceError};
 
 /// `?stream=`: whether a run answers with NDJSON events as they come.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -73,17 +74,22 @@ pub(crate) async fn run(
     let cut = tokio_util::sync::CancellationToken::new();
     let (run_over, cut_off) = (over.clone(), cut.clone());
     let (under_way_tx, under_way) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let run = tokio::spawn(async move {
-            // A caller that went away stops the run: dropping it cancels it (see `Core::run`).
-            let result = tokio::select! {
-                result = core.run(&id, req, Some(events_tx), Some(under_way_tx)) => result,
-                () = gone.cancelled() => Err(ServiceError::RunCancelled),
-            };
-            record_run(&core, &id, &who, &command, &result, started);
-            run_over.cancel();
-            result
-        });
+    // Both tasks keep the request's span (the run's trace, and its TRACEPARENT).
+    let forwarding = async move {
+        let run = tokio::spawn(
+            async move {
+                // A caller that went away stops the run: dropping it cancels it (see
+                // `Core::run`).
+                let result = tokio::select! {
+                    result = core.run(&id, req, Some(events_tx), Some(under_way_tx)) => result,
+                    () = gone.cancelled() => Err(ServiceError::RunCancelled),
+                };
+                record_run(&core, &id, &who, &command, &result, started);
+                run_over.cancel();
+                result
+            }
+            .in_current_span(),
+        );
         let drained = async {
             over.cancelled().await;
             tokio::time::sleep(STREAM_DRAIN).await;
@@ -152,7 +158,8 @@ pub(crate) async fn run(
             _ = tx.send(Bytes::from(format!("{last}\n"))) => {}
             () = &mut drained => cut_off.cancel(),
         }
-    });
+    };
+    tokio::spawn(forwarding.in_current_span());
     // The answer starts once the run is under way (a stop of its id reaches it from then on) or
     // over (its error is the stream's one line): a client that starts a run in the background
     // and stops it at once is never told that no such run is running.
@@ -197,40 +204,6 @@ pub(super) fn ndjson_line(out: &mut Vec<u8>, event: &crate::run::RunEvent) {
     // Serializing a plain enum of strings into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, event);
     out.push(b'\n');
-}
-
-/// The audit row of a run (both surfaces): the command, never its output; a failed command
-/// with its exit status.
-pub(crate) fn record_run(
-    core: &Core,
-    id: &str,
-    who: &Actor,
-    command: &str,
-    result: &Result<crate::run::RunOutcome, ServiceError>,
-    started: Instant,
-) {
-    let outcome = match result {
-        Ok(o) => Outcome {
-            ok: o.exit_code == 0 && !o.timed_out && !o.stopped,
-            exit_code: Some(o.exit_code),
-            error: if o.timed_out {
-                Some("timed_out".into())
-            } else if o.stopped {
-                Some("stopped".into())
-            } else if o.exit_code != 0 {
-                Some(format!("exit {}", o.exit_code))
-            } else {
-                None
-            },
-            bytes: None,
-        },
-        Err(e) => Outcome {
-            ok: false,
-            error: Some(e.status_and_code().1.to_string()),
-            ..Outcome::default()
-        },
-    };
-    core.record(id, who, Op::Execute, command, outcome, started);
 }
 
 #[utoipa::path(

@@ -1,5 +1,5 @@
-//! Sessions: list, open, show, destroy, stop, start, reclaim and the rotation of a session's
-//! token.
+//! Sessions: list, open, show, destroy, stop, start, reclaim, rebuild and the rotation of a
+//! session's token.
 
 use super::*;
 
@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use super::openapi::SessionId;
 use crate::http::error::ApiError;
-use crate::http::openapi::SessionId;
-use crate::service::{Destroyed, OpenRequest, Opened, SessionView};
+use crate::service::{Actor, Destroyed, OpenRequest, Opened, RebuildRequest, SessionView};
 
 #[utoipa::path(
     get, path = "/v1/sessions", tag = "sessions",
@@ -51,15 +51,57 @@ pub(crate) async fn open(
 }
 
 #[utoipa::path(
-    get, path = "/v1/sessions/{id}", tag = "sessions", params(SessionId),
+    get, path = "/v1/sessions/{id}", tag = "sessions", params(SessionId, UsageQuery),
     responses((status = 200, description = "The session", body = SessionView))
 )]
 pub(crate) async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    Query(q): Query<UsageQuery>,
     _: ForSession,
 ) -> Result<Response, ApiError> {
-    Ok(Json(state.core.get(&id).await?).into_response())
+    Ok(Json(state.core.get(&id, q.usage.unwrap_or(true)).await?).into_response())
+}
+
+/// `?usage=` of `GET /v1/sessions/{id}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct UsageQuery {
+    /// Whether to fill `usage` (default true); `false` asks Docker nothing for it (the
+    /// operator's look at a session).
+    #[serde(default)]
+    usage: Option<bool>,
+}
+
+/// `?after=` of `GET /v1/sessions/{id}/events`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AfterQuery {
+    /// Only events after this sequence number (0, the default: from the start); pass the
+    /// `latest_seq` of the answer before.
+    #[serde(default)]
+    after: Option<i64>,
+}
+
+/// The session's activity feed: its audit rows (of this incarnation of the session) after
+/// `after`, newest last, in the wire protocol's shape.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/events", tag = "operations", params(SessionId, AfterQuery),
+    responses((status = 200, description = "The events after `after` (the newest 200 at most), oldest first, and the latest sequence number", body = crate::storage::audit::SessionEvents))
+)]
+pub(crate) async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<AfterQuery>,
+    _: ForSession,
+) -> Result<Response, ApiError> {
+    let after = q.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::bad_request(
+            "after must be 0 or more: the latest_seq of the answer before",
+        ));
+    }
+    Ok(Json(state.core.events(&id, after).await?).into_response())
 }
 
 /// `?owner=`: the object a destroy or token rotation acts for.
@@ -115,7 +157,7 @@ pub(crate) async fn start(
     let core = state.core.clone();
     let woken = id.clone();
     crate::service::detached(async move { core.wake(&woken).await }).await?;
-    Ok(Json(state.core.get(&id).await?).into_response())
+    Ok(Json(state.core.get(&id, false).await?).into_response())
 }
 
 #[utoipa::path(
@@ -130,6 +172,30 @@ pub(crate) async fn reclaim(
     let core = state.core.clone();
     let reclaimed = crate::service::detached(async move { core.reclaim(&id).await }).await?;
     Ok(Json(reclaimed).into_response())
+}
+
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/rebuild", tag = "sessions", params(SessionId),
+    request_body = RebuildRequest,
+    responses((status = 200, description = "The session rebuilt: running on a new container of its runtime's current image if it ran, else without a container (its next wake makes one); the workspace kept", body = SessionView))
+)]
+pub(crate) async fn rebuild(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    _: Admin,
+    who: Actor,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: RebuildRequest = if body.is_empty() {
+        RebuildRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid rebuild request: {e}")))?
+    };
+    let core = state.core.clone();
+    let rebuilt =
+        crate::service::detached(async move { core.rebuild(&id, req, &who).await }).await?;
+    Ok(Json(rebuilt).into_response())
 }
 
 #[utoipa::path(

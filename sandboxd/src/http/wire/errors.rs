@@ -147,6 +147,14 @@ impl crate::http::audited::Unfinished for WireError {
     fn unfinished(e: tokio::task::JoinError) -> Self {
         Self::new(500, e.to_string())
     }
+
+    fn busy(e: crate::service::work::Busy) -> Self {
+        Self::new(503, e.to_string())
+    }
+
+    fn overdue(stop: crate::workspace::deadline::Stop) -> Self {
+        Self::new(503, format!("the file operation was stopped: {stop}"))
+    }
 }
 
 impl IntoResponse for WireError {

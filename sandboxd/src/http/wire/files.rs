@@ -10,8 +10,8 @@ use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::http::AppState;
 use crate::http::audited::Coded;
-use crate::http::v1::AppState;
 use crate::workspace::{Entry, EntryKind, FileError, MAX_LIST_ENTRIES, Workspace};
 
 /// `PathRequest`: a body naming one path.
@@ -77,6 +77,7 @@ pub(super) fn file_error(e: FileError, refuse_outside: bool) -> WireError {
         FileError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             WireError::not_native(message)
         }
+        FileError::Stopped { .. } | FileError::Busy { .. } => WireError::new(503, message),
         FileError::Io { .. } => WireError::new(500, message),
     }
 }
@@ -139,16 +140,19 @@ pub(crate) async fn file_read(
     let (ws, path) = native(&state, &id, &raw).await?;
     let max = state.core.policy().max_read_bytes;
     let p = path.clone();
-    let read = Audited::new(&state.core, &id, &actor, Op::Read, &path)
-        .blocking(
+    let (read, held) = Audited::new(&state.core, &id, &actor, Op::Read, &path)
+        .blocking_held(
             move || ws.read(&p, 0, None, max),
             |r| i64::try_from(r.data.len()).ok(),
             |e| file_error(e, true),
         )
         .await?;
     Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        read.data,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, read.data.len().to_string()),
+        ],
+        crate::http::audited::held_body(read.data, held),
     )
         .into_response())
 }
@@ -181,7 +185,13 @@ pub(crate) async fn file_write(
         .path
         .ok_or_else(|| WireError::invalid(&["query", "path"], "missing", "Field required"))?;
     refuse_outside(&path)?;
-    let data = bounded_body(&headers, body, state.core.policy().max_read_bytes).await?;
+    let memory = state.core.file_work().memory();
+    let (data, _held) = bounded_body(&headers, body, state.core.policy().max_read_bytes, |n| {
+        memory
+            .reserve(&id, n, false)
+            .map_err(|why| WireError::new(503, why))
+    })
+    .await?;
     let p = path.clone();
     Audited::new(&state.core, &id, &actor, Op::Write, &path)
         .blocking(
@@ -196,12 +206,16 @@ pub(crate) async fn file_write(
 /// A request body of at most `limit` bytes, counted as it arrives (the protocol's
 /// `_bounded_body`): a declared length over it is refused before a byte is read, and a body
 /// that grows past it as soon as it does, never holding more than `limit`. Over it, the write
-/// is the sandbox's (409), and the client writes it there.
-pub(super) async fn bounded_body(
+/// is the sandbox's (409), and the client writes it there. What it holds comes out of the
+/// budget of bytes in flight (`reserve`, in steps of a MiB, or the declared length at once);
+/// the reservations come back with the body, to be kept until it is written.
+pub(super) async fn bounded_body<H>(
     headers: &HeaderMap,
     body: Body,
     limit: u64,
-) -> WireResult<Vec<u8>> {
+    reserve: impl Fn(u64) -> WireResult<H>,
+) -> WireResult<(Vec<u8>, Vec<H>)> {
+    const STEP: u64 = 1 << 20;
     use futures::StreamExt;
     let too_large = || WireError::not_native("larger than a native write");
     let declared = headers
@@ -210,6 +224,12 @@ pub(super) async fn bounded_body(
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
+    }
+    let mut held = Vec::new();
+    let mut reserved = 0u64;
+    if let Some(n) = declared.filter(|n| *n > 0) {
+        held.push(reserve(n)?);
+        reserved = n;
     }
     let mut data = Vec::with_capacity(declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
     let mut stream = body.into_data_stream();
@@ -220,12 +240,18 @@ pub(super) async fn bounded_body(
                 format!("the body broke off after {} bytes: {e}", data.len()),
             )
         })?;
-        if (data.len() + chunk.len()) as u64 > limit {
+        let len = (data.len() + chunk.len()) as u64;
+        if len > limit {
             return Err(too_large());
+        }
+        while len > reserved {
+            let step = STEP.min(limit - reserved).max(len - reserved);
+            held.push(reserve(step)?);
+            reserved += step;
         }
         data.extend_from_slice(&chunk);
     }
-    Ok(data)
+    Ok((data, held))
 }
 
 /// The last component of a path as Python's `PurePosixPath(path).name`.
@@ -262,7 +288,13 @@ pub(crate) async fn file_stat(
 ) -> WireResult {
     let (ws, path) = native(&state, &id, &raw).await?;
     let p = path.clone();
-    let entry = blocking(move || ws.stat_followed(&p), |e| file_error(e, true)).await?;
+    let entry = blocking(
+        &state.core,
+        &id,
+        move || ws.stat_followed(&p),
+        |e| file_error(e, true),
+    )
+    .await?;
     if !matches!(entry.kind, EntryKind::Dir | EntryKind::File) {
         return Err(WireError::not_native(format!(
             "{} is not a regular file",
@@ -293,7 +325,13 @@ pub(crate) async fn file_realpath(
         )));
     }
     let p = req.path.clone();
-    let rel = blocking(move || ws.realpath(&p), |e| file_error(e, false)).await?;
+    let rel = blocking(
+        &state.core,
+        &id,
+        move || ws.realpath(&p),
+        |e| file_error(e, false),
+    )
+    .await?;
     let path = if rel.is_empty() {
         WORK_DIR.to_owned()
     } else {
@@ -331,6 +369,16 @@ pub(crate) async fn file_list(
                 let mut out = Vec::with_capacity(listing.entries.len());
                 for e in listing.entries {
                     if e.kind == EntryKind::Symlink {
+                        // Each link can cost many lookups: the listing stops at its deadline.
+                        if let Some(stop) = crate::workspace::deadline::stopped() {
+                            return Err(ListFailure(
+                                FileError::Stopped {
+                                    path: p.clone(),
+                                    stop,
+                                },
+                                true,
+                            ));
+                        }
                         match ws.stat_followed(&e.path) {
                             Ok(target) => out.push((e.name, target)),
                             // Dangling, a loop, or not the sandbox user's to follow: an entry

@@ -9,27 +9,29 @@ use crate::http::error::ApiError;
 use crate::service::Core;
 use crate::storage::store::State as SessionState;
 
-/// `ServiceHealth`: liveness and capacity.
+/// `ServiceHealth`: liveness and capacity, from the sessions counted by state (never a walk
+/// over every session). `status` is `ok`, or `unavailable` with `problems`, one sentence each
+/// (Docker does not answer, the sandbox network's firewall is not whole).
 pub async fn health(core: &Core) -> Result<Value, ApiError> {
-    let rows = core
-        .store()
-        .list()
+    let counts = core
+        .session_counts()
         .await
         .map_err(|e| ApiError::internal(format!("state store: {e}")))?;
-    let running = rows
-        .iter()
-        .filter(|r| r.state == SessionState::Running)
-        .count();
+    let problems = core.problems().await;
     let mut runtimes = core.runtimes().aliases();
     runtimes.sort();
-    Ok(json!({
-        "status": "ok",
-        "sessions": running,
+    let mut health = json!({
+        "status": if problems.is_empty() { "ok" } else { "unavailable" },
+        "sessions": counts.get(SessionState::Running),
         "limit": core.policy().max_sessions,
-        "open_sessions": rows.len(),
+        "open_sessions": counts.total(),
         "open_limit": null,
         "runtimes": runtimes,
-    }))
+    });
+    if !problems.is_empty() {
+        health["problems"] = json!(problems);
+    }
+    Ok(health)
 }
 
 /// The protocol's index fields (`ServiceIndex`), added to the `/v1` index, plus which release
@@ -37,7 +39,7 @@ pub async fn health(core: &Core) -> Result<Value, ApiError> {
 pub async fn index_fields(core: &Core) -> Result<serde_json::Map<String, Value>, ApiError> {
     let mut endpoints: Vec<String> = ROUTES
         .iter()
-        .chain(crate::http::v1::ROUTES.iter())
+        .chain(sandboxd_api::routes::ROUTES.iter())
         .filter_map(|r| r.split_once(' ').map(|(_, path)| path.to_owned()))
         .filter(|p| p != "/")
         .collect();

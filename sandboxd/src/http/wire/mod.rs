@@ -46,9 +46,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use serde::de::DeserializeOwned;
 
+use crate::http::AppState;
 use crate::http::audited::{Audited, blocking};
 use crate::http::extract::{Service, WireSession};
-use crate::http::v1::AppState;
 use crate::service::Actor;
 use crate::storage::audit::Op;
 use crate::workspace::MAX_LIST_ENTRIES;
@@ -109,6 +109,7 @@ pub const ROUTES: &[&str] = &[
     "POST /sessions",
     "GET /sessions/{session_id}",
     "DELETE /sessions/{session_id}",
+    "GET /sessions/{session_id}/events",
     "POST /sessions/{session_id}/run",
     "POST /sessions/{session_id}/runs/{run_id}/stop",
     "POST /sessions/{session_id}/files/read",
@@ -127,7 +128,7 @@ pub const ROUTES: &[&str] = &[
 ];
 
 /// The routes of the protocol anyone may call: its OpenAPI document (no body, nothing of a
-/// session). The index and health are `/v1`'s ([`crate::http::v1::PUBLIC_ROUTES`]).
+/// session). The index and health are the service's ([`sandboxd_api::routes::PUBLIC_ROUTES`]).
 pub const PUBLIC_ROUTES: &[&str] = &["/wire/openapi.json"];
 
 /// The pydantic-ai-backend release this surface serves, read from `hack/versions.env`.
@@ -138,7 +139,7 @@ pub fn release() -> &'static str {
         .map_or("unknown", str::trim)
 }
 
-/// Every path of the protocol and what serves it, from which [`crate::http::v1::router`] builds
+/// Every path of the protocol and what serves it, from which [`crate::http::router`] builds
 /// the protocol's routes beside `/v1`'s (the index and health are `/v1`'s, which carry the
 /// protocol's fields too). A test sends every method of every path of it through that router
 /// to check that it serves exactly [`ROUTES`].
@@ -150,6 +151,7 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
             "/sessions/{session_id}",
             get(get_session).delete(delete_session),
         ),
+        ("/sessions/{session_id}/events", get(session_events)),
         ("/sessions/{session_id}/run", post(run)),
         ("/sessions/{session_id}/runs/{run_id}/stop", post(stop_run)),
         ("/sessions/{session_id}/files/read", post(file_read)),

@@ -11,8 +11,8 @@
 //! in `docs/openapi.json`.
 
 use serde::Deserialize;
+use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
 use crate::http::wire::WireErrorBody;
@@ -101,7 +101,7 @@ const INTERNAL: Errors = (
 const TOO_LARGE: Errors = (413, "The request body is over 2 MiB");
 const INVALID: Errors = (
     422,
-    "The request failed validation (the body missing, not JSON or off its schema, a `session_id` off its pattern): `detail` lists the problems",
+    "The request failed validation (the body missing, not JSON or off its schema, a `session_id` off its pattern, a query value not of its type such as `usage=maybe`): `detail` lists the problems",
 );
 const NO_SESSION: Errors = (404, "No such session");
 const GONE: Errors = (410, "The session's sandbox is gone, and its files with it");
@@ -162,7 +162,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             INTERNAL,
         ],
     ),
-    ("GET /sessions", &[AUTH, INTERNAL]),
+    ("GET /sessions", &[AUTH, INVALID, INTERNAL]),
     (
         "POST /sessions",
         &[
@@ -192,6 +192,10 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
     (
         "GET /sessions/{session_id}",
         &[AUTH, NO_SESSION, GONE, INVALID, INTERNAL],
+    ),
+    (
+        "GET /sessions/{session_id}/events",
+        &[AUTH, NO_SESSION, INVALID, INTERNAL],
     ),
     (
         "DELETE /sessions/{session_id}",
@@ -284,6 +288,7 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::wire::list_sessions,
         crate::http::wire::create_session,
         crate::http::wire::get_session,
+        crate::http::wire::session_events,
         crate::http::wire::delete_session,
         crate::http::wire::run,
         crate::http::wire::stop_run,
@@ -322,15 +327,7 @@ impl Modify for WithErrors {
             for (status, when) in errors_of(route) {
                 operation.responses.responses.insert(
                     status.to_string(),
-                    ResponseBuilder::new()
-                        .description(*when)
-                        .content(
-                            "application/json",
-                            ContentBuilder::new()
-                                .schema(Some(Ref::from_schema_name("WireErrorBody")))
-                                .build(),
-                        )
-                        .into(),
+                    crate::http::openapi::error_response(*when, "WireErrorBody"),
                 );
             }
         });

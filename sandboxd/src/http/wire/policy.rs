@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::http::v1::AppState;
+use crate::http::AppState;
 use crate::service::Core;
 
 pub(super) fn size_text(bytes: i64) -> String {

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::http::v1::AppState;
+use crate::http::AppState;
 use crate::service::RunRequest as CoreRun;
 
 /// `RunRequest`: the body of `POST /sessions/{session_id}/run`.
@@ -131,7 +131,7 @@ pub(crate) async fn run(
             None,
         )
         .await;
-    crate::http::v1::record_run(&state.core, &id, &actor, &target, &result, started);
+    crate::http::audited::record_run(&state.core, &id, &actor, &target, &result, started);
     let o = result.map_err(|e| WireError::from_core(&id, e))?;
     let limited = o.truncated && !o.timed_out;
     let limit = state.core.policy().max_output_bytes;

@@ -9,10 +9,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::http::v1::AppState;
+use sandboxd_api::session::SessionUsage;
+
+use crate::http::AppState;
 use crate::runtimes::RuntimeError;
 use crate::service::{Core, OpenRequest, ServiceError};
 use crate::storage::store::{SessionRow, State as SessionState};
@@ -68,9 +69,9 @@ pub struct SessionInfo {
     pub last_activity: f64,
     /// Seconds since its last activity.
     pub idle_seconds: f64,
-    /// Always `null`: resource usage is not reported here.
-    #[schema(value_type = Option<Object>)]
-    pub usage: Option<Value>,
+    /// What its sandbox uses now (sampled at most every 2 s); `null` when it is not running,
+    /// or when asked not to (`usage=false`).
+    pub usage: Option<SessionUsage>,
 }
 
 /// The answer of `POST /sessions`: the session and a token of its own.
@@ -99,8 +100,8 @@ pub(super) fn secs(ms: i64) -> f64 {
     ms as f64 / 1000.0
 }
 
-/// `SessionInfo` of a row.
-pub(super) fn info(core: &Core, row: &SessionRow) -> SessionInfo {
+/// `SessionInfo` of a row, with `usage` sampled or not.
+pub(super) fn info(core: &Core, row: &SessionRow, usage: Option<SessionUsage>) -> SessionInfo {
     let now = crate::storage::store::now_ms();
     let alive = row.state == SessionState::Running && core.workspace(&row.id).exists();
     let tenant = (!row.tenant.starts_with(UNTENANTED)).then(|| row.tenant.clone());
@@ -117,7 +118,7 @@ pub(super) fn info(core: &Core, row: &SessionRow) -> SessionInfo {
         created_at: secs(row.created_at),
         last_activity: secs(row.last_activity_at),
         idle_seconds: secs((now - row.last_activity_at).max(0)),
-        usage: None,
+        usage,
     }
 }
 
@@ -156,7 +157,7 @@ pub(super) async fn attach(
     Ok((
         StatusCode::OK,
         Opened {
-            session: info(core, row),
+            session: info(core, row, None),
             token,
         },
     ))
@@ -257,7 +258,7 @@ pub(crate) async fn create_session(
         .ok_or_else(|| WireError::gone(&id))?;
     match opened.token {
         Some(token) if opened.created => Ok(Json(Opened {
-            session: info(core, &row),
+            session: info(core, &row, None),
             token,
         })
         .into_response()),
@@ -270,11 +271,32 @@ pub(crate) async fn create_session(
     }
 }
 
+/// The query of `GET /sessions` and `GET /sessions/{session_id}`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// Whether to fill `usage` (a boolean as FastAPI reads one). Unlike the protocol's own
+    /// service, this host fills it unless told `false`: a sample is kept for 2 s, so polling
+    /// costs Docker one call per session per 2 s at most.
+    #[serde(default)]
+    #[param(value_type = Option<bool>)]
+    usage: Option<String>,
+}
+
+fn wants_usage(q: &UsageQuery) -> WireResult<bool> {
+    Ok(q.usage.is_none() || query_bool(q.usage.as_deref(), "usage")?)
+}
+
 #[utoipa::path(
-    get, path = "/sessions", tag = "sessions",
+    get, path = "/sessions", tag = "sessions", params(UsageQuery),
     responses((status = 200, description = "The sessions of this host", body = SessionList))
 )]
-pub(crate) async fn list_sessions(State(state): State<AppState>, _: Service) -> WireResult {
+pub(crate) async fn list_sessions(
+    State(state): State<AppState>,
+    Query(q): Query<UsageQuery>,
+    _: Service,
+) -> WireResult {
+    let usage = wants_usage(&q)?;
     let rows = state
         .core
         .store()
@@ -282,11 +304,16 @@ pub(crate) async fn list_sessions(State(state): State<AppState>, _: Service) -> 
         .await
         .map_err(|e| WireError::new(500, format!("sandboxd's state store failed: {e}")))?;
     let policy = state.core.policy();
-    let sessions: Vec<SessionInfo> = rows
-        .iter()
-        .filter(|r| !matches!(r.state, SessionState::Destroying | SessionState::Lost))
-        .map(|r| info(&state.core, r))
-        .collect();
+    let core = &state.core;
+    let sessions: Vec<SessionInfo> = futures::future::join_all(
+        rows.iter()
+            .filter(|r| !matches!(r.state, SessionState::Destroying | SessionState::Lost))
+            .map(|r| async move {
+                let sample = if usage { core.usage(r).await } else { None };
+                info(core, r, sample)
+            }),
+    )
+    .await;
     Ok(Json(SessionList {
         sessions,
         limit: policy.max_sessions,
@@ -297,18 +324,74 @@ pub(crate) async fn list_sessions(State(state): State<AppState>, _: Service) -> 
 }
 
 #[utoipa::path(
-    get, path = "/sessions/{session_id}", tag = "sessions", params(crate::http::wire::openapi::SessionIdParam),
+    get, path = "/sessions/{session_id}", tag = "sessions", params(crate::http::wire::openapi::SessionIdParam, UsageQuery),
     responses((status = 200, description = "The session", body = SessionInfo))
 )]
 pub(crate) async fn get_session(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    Query(q): Query<UsageQuery>,
     WireSession(row): WireSession,
 ) -> WireResult {
+    let usage = wants_usage(&q)?;
     if row.state == SessionState::Lost || !state.core.workspace(&id).exists() {
         return Err(WireError::gone(&id));
     }
-    Ok(Json(info(&state.core, &row)).into_response())
+    let sample = if usage {
+        state.core.usage(&row).await
+    } else {
+        None
+    };
+    Ok(Json(info(&state.core, &row, sample)).into_response())
+}
+
+/// The query of `GET /sessions/{session_id}/events`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only entries newer than this sequence number (0, the default: from the start), so a
+    /// watcher polls without reading the whole log again: pass the `latest_seq` of the answer
+    /// before.
+    #[serde(default)]
+    #[param(value_type = Option<i64>, minimum = 0)]
+    after: Option<String>,
+}
+
+/// What has been done in this session, newest entries last: its audit rows (of this
+/// incarnation of the session, kept across restarts of sandboxd) in the protocol's shape.
+#[utoipa::path(
+    get, path = "/sessions/{session_id}/events", tag = "sessions", params(crate::http::wire::openapi::SessionIdParam, EventsQuery),
+    responses((status = 200, description = "The entries after `after` (the newest 200 at most), oldest first, and the latest sequence number", body = sandboxd_api::audit::SessionEvents))
+)]
+pub(crate) async fn session_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    _: WireSession,
+) -> WireResult {
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(text) => text.trim().parse::<i64>().map_err(|_| {
+            WireError::invalid(
+                &["query", "after"],
+                "int_parsing",
+                "Input should be a valid integer, unable to parse string as an integer",
+            )
+        })?,
+    };
+    if after < 0 {
+        return Err(WireError::invalid(
+            &["query", "after"],
+            "greater_than_equal",
+            "Input should be greater than or equal to 0",
+        ));
+    }
+    let events = state
+        .core
+        .events(&id, after)
+        .await
+        .map_err(|e| WireError::from_core(&id, e))?;
+    Ok(Json(events).into_response())
 }
 
 /// The query of `DELETE /sessions/{session_id}`.

@@ -6,7 +6,7 @@ use super::*;
 
 use axum::http::HeaderMap;
 
-use crate::http::v1::AppState;
+use crate::http::AppState;
 use crate::storage::store::SessionRow;
 
 pub(super) fn token(headers: &HeaderMap) -> Option<&str> {

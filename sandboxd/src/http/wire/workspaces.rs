@@ -11,7 +11,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::http::v1::AppState;
+use crate::http::AppState;
 use crate::workspace::{
     Entry, EntryKind, FileError, ListRules, MAX_LIST_ENTRIES, TreeLimits, TreeOptions, Workspace,
 };

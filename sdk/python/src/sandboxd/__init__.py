@@ -11,7 +11,18 @@ print(sbx.run("make test", on_stdout=print).exit_code)
 AI workspace backend on a SandboxSession. See docs/sdk.md.
 """
 
-from .api import Entry, Listing, Operation, OperationPage, RunResult, RunStatus, Tree
+from .api import (
+    Entry,
+    Listing,
+    Operation,
+    OperationPage,
+    RunResult,
+    RunStatus,
+    SessionEvent,
+    SessionEvents,
+    SessionUsage,
+    Tree,
+)
 from .client import AsyncSandboxes, BackgroundRun, Files, Sandbox, Sandboxes
 from .errors import (
     SandboxError,
@@ -50,9 +61,12 @@ __all__ = (
     "SandboxUnavailableError",
     "Sandboxes",
     "Scope",
+    "SessionEvent",
+    "SessionEvents",
     "SessionInfo",
     "SessionKeyError",
     "SessionRef",
+    "SessionUsage",
     "Tree",
     "TriggerActor",
     "session_key",

@@ -1,4 +1,5 @@
-"""sandboxd's `/v1` API for one session, with a session token: runs (streamed), files, audit rows.
+"""sandboxd's `/v1` API for one session, with a session token: runs (streamed), files, audit rows,
+the activity feed and what the sandbox uses.
 
 The reference is `docs/openapi.json`; every error is `{"code", "message"}` and is raised as
 `SandboxHTTPError` with both.
@@ -29,6 +30,9 @@ __all__ = (
     "RunResult",
     "RunStatus",
     "SessionApi",
+    "SessionEvent",
+    "SessionEvents",
+    "SessionUsage",
     "Tree",
 )
 
@@ -118,6 +122,53 @@ class Operation:
     exit_code: int | None = None
     error: str | None = None
     bytes: int | None = None
+    incarnation: str | None = None
+    """The incarnation of the session the row belongs to (a session of the same name opened
+    again after a destroy is another incarnation, and sees none of the earlier rows)."""
+    truncated: bool = False
+    """A field (target, agent, run or error) was cut at its cap."""
+    caller_labels: bool = False
+    """`agent` and `run` are what the caller's headers said; sandboxd checks nothing about them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionEvent:
+    """One entry of a session's activity feed: what was done and how it went, never file
+    contents or command output."""
+
+    seq: int
+    """Monotonic per session, from 1."""
+    at: float
+    """When it ended, seconds since the epoch."""
+    op: str
+    """`run`, `read`, `write`, `ls`, `mkdir` or `remove`."""
+    target: str
+    """The command or path, cut at 200 characters (marked with `…`)."""
+    ok: bool
+    detail: str
+    """`exit 0`, `timed out`, `not found`, …; empty for a file operation that succeeded."""
+    duration_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionEvents:
+    """The events after a sequence number (the newest 200 at most), oldest first."""
+
+    events: list[SessionEvent]
+    latest_seq: int
+    """The highest sequence number the session has: pass it back as `after`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionUsage:
+    """What a running sandbox uses now, as Docker reports its container (sampled at most every
+    2 s). A figure Docker did not report is None."""
+
+    memory_bytes: int | None
+    memory_limit_bytes: int | None
+    cpu_percent: float | None
+    """Percent of one core since the previous sample (200 is two cores busy)."""
+    pids: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +189,8 @@ class SessionApi:
     ca_pem: str | None = None
     agent: str | None = None
     """Sent as `X-Sandbox-Agent`: the audit log records it."""
+    traceparent: str | None = None
+    """Sent as `traceparent` (W3C trace context): sandboxd's spans of each call join that trace."""
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
     def _client(self) -> httpx.AsyncClient:
@@ -148,6 +201,8 @@ class SessionApi:
             headers = {"Authorization": f"Bearer {self.token}"}
             if self.agent:
                 headers["X-Sandbox-Agent"] = self.agent
+            if self.traceparent:
+                headers["traceparent"] = self.traceparent
             self._http = httpx.AsyncClient(
                 base_url=self.endpoint.rstrip("/"),
                 headers=headers,
@@ -347,6 +402,42 @@ class SessionApi:
             operations=[Operation(**{k: v for k, v in row.items() if k in fields}) for row in data["operations"]],
             next_cursor=data.get("next_cursor"),
         )
+
+    async def usage(self) -> SessionUsage | None:
+        """What the sandbox uses now; None when it does not run (asleep, reclaimed)."""
+        data = (await self._request("GET", self._path())).json()
+        usage = data.get("usage")
+        if usage is None:
+            return None
+        return SessionUsage(
+            memory_bytes=_int_or_none(usage.get("memory_bytes")),
+            memory_limit_bytes=_int_or_none(usage.get("memory_limit_bytes")),
+            cpu_percent=None if usage.get("cpu_percent") is None else float(usage["cpu_percent"]),
+            pids=_int_or_none(usage.get("pids")),
+        )
+
+    async def events(self, after: int = 0) -> SessionEvents:
+        """The activity feed after sequence number `after` (the newest 200 at most), oldest first."""
+        data = (await self._request("GET", self._path("/events"), params={"after": str(after)})).json()
+        return SessionEvents(
+            events=[
+                SessionEvent(
+                    seq=int(e["seq"]),
+                    at=float(e["at"]),
+                    op=str(e["op"]),
+                    target=str(e["target"]),
+                    ok=bool(e["ok"]),
+                    detail=str(e.get("detail", "")),
+                    duration_ms=float(e.get("duration_ms", 0.0)),
+                )
+                for e in data["events"]
+            ],
+            latest_seq=int(data["latest_seq"]),
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _relative(path: str) -> str:

@@ -10,7 +10,17 @@ from typing import Any, Literal, TypeVar, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from .api import Entry, Listing, OperationKind, OperationPage, OutputCallback, RunResult, Tree
+from .api import (
+    Entry,
+    Listing,
+    OperationKind,
+    OperationPage,
+    OutputCallback,
+    RunResult,
+    SessionEvents,
+    SessionUsage,
+    Tree,
+)
 from .key import Actor, Scope
 from .kube import Cluster, SessionInfo, SessionRef
 from .sandbox import DEFAULT_PREPARE_TIMEOUT, AsyncBackgroundRun, AsyncSandbox
@@ -49,9 +59,12 @@ class AsyncSandboxes:
         host: str | None = None,
         actor: Actor = "member",
         agent: str | None = None,
+        traceparent: str | None = None,
     ) -> AsyncSandbox:
         """A sandbox by tenant, scope and subject (or by ref); nothing is created until its first
-        operation. The `user` scope for a run acting for someone else is refused here."""
+        operation. The `user` scope for a run acting for someone else is refused here.
+        `traceparent` (a W3C trace context) goes on the SandboxSession it creates and on every
+        call to sandboxd, so the operator's and sandboxd's spans join the caller's trace."""
         return AsyncSandbox(
             namespace=self.namespace,
             tenant=tenant,
@@ -66,6 +79,7 @@ class AsyncSandboxes:
             prepare_timeout=self.prepare_timeout,
             agent=agent,
             cluster=self._cluster,
+            traceparent=traceparent,
         )
 
     async def list(self, *, tenant: str | None = None) -> list[SessionInfo]:
@@ -112,8 +126,10 @@ class Sandboxes:
         host: str | None = None,
         actor: Actor = "member",
         agent: str | None = None,
+        traceparent: str | None = None,
     ) -> Sandbox:
-        """A sandbox by tenant, scope and subject (or by ref); nothing is created yet."""
+        """A sandbox by tenant, scope and subject (or by ref); nothing is created yet.
+        `traceparent`: as `AsyncSandboxes.session`."""
         inner = self._async.session(
             tenant=tenant,
             scope=scope,
@@ -123,6 +139,7 @@ class Sandboxes:
             host=host,
             actor=actor,
             agent=agent,
+            traceparent=traceparent,
         )
         return Sandbox(inner, self._portal)
 
@@ -227,6 +244,15 @@ class Sandbox:
         return self._call(
             self.aio.operations, agent=agent, run=run, op=op, failed=failed, q=q, limit=limit, cursor=cursor
         )
+
+    def usage(self) -> SessionUsage | None:
+        """What the sandbox uses now (memory and its limit, CPU, processes); None while it sleeps."""
+        return self._call(self.aio.usage)
+
+    def events_after(self, after: int = 0) -> SessionEvents:
+        """The activity feed after sequence number `after` (the newest 200 at most), oldest first;
+        `AsyncSandbox.events` follows it as it grows."""
+        return self._call(self.aio.events_after, after)
 
     @property
     def briefing(self) -> str | None:

@@ -150,13 +150,21 @@ class Cluster:
         return client.ApiClient(configuration=await self._config())
 
     async def create(
-        self, namespace: str, name: str, spec: Mapping[str, Any], labels: Mapping[str, str]
+        self,
+        namespace: str,
+        name: str,
+        spec: Mapping[str, Any],
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
     ) -> SessionInfo:
         """Creates the SandboxSession, or returns the one of that name already there."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "SandboxSession",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "metadata": metadata,
             "spec": dict(spec),
         }
         async with await self._api() as api:

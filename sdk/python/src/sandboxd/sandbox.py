@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import anyio
@@ -20,6 +21,9 @@ from .api import (
     OutputCallback,
     RunResult,
     SessionApi,
+    SessionEvent,
+    SessionEvents,
+    SessionUsage,
     Tree,
 )
 from .errors import (
@@ -39,6 +43,17 @@ _log = logging.getLogger("sandboxd")
 
 DEFAULT_PREPARE_TIMEOUT = 900.0
 """Seconds to wait for a session to be ready: the operator waits up to 600 s for a runtime build."""
+
+
+TRACEPARENT_ANNOTATION = "sandboxd.dev/traceparent"
+"""The annotation that carries the W3C trace context of whoever created the session."""
+
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def is_traceparent(value: str) -> bool:
+    """Whether `value` is a W3C traceparent of version 00, as the operator takes it."""
+    return _TRACEPARENT.fullmatch(value) is not None
 
 
 class AsyncSandbox:
@@ -67,7 +82,10 @@ class AsyncSandbox:
         prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT,
         agent: str | None = None,
         cluster: Cluster | None = None,
+        traceparent: str | None = None,
     ) -> None:
+        if traceparent is not None and not is_traceparent(traceparent):
+            raise ValueError(f"traceparent {traceparent!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
         if isinstance(ref, str):
             ref = SessionRef.parse(ref)
         if ref is not None and ref.namespace != namespace:
@@ -81,6 +99,7 @@ class AsyncSandbox:
         self.on_status = on_status
         self.prepare_timeout = prepare_timeout
         self.agent = agent
+        self.traceparent = traceparent
         self._cluster = cluster or Cluster(kubeconfig)
         self._ref = ref
         if ref is not None:
@@ -122,7 +141,8 @@ class AsyncSandbox:
             spec: dict[str, object] = {"scope": self.scope, "tenant": self.tenant, "subject": self.subject}
             if self.runtime:
                 spec["runtime"] = self.runtime
-            info = await self._cluster.create(self.namespace, self.name, spec, self.labels)
+            annotations = {TRACEPARENT_ANNOTATION: self.traceparent} if self.traceparent else None
+            info = await self._cluster.create(self.namespace, self.name, spec, self.labels, annotations)
             if info.deleting:
                 raise SandboxNotFoundError(
                     f"SandboxSession {self.namespace}/{self.name} is being deleted: "
@@ -142,6 +162,7 @@ class AsyncSandbox:
                 token=creds.token,
                 ca_pem=creds.ca_pem,
                 agent=self.agent,
+                traceparent=self.traceparent,
             )
         return info
 
@@ -264,6 +285,32 @@ class AsyncSandbox:
         return await self._call(
             lambda api: api.operations(agent=agent, run=run, op=op, failed=failed, q=q, limit=limit, cursor=cursor)
         )
+
+    async def usage(self) -> SessionUsage | None:
+        """What the sandbox uses now (memory and its limit, CPU, processes), as Docker reports
+        its container; None while it sleeps. Never wakes it."""
+        return await self._call(lambda api: api.usage())
+
+    async def events_after(self, after: int = 0) -> SessionEvents:
+        """One slice of the activity feed: the entries after sequence number `after` (the newest
+        200 at most), oldest first, with the latest sequence number."""
+        return await self._call(lambda api: api.events(after))
+
+    async def events(
+        self, *, after: int = 0, follow: bool = True, interval: float = 1.0
+    ) -> AsyncIterator[SessionEvent]:
+        """The activity feed, entry by entry in order: what was run, read, written, listed, made
+        and removed, and how it went (never contents or output). From the entry after `after`;
+        with `follow` it keeps waiting for new entries (asking every `interval` seconds) until
+        the loop stops, without it it ends at the latest."""
+        while True:
+            page = await self.events_after(after)
+            for event in page.events:
+                yield event
+            after = max(after, page.latest_seq)
+            if not follow:
+                return
+            await anyio.sleep(interval)
 
     async def briefing(self) -> str | None:
         """The paragraph for an agent's instructions: what this runtime holds and how to work in it."""

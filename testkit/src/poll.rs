@@ -1,6 +1,5 @@
 //! The one polling helper of the test crates: asks again, with a deadline, for what cannot be
-//! watched (a process's answer, a file, a CLI's view, a policy binding taking effect). Shared
-//! as a file by sandboxd's tests, which do not depend on this crate, like `pki.rs`.
+//! watched (a process's answer, a file, a CLI's view, a policy binding taking effect).
 
 use std::fmt::Display;
 use std::time::Duration;

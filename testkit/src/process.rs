@@ -1,9 +1,7 @@
 //! The processes of the end-to-end tests: sandboxd and the operator started from the
 //! workspace's binaries with the tests' settings, what a test does to them (`kill -9`, a signal,
 //! a clean stop), and what a sandboxd made on the project's dockerd (the containers and
-//! networks of its instance). Shared as a file by sandboxd's tests, which do not depend on this
-//! crate, like `pki.rs` and `poll.rs`: std, rand and tempfile only.
-#![allow(dead_code)] // not every test binary uses every part
+//! networks of its instance).
 
 use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -365,6 +363,8 @@ pub struct Operator {
     pub test_periods: bool,
     /// More arguments.
     pub args: Vec<String>,
+    /// More environment variables.
+    pub env: Vec<(String, String)>,
     /// Standard input and error to /dev/null rather than the test's.
     pub quiet: bool,
     /// Its health and metrics base URL, as it printed it when it last started.
@@ -388,6 +388,7 @@ impl Operator {
             log: "warn".to_owned(),
             test_periods: true,
             args: vec![],
+            env: vec![],
             quiet: false,
             health: String::new(),
             process: Process::default(),
@@ -408,7 +409,8 @@ impl Operator {
         if let Some(kubeconfig) = &self.kubeconfig {
             cmd.env("KUBECONFIG", kubeconfig);
         }
-        cmd.env("POD_NAMESPACE", &self.namespace)
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("POD_NAMESPACE", &self.namespace)
             .env("RUST_LOG", &self.log)
             .args(["--selector", &self.selector])
             .args(["--lease-namespace", &self.namespace]);
