@@ -49,12 +49,12 @@ build_helm() {
 build_promtool() {
   local stamp="$PROMTOOL_BIN/.complete"
   [[ -f $stamp && $(cat "$stamp") == "$PROMETHEUS_MODULE_VERSION" ]] && return 0
-  log "building promtool (github.com/prometheus/prometheus v$PROMETHEUS_MODULE_VERSION)"
+  log "building promtool (github.com/prometheus/prometheus v$PROMETHEUS_MODULE_VERSION; log: $BUILD_LOG)"
   rm -rf "$PROMTOOL_BIN"; mkdir -p "$PROMTOOL_BIN"
   # The module's v0.X.Y is Prometheus 3.X.Y: `promtool --version` says so.
   local minor="${PROMETHEUS_MODULE_VERSION#0.}"; minor="${minor%%.*}"
   local release="3.${minor:1}.${PROMETHEUS_MODULE_VERSION##*.}"
-  GOBIN="$PROMTOOL_BIN" go install -trimpath \
+  step "go install promtool" env GOBIN="$PROMTOOL_BIN" go install -trimpath \
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
     "github.com/prometheus/prometheus/cmd/promtool@v$PROMETHEUS_MODULE_VERSION"
   echo "$PROMETHEUS_MODULE_VERSION" >"$stamp"

@@ -8,7 +8,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
 use sandboxd_crds::v1alpha1::SandboxHost;
-use sandboxd_crds::v1alpha1::condition::READY;
+use sandboxd_crds::v1alpha1::condition::ConditionType;
 
 use crate::error::Error;
 
@@ -122,11 +122,11 @@ pub async fn doctor(
         if host.spec.disabled {
             println!("     disabled: it takes no new sessions");
         }
-        if let Some(ready) = host
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY))
-        {
+        if let Some(ready) = host.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == ConditionType::Ready.as_str())
+        }) {
             println!(
                 "     operator: Ready={} ({}: {})",
                 ready.status, ready.reason, ready.message

@@ -17,7 +17,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState;
 use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
-use sandboxd_crds::v1alpha1::condition::{REACHABLE, READY, VERSION_MISMATCH};
+use sandboxd_crds::v1alpha1::condition::{ConditionType, HostReason};
 use sandboxd_crds::v1alpha1::host::HostCapacity;
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostStatus, Tombstone};
 use serde_json::json;
@@ -34,9 +34,6 @@ pub const MANAGER: &str = "sandbox-operator/sandboxhost";
 pub const FINALIZER: &str = "sandboxd.dev/host-tombstones";
 /// Annotation that confirms deleting a host with tombstones left (they are forgotten).
 pub const FORGET_ANNOTATION: &str = "sandboxd.dev/forget-tombstones";
-
-/// The reason of `Ready=False` on a host whose sandboxd refused the admin token (401).
-pub const TOKEN_REFUSED: &str = "TokenRefused";
 
 /// The message of a host whose sandboxd refused the admin token the operator sent: which
 /// token it was, and what has to match for it to be taken.
@@ -103,153 +100,181 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
     let client = match ctx.refresh_host_client(host).await {
         Ok(c) => c,
         Err(e) => {
-            // A host without a node is sent nothing and a Secret in another namespace is
-            // refused unread; any other failure is a token (or a CA) that could not be read.
-            // Either way no session is placed here (not Ready).
-            let refused = matches!(
-                e,
-                Error::TokenSecretRefused { .. } | Error::NodeUnset { .. }
-            );
-            let reason = match e {
-                Error::TokenSecretRefused { .. } | Error::NodeUnset { .. } => e.label(),
-                Error::Ca { .. } => "CaUnusable",
-                _ => "TokenUnreadable",
-            };
-            if refused && conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason)
-            {
-                ctx.event(host, EventType::Warning, reason, "Probe", e.to_string())
-                    .await;
-            }
-            conditions::set(
-                &mut status.conditions,
-                READY,
-                false,
-                reason,
-                &e.to_string(),
-                generation,
-            );
+            no_client(host, ctx, &old, &mut status, &e).await;
             write(host, &status, ctx).await?;
             return Ok(Action::requeue(every));
         }
     };
     match client.index().await {
-        Err(e) => {
-            // A certificate that fails verification says so, and what to give the operator.
-            let (reason, ready) = if e.is_untrusted() {
-                (
-                    "CertificateUntrusted",
-                    format!(
-                        "{e}. Put the CA that signed sandboxd's certificate in the host's spec.caSecret (or the operator's --host-ca-file); the certificate must name the endpoint's address"
-                    ),
-                )
-            } else {
-                (
-                    "Unreachable",
-                    format!("sandboxd at {} does not answer", host.spec.endpoint),
-                )
-            };
-            conditions::set(
+        Err(e) => unreachable(host, ctx, &old, &mut status, &e).await,
+        Ok(index) => answered(host, ctx, &client, &old, &mut status, &index).await,
+    }
+    if !conditions::is_true(&old.conditions, ConditionType::Ready)
+        && conditions::is_true(&status.conditions, ConditionType::Ready)
+    {
+        info!(host = %name, "host ready");
+    }
+    write(host, &status, ctx).await?;
+    ctx.succeeded(&key(host));
+    Ok(Action::requeue(every))
+}
+
+/// No client for the host: a host without a node is sent nothing and a Secret in another
+/// namespace is refused unread; any other failure is a token (or a CA) that could not be
+/// read. Either way no session is placed here (not Ready).
+async fn no_client(
+    host: &SandboxHost,
+    ctx: &Context,
+    old: &SandboxHostStatus,
+    status: &mut SandboxHostStatus,
+    e: &Error,
+) {
+    let generation = host.metadata.generation;
+    let refused = matches!(
+        e,
+        Error::TokenSecretRefused { .. } | Error::NodeUnset { .. }
+    );
+    let reason = match e {
+        Error::TokenSecretRefused { .. } => HostReason::TokenSecretRefused,
+        Error::NodeUnset { .. } => HostReason::NodeUnset,
+        Error::Ca { .. } => HostReason::CaUnusable,
+        _ => HostReason::TokenUnreadable,
+    };
+    if refused && !conditions::has_reason(&old.conditions, ConditionType::Ready, reason) {
+        ctx.event(
+            host,
+            EventType::Warning,
+            reason.as_str(),
+            "Probe",
+            e.to_string(),
+        )
+        .await;
+    }
+    conditions::set(
+        &mut status.conditions,
+        ConditionType::Ready,
+        false,
+        reason,
+        &e.to_string(),
+        generation,
+    );
+}
+
+/// The host did not answer its index: not Reachable, not Ready, with an event when it was.
+async fn unreachable(
+    host: &SandboxHost,
+    ctx: &Context,
+    old: &SandboxHostStatus,
+    status: &mut SandboxHostStatus,
+    e: &sandboxd_api::client::ClientError,
+) {
+    let generation = host.metadata.generation;
+    // A certificate that fails verification says so, and what to give the operator.
+    let (reason, ready) = if e.is_untrusted() {
+        (
+            HostReason::CertificateUntrusted,
+            format!(
+                "{e}. Put the CA that signed sandboxd's certificate in the host's spec.caSecret (or the operator's --host-ca-file); the certificate must name the endpoint's address"
+            ),
+        )
+    } else {
+        (
+            HostReason::Unreachable,
+            format!("sandboxd at {} does not answer", host.spec.endpoint),
+        )
+    };
+    conditions::set(
+        &mut status.conditions,
+        ConditionType::Reachable,
+        false,
+        reason,
+        &e.to_string(),
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        ConditionType::Ready,
+        false,
+        reason,
+        &ready,
+        generation,
+    );
+    if conditions::is_true(&old.conditions, ConditionType::Reachable) {
+        ctx.event(
+            host,
+            EventType::Warning,
+            reason.as_str(),
+            "Probe",
+            e.to_string(),
+        )
+        .await;
+    }
+}
+
+/// The host answered its index: Reachable; Ready when it serves every route the operator
+/// needs and its capacity could be read with the token.
+async fn answered(
+    host: &SandboxHost,
+    ctx: &Context,
+    client: &sandboxd_api::client::Client,
+    old: &SandboxHostStatus,
+    status: &mut SandboxHostStatus,
+    index: &sandboxd_api::routes::Index,
+) {
+    let generation = host.metadata.generation;
+    conditions::set(
+        &mut status.conditions,
+        ConditionType::Reachable,
+        true,
+        HostReason::Answered,
+        &format!("sandboxd {} answered", index.version),
+        generation,
+    );
+    status.version = Some(index.version.clone());
+    status.routes = index.routes.clone();
+    let missing: Vec<String> = REQUIRED_ROUTES
+        .iter()
+        .filter(|r| !index.routes.iter().any(|x| x == *r))
+        .map(|r| (*r).to_owned())
+        .collect();
+    if missing.is_empty() {
+        conditions::set(
+            &mut status.conditions,
+            ConditionType::VersionMismatch,
+            false,
+            HostReason::RoutesPresent,
+            "every route the operator needs is served",
+            generation,
+        );
+        match observe(client, status).await {
+            Ok(()) if host.spec.disabled => conditions::set(
                 &mut status.conditions,
-                REACHABLE,
-                false,
-                reason,
-                &e.to_string(),
-                generation,
-            );
-            conditions::set(
-                &mut status.conditions,
-                READY,
-                false,
-                reason,
-                &ready,
-                generation,
-            );
-            if conditions::is_true(&old.conditions, REACHABLE) {
-                ctx.event(host, EventType::Warning, reason, "Probe", e.to_string())
-                    .await;
-            }
-        }
-        Ok(index) => {
-            conditions::set(
-                &mut status.conditions,
-                REACHABLE,
+                ConditionType::Ready,
                 true,
-                "Answered",
-                &format!("sandboxd {} answered", index.version),
+                HostReason::Disabled,
+                "ready, but disabled: it takes no new sessions",
                 generation,
-            );
-            status.version = Some(index.version.clone());
-            status.routes = index.routes.clone();
-            let missing: Vec<String> = REQUIRED_ROUTES
-                .iter()
-                .filter(|r| !index.routes.iter().any(|x| x == *r))
-                .map(|r| (*r).to_owned())
-                .collect();
-            if missing.is_empty() {
-                conditions::set(
-                    &mut status.conditions,
-                    VERSION_MISMATCH,
-                    false,
-                    "RoutesPresent",
-                    "every route the operator needs is served",
-                    generation,
+            ),
+            Ok(()) => conditions::set(
+                &mut status.conditions,
+                ConditionType::Ready,
+                true,
+                HostReason::Ready,
+                "takes sessions",
+                generation,
+            ),
+            Err(sandboxd_api::client::ClientError::Api { status: 401, .. }) => {
+                let message = token_refused_message(host);
+                let already = conditions::has_reason(
+                    &old.conditions,
+                    ConditionType::Ready,
+                    HostReason::TokenRefused,
                 );
-                match observe(&client, &mut status).await {
-                    Ok(()) if host.spec.disabled => conditions::set(
-                        &mut status.conditions,
-                        READY,
-                        true,
-                        "Disabled",
-                        "ready, but disabled: it takes no new sessions",
-                        generation,
-                    ),
-                    Ok(()) => conditions::set(
-                        &mut status.conditions,
-                        READY,
-                        true,
-                        "Ready",
-                        "takes sessions",
-                        generation,
-                    ),
-                    Err(sandboxd_api::client::ClientError::Api { status: 401, .. }) => {
-                        let message = token_refused_message(host);
-                        let already = conditions::get(&old.conditions, READY)
-                            .is_some_and(|c| c.reason == TOKEN_REFUSED);
-                        if !already {
-                            ctx.event(
-                                host,
-                                EventType::Warning,
-                                TOKEN_REFUSED,
-                                "Probe",
-                                message.clone(),
-                            )
-                            .await;
-                        }
-                        conditions::set(
-                            &mut status.conditions,
-                            READY,
-                            false,
-                            TOKEN_REFUSED,
-                            &message,
-                            generation,
-                        );
-                    }
-                    Err(e) => conditions::set(
-                        &mut status.conditions,
-                        READY,
-                        false,
-                        "ProbeFailed",
-                        &chain(&e),
-                        generation,
-                    ),
-                }
-            } else {
-                let message = version_mismatch_message(&missing, &ctx.config.sandboxd_image);
-                if !conditions::is_true(&old.conditions, VERSION_MISMATCH) {
+                if !already {
                     ctx.event(
                         host,
                         EventType::Warning,
-                        "VersionMismatch",
+                        HostReason::TokenRefused.as_str(),
                         "Probe",
                         message.clone(),
                     )
@@ -257,31 +282,51 @@ async fn probe(host: &SandboxHost, ctx: &Context) -> Result<Action, Error> {
                 }
                 conditions::set(
                     &mut status.conditions,
-                    VERSION_MISMATCH,
-                    true,
-                    "RoutesMissing",
-                    &message,
-                    generation,
-                );
-                conditions::set(
-                    &mut status.conditions,
-                    READY,
+                    ConditionType::Ready,
                     false,
-                    "VersionMismatch",
+                    HostReason::TokenRefused,
                     &message,
                     generation,
                 );
             }
+            Err(e) => conditions::set(
+                &mut status.conditions,
+                ConditionType::Ready,
+                false,
+                HostReason::ProbeFailed,
+                &chain(&e),
+                generation,
+            ),
         }
+    } else {
+        let message = version_mismatch_message(&missing, &ctx.config.sandboxd_image);
+        if !conditions::is_true(&old.conditions, ConditionType::VersionMismatch) {
+            ctx.event(
+                host,
+                EventType::Warning,
+                HostReason::VersionMismatch.as_str(),
+                "Probe",
+                message.clone(),
+            )
+            .await;
+        }
+        conditions::set(
+            &mut status.conditions,
+            ConditionType::VersionMismatch,
+            true,
+            HostReason::RoutesMissing,
+            &message,
+            generation,
+        );
+        conditions::set(
+            &mut status.conditions,
+            ConditionType::Ready,
+            false,
+            HostReason::VersionMismatch,
+            &message,
+            generation,
+        );
     }
-    if !conditions::is_true(&old.conditions, READY)
-        && conditions::is_true(&status.conditions, READY)
-    {
-        info!(host = %name, "host ready");
-    }
-    write(host, &status, ctx).await?;
-    ctx.succeeded(&key(host));
-    Ok(Action::requeue(every))
 }
 
 /// Reads capacity, load and ready runtimes.
@@ -332,8 +377,8 @@ async fn write(host: &SandboxHost, status: &SandboxHostStatus, ctx: &Context) ->
     ctx.metrics.set_host(
         &host.name_any(),
         Some(crate::metrics::HostState {
-            ready: conditions::is_true(&status.conditions, READY),
-            reachable: conditions::is_true(&status.conditions, REACHABLE),
+            ready: conditions::is_true(&status.conditions, ConditionType::Ready),
+            reachable: conditions::is_true(&status.conditions, ConditionType::Reachable),
             disabled: host.spec.disabled,
         }),
     );

@@ -14,8 +14,10 @@ use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState as HostBuildState;
+use sandboxd_api::client::ClientError;
+use sandboxd_api::runtimes::RuntimeList;
 use sandboxd_catalog::CatalogEntry;
-use sandboxd_crds::v1alpha1::condition::{DEFAULT_CONFLICT, READY};
+use sandboxd_crds::v1alpha1::condition::{ConditionType, RuntimeReason};
 use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus, WarmPoolStatus};
 use sandboxd_crds::v1alpha1::{Runtime, RuntimeStatus, SandboxHost};
 use serde_json::json;
@@ -105,14 +107,14 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
         );
         conditions::set(
             &mut status.conditions,
-            DEFAULT_CONFLICT,
+            ConditionType::DefaultConflict,
             true,
-            "SeveralDefaults",
+            RuntimeReason::SeveralDefaults,
             &m,
             generation,
         );
     } else {
-        conditions::clear(&mut status.conditions, DEFAULT_CONFLICT);
+        conditions::clear(&mut status.conditions, ConditionType::DefaultConflict);
     }
     let hosts = Api::<SandboxHost>::all(ctx.client.clone())
         .list(&ctx.list_params())
@@ -124,7 +126,7 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
     for host in hosts.iter().filter(|h| {
         h.status
             .as_ref()
-            .is_some_and(|s| conditions::is_true(&s.conditions, READY))
+            .is_some_and(|s| conditions::is_true(&s.conditions, ConditionType::Ready))
     }) {
         let host_name = host.name_any();
         let previous = old.hosts.iter().find(|h| h.host == host_name);
@@ -132,52 +134,10 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
         // The host keeps an unchanged definition's image and state, so handing it the whole
         // list each time is cheap and converges a host that restarted with another list.
         let listed = client.put_runtimes(&catalog).await;
-        let entry_status = match listed {
-            Err(e) => RuntimeHostStatus {
-                host: host_name.clone(),
-                state: BuildState::Failed,
-                image_tag: None,
-                attempts: previous.map_or(0, |p| p.attempts),
-                last_error: Some(e.to_string()),
-                last_transition_time: Some(Time(Timestamp::now())),
-            },
-            Ok(list) => match list.runtimes.into_iter().find(|r| r.alias == name) {
-                None => RuntimeHostStatus {
-                    host: host_name.clone(),
-                    state: BuildState::Pending,
-                    image_tag: None,
-                    attempts: 0,
-                    last_error: None,
-                    last_transition_time: previous.and_then(|p| p.last_transition_time.clone()),
-                },
-                Some(r) => {
-                    pool_ready =
-                        Some(pool_ready.map_or(r.warm_pool.ready, |n| n.min(r.warm_pool.ready)));
-                    let state = match r.state {
-                        HostBuildState::Pending => BuildState::Pending,
-                        HostBuildState::Building => BuildState::Building,
-                        HostBuildState::Ready => BuildState::Ready,
-                        HostBuildState::Failed => BuildState::Failed,
-                    };
-                    let changed = previous.is_none_or(|p| p.state != state);
-                    RuntimeHostStatus {
-                        host: host_name.clone(),
-                        state,
-                        image_tag: Some(r.tag),
-                        attempts: i32::try_from(r.attempts).unwrap_or(i32::MAX),
-                        last_error: r.last_error.map(|e| match r.log_tail {
-                            Some(tail) => crate::context::truncate(format!("{e}\n{tail}"), 2000),
-                            None => e,
-                        }),
-                        last_transition_time: if changed {
-                            Some(Time(Timestamp::now()))
-                        } else {
-                            previous.and_then(|p| p.last_transition_time.clone())
-                        },
-                    }
-                }
-            },
-        };
+        let (entry_status, ready) = host_entry(&name, host_name, previous, listed);
+        if let Some(ready) = ready {
+            pool_ready = Some(pool_ready.map_or(ready, |n| n.min(ready)));
+        }
         building |= matches!(
             entry_status.state,
             BuildState::Pending | BuildState::Building
@@ -213,12 +173,12 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
     };
     conditions::set(
         &mut status.conditions,
-        READY,
+        ConditionType::Ready,
         ready_everywhere,
         if ready_everywhere {
-            "Built"
+            RuntimeReason::Built
         } else {
-            "NotBuilt"
+            RuntimeReason::NotBuilt
         },
         &message,
         generation,
@@ -240,4 +200,62 @@ async fn hand_out(rt: &Runtime, ctx: &Context) -> Result<Action, Error> {
     } else {
         Duration::from_secs(ctx.config.probe_seconds)
     }))
+}
+
+/// What one host's answer to the hand-out says of runtime `name` there: its build state,
+/// image tag, attempts and last error (the transition time kept from `previous` unless the
+/// state changed), and its warm pool's ready count when the host listed it.
+fn host_entry(
+    name: &str,
+    host_name: String,
+    previous: Option<&RuntimeHostStatus>,
+    listed: Result<RuntimeList, ClientError>,
+) -> (RuntimeHostStatus, Option<u32>) {
+    let mut ready = None;
+    let entry = match listed {
+        Err(e) => RuntimeHostStatus {
+            host: host_name.clone(),
+            state: BuildState::Failed,
+            image_tag: None,
+            attempts: previous.map_or(0, |p| p.attempts),
+            last_error: Some(e.to_string()),
+            last_transition_time: Some(Time(Timestamp::now())),
+        },
+        Ok(list) => match list.runtimes.into_iter().find(|r| r.alias == name) {
+            None => RuntimeHostStatus {
+                host: host_name.clone(),
+                state: BuildState::Pending,
+                image_tag: None,
+                attempts: 0,
+                last_error: None,
+                last_transition_time: previous.and_then(|p| p.last_transition_time.clone()),
+            },
+            Some(r) => {
+                ready = Some(r.warm_pool.ready);
+                let state = match r.state {
+                    HostBuildState::Pending => BuildState::Pending,
+                    HostBuildState::Building => BuildState::Building,
+                    HostBuildState::Ready => BuildState::Ready,
+                    HostBuildState::Failed => BuildState::Failed,
+                };
+                let changed = previous.is_none_or(|p| p.state != state);
+                RuntimeHostStatus {
+                    host: host_name.clone(),
+                    state,
+                    image_tag: Some(r.tag),
+                    attempts: i32::try_from(r.attempts).unwrap_or(i32::MAX),
+                    last_error: r.last_error.map(|e| match r.log_tail {
+                        Some(tail) => crate::context::truncate(format!("{e}\n{tail}"), 2000),
+                        None => e,
+                    }),
+                    last_transition_time: if changed {
+                        Some(Time(Timestamp::now()))
+                    } else {
+                        previous.and_then(|p| p.last_transition_time.clone())
+                    },
+                }
+            }
+        },
+    };
+    (entry, ready)
 }

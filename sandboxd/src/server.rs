@@ -96,57 +96,9 @@ async fn start_with(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = std::io::Result<()>>)> {
     let (admin, runtimes) = config.validate()?;
-    match config.node()? {
-        Some(node) if config.node_token_hashes.is_some() => info!(
-            node,
-            "the admin token is this node's own, known only by its hash (SANDBOXD_NODE_TOKEN_HASHES); this node holds neither the master nor any token"
-        ),
-        Some(node) if config.node_token.is_some() => info!(
-            node,
-            "the admin token is this node's own (SANDBOXD_NODE_TOKEN); the master never reaches this node"
-        ),
-        Some(node) => info!(
-            node,
-            "the admin token is this node's own, derived from the master (SANDBOXD_NODE_NAME); the master and other nodes' tokens are refused"
-        ),
-        None => warn!(
-            "SANDBOXD_NODE_NAME is unset: the master admin token itself opens this sandboxd, so every sandboxd sharing SANDBOXD_TOKEN is one trust domain (a token taken from one opens them all); set SANDBOXD_NODE_NAME to accept only this node's own token"
-        ),
-    }
-    let tls = match config.tls_files()? {
-        Some(files) => {
-            let tls = Reloading::new(files.clone())?;
-            info!(cert = %files.cert.display(), key = %files.key.display(), "serving HTTPS only; the certificate is read again when its files change and on SIGHUP");
-            Some(tls)
-        }
-        None => {
-            warn!(
-                "SERVING PLAIN HTTP: the admin token, the session tokens and every file and command cross the network unencrypted. Set SANDBOXD_TLS_CERT_FILE and SANDBOXD_TLS_KEY_FILE (PEM) to serve HTTPS (the Helm chart does, unless tls.enabled=false)"
-            );
-            None
-        }
-    };
-    std::fs::create_dir_all(&config.workspace_root).with_context(|| {
-        format!(
-            "cannot create SANDBOXD_WORKSPACE_ROOT {}",
-            config.workspace_root.display()
-        )
-    })?;
-    match config.workspace_quota {
-        WorkspaceQuota::Loop => {
-            if let Err(missing) = Disks::new(&config.workspace_root, config.sandbox_uid).check() {
-                anyhow::bail!(
-                    "SANDBOXD_WORKSPACE_QUOTA=loop gives every workspace a disk of its own of SANDBOXD_WORKSPACE_SIZE ({}), and this host lacks what that needs: {missing}. Provide it, or run with SANDBOXD_WORKSPACE_QUOTA=off to let sandboxes write without a limit (one can then fill the node's disk)",
-                    config.workspace_size
-                );
-            }
-            info!(workspace_size = %config.workspace_size, "every workspace is a loop-mounted disk of its own size");
-        }
-        WorkspaceQuota::Off => warn!(
-            workspace_root = %config.workspace_root.display(),
-            "WORKSPACE SIZES ARE NOT LIMITED (SANDBOXD_WORKSPACE_QUOTA=off): a sandbox can fill the disk under the workspace root, and with it the node's; sessions asking for limits.workspace_size are refused"
-        ),
-    }
+    say_trust(&config)?;
+    let tls = tls(&config)?;
+    workspace_root(&config)?;
     let store = Store::open(&config.state_dir).await.with_context(|| {
         format!(
             "cannot open the state database in {}",
@@ -172,39 +124,9 @@ async fn start_with(
         info!(runtime = %rt.alias, tag = %rt.tag, state = ?rt.state, "runtime allowlisted");
     }
     let metrics = Arc::new(Metrics::default());
-    let audit = if config.audit {
-        let store = AuditStore::open(config.audit_database_url.as_deref(), &config.state_dir)
-            .await
-            .context("cannot open the audit store (SANDBOXD_AUDIT_DATABASE_URL, or audit.db in SANDBOXD_STATE_DIR)")?;
-        info!(
-            backend = if store.is_postgres() {
-                "postgres"
-            } else {
-                "sqlite"
-            },
-            "audit log open"
-        );
-        Audit::with_queue(
-            Some(store),
-            config.audit_queue,
-            metrics.audit_rows_dropped.clone(),
-        )
-    } else {
-        Audit::start(None)
-    };
+    let audit = audit(&config, &metrics).await?;
     audit.spawn_sweeper(config.operation_retention_days);
-    let runner: Arc<dyn crate::run::Runner> = match config.run_backend {
-        RunBackend::Agent => Arc::new(
-            AgentRunner::new(engine.clone(), &config.workspace_root, metrics.clone())
-                .with_context(|| {
-                    format!(
-                        "cannot install the sandbox agent into {}",
-                        config.workspace_root.join(agent::BIN_FOLDER).display()
-                    )
-                })?,
-        ),
-        RunBackend::Exec => Arc::new(ExecRunner::counted(engine.clone(), metrics.clone())),
-    };
+    let runner = runner(&config, &engine, &metrics)?;
     let needs_network = runtimes.list().runtimes.iter().any(|r| r.needs_network);
     let network = Arc::new(SandboxNetwork::new(engine.clone(), config.network_plan()?));
     let core = Arc::new(
@@ -242,18 +164,7 @@ async fn start_with(
     // Sandboxes with network never reach this port; the network and its firewall are there
     // before the first request, or sandboxd does not start.
     network.set_ports(vec![addr.port()]);
-    if needs_network {
-        network
-            .ensure()
-            .await
-            .context("a runtime of the allowlist needs a network")?;
-    } else if network.exists().await? {
-        // Sandboxes of an earlier allowlist may still be on it (a node's reboot took the rules).
-        network
-            .ensure()
-            .await
-            .context("the sandbox network of an earlier run is there")?;
-    }
+    bring_up(&network, needs_network).await?;
     // From now on the firewall is checked on its timer and after Docker's network events.
     let guard = crate::container::network::spawn_guard(
         network.clone(),
@@ -285,6 +196,137 @@ async fn start_with(
         audit.flush().await;
         served
     }))
+}
+
+/// Says in the log whose token opens this sandboxd (warning when the master itself does).
+fn say_trust(config: &Config) -> anyhow::Result<()> {
+    match config.node()? {
+        Some(node) if config.node_token_hashes.is_some() => info!(
+            node,
+            "the admin token is this node's own, known only by its hash (SANDBOXD_NODE_TOKEN_HASHES); this node holds neither the master nor any token"
+        ),
+        Some(node) if config.node_token.is_some() => info!(
+            node,
+            "the admin token is this node's own (SANDBOXD_NODE_TOKEN); the master never reaches this node"
+        ),
+        Some(node) => info!(
+            node,
+            "the admin token is this node's own, derived from the master (SANDBOXD_NODE_NAME); the master and other nodes' tokens are refused"
+        ),
+        None => warn!(
+            "SANDBOXD_NODE_NAME is unset: the master admin token itself opens this sandboxd, so every sandboxd sharing SANDBOXD_TOKEN is one trust domain (a token taken from one opens them all); set SANDBOXD_NODE_NAME to accept only this node's own token"
+        ),
+    }
+    Ok(())
+}
+
+/// The certificate to serve HTTPS with, read again when it changes; `None` (with a warning
+/// in capitals) serves plain HTTP.
+fn tls(config: &Config) -> anyhow::Result<Option<Reloading>> {
+    Ok(match config.tls_files()? {
+        Some(files) => {
+            let tls = Reloading::new(files.clone())?;
+            info!(cert = %files.cert.display(), key = %files.key.display(), "serving HTTPS only; the certificate is read again when its files change and on SIGHUP");
+            Some(tls)
+        }
+        None => {
+            warn!(
+                "SERVING PLAIN HTTP: the admin token, the session tokens and every file and command cross the network unencrypted. Set SANDBOXD_TLS_CERT_FILE and SANDBOXD_TLS_KEY_FILE (PEM) to serve HTTPS (the Helm chart does, unless tls.enabled=false)"
+            );
+            None
+        }
+    })
+}
+
+/// Creates the workspace root, and checks that a host with per-workspace disks
+/// (`SANDBOXD_WORKSPACE_QUOTA=loop`) can make them.
+fn workspace_root(config: &Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.workspace_root).with_context(|| {
+        format!(
+            "cannot create SANDBOXD_WORKSPACE_ROOT {}",
+            config.workspace_root.display()
+        )
+    })?;
+    match config.workspace_quota {
+        WorkspaceQuota::Loop => {
+            if let Err(missing) = Disks::new(&config.workspace_root, config.sandbox_uid).check() {
+                anyhow::bail!(
+                    "SANDBOXD_WORKSPACE_QUOTA=loop gives every workspace a disk of its own of SANDBOXD_WORKSPACE_SIZE ({}), and this host lacks what that needs: {missing}. Provide it, or run with SANDBOXD_WORKSPACE_QUOTA=off to let sandboxes write without a limit (one can then fill the node's disk)",
+                    config.workspace_size
+                );
+            }
+            info!(workspace_size = %config.workspace_size, "every workspace is a loop-mounted disk of its own size");
+        }
+        WorkspaceQuota::Off => warn!(
+            workspace_root = %config.workspace_root.display(),
+            "WORKSPACE SIZES ARE NOT LIMITED (SANDBOXD_WORKSPACE_QUOTA=off): a sandbox can fill the disk under the workspace root, and with it the node's; sessions asking for limits.workspace_size are refused"
+        ),
+    }
+    Ok(())
+}
+
+/// The audit log: its store (PostgreSQL or SQLite) behind a bounded queue, or none when
+/// `SANDBOXD_AUDIT` is off.
+async fn audit(config: &Config, metrics: &Metrics) -> anyhow::Result<Audit> {
+    Ok(if config.audit {
+        let store = AuditStore::open(config.audit_database_url.as_deref(), &config.state_dir)
+            .await
+            .context("cannot open the audit store (SANDBOXD_AUDIT_DATABASE_URL, or audit.db in SANDBOXD_STATE_DIR)")?;
+        info!(
+            backend = if store.is_postgres() {
+                "postgres"
+            } else {
+                "sqlite"
+            },
+            "audit log open"
+        );
+        Audit::with_queue(
+            Some(store),
+            config.audit_queue,
+            metrics.audit_rows_dropped.clone(),
+        )
+    } else {
+        Audit::start(None)
+    })
+}
+
+/// What runs commands in sandboxes: the resident agent (installed into the workspace root
+/// here), or `docker exec`.
+fn runner(
+    config: &Config,
+    engine: &Engine,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<dyn crate::run::Runner>> {
+    Ok(match config.run_backend {
+        RunBackend::Agent => Arc::new(
+            AgentRunner::new(engine.clone(), &config.workspace_root, metrics.clone())
+                .with_context(|| {
+                    format!(
+                        "cannot install the sandbox agent into {}",
+                        config.workspace_root.join(agent::BIN_FOLDER).display()
+                    )
+                })?,
+        ),
+        RunBackend::Exec => Arc::new(ExecRunner::counted(engine.clone(), metrics.clone())),
+    })
+}
+
+/// Makes the sandbox network and its firewall when a runtime needs it, or repairs one an
+/// earlier run left (a node's reboot took its rules): before the first request is served.
+async fn bring_up(network: &SandboxNetwork, needs_network: bool) -> anyhow::Result<()> {
+    if needs_network {
+        network
+            .ensure()
+            .await
+            .context("a runtime of the allowlist needs a network")?;
+    } else if network.exists().await? {
+        // Sandboxes of an earlier allowlist may still be on it (a node's reboot took the rules).
+        network
+            .ensure()
+            .await
+            .context("the sandbox network of an earlier run is there")?;
+    }
+    Ok(())
 }
 
 async fn shutdown() {

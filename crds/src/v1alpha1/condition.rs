@@ -1,100 +1,272 @@
-//! Condition types and reasons shared by the kinds, as typed constants.
+//! Condition types and reasons shared by the kinds, typed (a condition is set with a
+//! [`ConditionType`] and a [`Reason`] of its kind, never two loose strings), as stackable's
+//! operator-rs types its cluster conditions.
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-/// `Ready`: the object is doing its job (a host takes sessions, a runtime is built, a session runs).
-pub const READY: &str = "Ready";
-/// `Reachable`: the host answered its last probe.
-pub const REACHABLE: &str = "Reachable";
-/// `VersionMismatch`: the host does not serve a route this operator needs.
-pub const VERSION_MISMATCH: &str = "VersionMismatch";
-/// `Placed`: the session has a host.
-pub const PLACED: &str = "Placed";
-/// `RuntimeReady`: the session's runtime is built on its host.
-pub const RUNTIME_READY: &str = "RuntimeReady";
-/// `Admitted`: the host accepted the session (not refused over a cap).
-pub const ADMITTED: &str = "Admitted";
-/// `DefaultConflict`: more than one Runtime claims to be the default.
-pub const DEFAULT_CONFLICT: &str = "DefaultConflict";
-/// `HostUnreachable`: the session's host does not answer (the session is not lost).
-pub const HOST_UNREACHABLE: &str = "HostUnreachable";
-/// `Lost`: the session's workspace is gone.
-pub const LOST: &str = "Lost";
-/// `RebuildNeeded`: the session's container is made from another image than its Runtime's
-/// current one, or with other limits than its spec asks.
-pub const REBUILD_NEEDED: &str = "RebuildNeeded";
-/// `Rebuilt`: how the session's last rebuild went (False: it failed, and the message says why).
-pub const REBUILT: &str = "Rebuilt";
+/// A condition's reason: one of the kind's reason enums.
+pub trait Reason {
+    /// The name the API shows.
+    fn as_str(&self) -> &'static str;
+}
+
+/// The condition types of the kinds, one per question a status answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
+    /// `Ready`: the object is doing its job (a host takes sessions, a runtime is built, a session runs).
+    Ready,
+    /// `Reachable`: the host answered its last probe.
+    Reachable,
+    /// `VersionMismatch`: the host does not serve a route this operator needs.
+    VersionMismatch,
+    /// `Placed`: the session has a host.
+    Placed,
+    /// `RuntimeReady`: the session's runtime is built on its host.
+    RuntimeReady,
+    /// `Admitted`: the host accepted the session (not refused over a cap).
+    Admitted,
+    /// `DefaultConflict`: more than one Runtime claims to be the default.
+    DefaultConflict,
+    /// `HostUnreachable`: the session's host does not answer (the session is not lost).
+    HostUnreachable,
+    /// `Lost`: the session's workspace is gone.
+    Lost,
+    /// `RebuildNeeded`: the session's container is made from another image than its Runtime's
+    /// current one, or with other limits than its spec asks.
+    RebuildNeeded,
+    /// `Rebuilt`: how the session's last rebuild went (False: it failed, and the message says why).
+    Rebuilt,
+}
+
+impl ConditionType {
+    /// The name the API shows.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "Ready",
+            Self::Reachable => "Reachable",
+            Self::VersionMismatch => "VersionMismatch",
+            Self::Placed => "Placed",
+            Self::RuntimeReady => "RuntimeReady",
+            Self::Admitted => "Admitted",
+            Self::DefaultConflict => "DefaultConflict",
+            Self::HostUnreachable => "HostUnreachable",
+            Self::Lost => "Lost",
+            Self::RebuildNeeded => "RebuildNeeded",
+            Self::Rebuilt => "Rebuilt",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The reasons of a SandboxSession's conditions, by condition.
-pub mod session_reason {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionReason {
     /// `Placed=True`: the session has its host.
-    pub const PLACED: &str = "Placed";
+    Placed,
     /// `Placed=False`: no host can take the session.
-    pub const NO_HOST: &str = "NoHost";
+    NoHost,
     /// `RuntimeReady=False`: the session names a Runtime that does not exist.
-    pub const RUNTIME_NOT_FOUND: &str = "RuntimeNotFound";
+    RuntimeNotFound,
     /// `RuntimeReady=False`: the host is building the runtime's image.
-    pub const PREPARING: &str = "Preparing";
+    Preparing,
     /// `RuntimeReady=False`: the image was still not built after the prepare timeout.
-    pub const PREPARE_TIMED_OUT: &str = "PrepareTimedOut";
+    PrepareTimedOut,
     /// `RuntimeReady=False`: the host could not build the runtime's image.
-    pub const BUILD_FAILED: &str = "BuildFailed";
+    BuildFailed,
     /// `RuntimeReady=True`: the image is on the host.
-    pub const RUNTIME_READY: &str = "Ready";
+    RuntimeReady,
     /// `Admitted=True`: the host opened the session.
-    pub const OPENED: &str = "Opened";
+    Opened,
     /// `Admitted=False`: the tenant's cap of sessions is reached on the host.
-    pub const TENANT_CAP: &str = "TenantCap";
+    TenantCap,
     /// `Admitted=False`: the host's cap of sessions is reached.
-    pub const HOST_CAP: &str = "HostCap";
+    HostCap,
     /// `Admitted=False`: the host holds the session's id for another object.
-    pub const OWNER_CONFLICT: &str = "OwnerConflict";
+    OwnerConflict,
     /// `Admitted=False`: the host holds the session's id for a session of another tenant.
-    pub const NAME_TAKEN: &str = "NameTaken";
+    NameTaken,
     /// `Admitted=False`: the host refuses what the session asks (its `spec.resources` over the
     /// host's ceilings); the session is Failed until its spec changes.
-    pub const REFUSED: &str = "Refused";
+    Refused,
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
-    pub const OPEN_FAILED: &str = "OpenFailed";
+    OpenFailed,
     /// `Admitted=False`: the API server refused to write the session's token Secret (a Secret
     /// of its name that is not a session token Secret, which the chart's policy keeps); tried
     /// again with backoff.
-    pub const TOKEN_SECRET_NOT_WRITTEN: &str = "TokenSecretNotWritten";
+    TokenSecretNotWritten,
     /// `RuntimeReady=False`: the host does not have the session's runtime in its allowlist yet.
-    pub const NOT_ON_HOST: &str = "NotOnHost";
+    NotOnHost,
     /// `Admitted=False`: a deleted object of the same name still owes its destroy.
-    pub const WAITING_FOR_TOMBSTONE: &str = "WaitingForTombstone";
+    WaitingForTombstone,
     /// `HostUnreachable=True`: the SandboxHost the session is placed on does not exist.
-    pub const HOST_MISSING: &str = "HostMissing";
+    HostMissing,
     /// `HostUnreachable=True`: the host does not answer, or serves another version.
-    pub const UNREACHABLE: &str = "Unreachable";
+    Unreachable,
     /// `Ready=True`: the sandbox runs.
-    pub const RUNNING: &str = "Running";
+    Running,
     /// `Ready=False`: idle, the container is stopped.
-    pub const SLEEPING: &str = "Sleeping";
+    Sleeping,
     /// `Ready=False`: the container was removed, the workspace stays.
-    pub const RECLAIMED: &str = "Reclaimed";
+    Reclaimed,
     /// `Ready=False`: the workspace is gone.
-    pub const LOST: &str = "Lost";
+    Lost,
     /// `Lost=True`: the workspace vanished on the host.
-    pub const WORKSPACE_VANISHED: &str = "WorkspaceVanished";
+    WorkspaceVanished,
     /// `Lost=True`: the host no longer has the session (destroyed there, not through this
     /// object).
-    pub const SESSION_GONE: &str = "SessionGone";
+    SessionGone,
     /// `Lost=True`: the workspace was removed after its TTL without activity.
-    pub const WORKSPACE_EXPIRED: &str = "WorkspaceExpired";
+    WorkspaceExpired,
     /// `RebuildNeeded=True`: the Runtime names another image than the container's.
-    pub const IMAGE_CHANGED: &str = "ImageChanged";
+    ImageChanged,
     /// `RebuildNeeded=True`: spec.resources asks other limits than the container's.
-    pub const RESOURCES_CHANGED: &str = "ResourcesChanged";
+    ResourcesChanged,
     /// `Rebuilt=True`: the container was recreated; the workspace kept.
-    pub const REBUILT: &str = "Rebuilt";
+    Rebuilt,
     /// `Rebuilt=False`: the rebuild failed; the session is Failed until a rebuild or a wake
     /// succeeds.
-    pub const REBUILD_FAILED: &str = "RebuildFailed";
+    RebuildFailed,
     /// `Rebuilt=False`: the host refused the rebuild as asked (a workspace that would shrink,
     /// limits over its ceilings); the session is Failed until the spec changes.
-    pub const REBUILD_REFUSED: &str = "RebuildRefused";
+    RebuildRefused,
+}
+
+impl SessionReason {
+    /// The name the API shows.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Placed => "Placed",
+            Self::NoHost => "NoHost",
+            Self::RuntimeNotFound => "RuntimeNotFound",
+            Self::Preparing => "Preparing",
+            Self::PrepareTimedOut => "PrepareTimedOut",
+            Self::BuildFailed => "BuildFailed",
+            Self::RuntimeReady => "Ready",
+            Self::Opened => "Opened",
+            Self::TenantCap => "TenantCap",
+            Self::HostCap => "HostCap",
+            Self::OwnerConflict => "OwnerConflict",
+            Self::NameTaken => "NameTaken",
+            Self::Refused => "Refused",
+            Self::OpenFailed => "OpenFailed",
+            Self::TokenSecretNotWritten => "TokenSecretNotWritten",
+            Self::NotOnHost => "NotOnHost",
+            Self::WaitingForTombstone => "WaitingForTombstone",
+            Self::HostMissing => "HostMissing",
+            Self::Unreachable => "Unreachable",
+            Self::Running => "Running",
+            Self::Sleeping => "Sleeping",
+            Self::Reclaimed => "Reclaimed",
+            Self::Lost => "Lost",
+            Self::WorkspaceVanished => "WorkspaceVanished",
+            Self::SessionGone => "SessionGone",
+            Self::WorkspaceExpired => "WorkspaceExpired",
+            Self::ImageChanged => "ImageChanged",
+            Self::ResourcesChanged => "ResourcesChanged",
+            Self::Rebuilt => "Rebuilt",
+            Self::RebuildFailed => "RebuildFailed",
+            Self::RebuildRefused => "RebuildRefused",
+        }
+    }
+}
+
+impl Reason for SessionReason {
+    fn as_str(&self) -> &'static str {
+        SessionReason::as_str(*self)
+    }
+}
+
+/// The reasons of a SandboxHost's conditions, by condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostReason {
+    /// `Reachable=True`: the host answered its index.
+    Answered,
+    /// `Reachable=False`, `Ready=False`: the host does not answer.
+    Unreachable,
+    /// `Reachable=False`, `Ready=False`: its certificate failed verification.
+    CertificateUntrusted,
+    /// `VersionMismatch=False`: it serves every route the operator needs.
+    RoutesPresent,
+    /// `VersionMismatch=True`: it lacks a route the operator needs.
+    RoutesMissing,
+    /// `Ready=False`: it lacks a route the operator needs.
+    VersionMismatch,
+    /// `Ready=True`: it takes sessions.
+    Ready,
+    /// `Ready=True`: ready, but `spec.disabled`: it takes no new sessions.
+    Disabled,
+    /// `Ready=False`: its capacity could not be read.
+    ProbeFailed,
+    /// `Ready=False`: it refused the admin token the operator sent.
+    TokenRefused,
+    /// `Ready=False`: the host's admin-token Secret could not be read.
+    TokenUnreadable,
+    /// `Ready=False`: its admin-token Secret is outside the operator's namespace (refused unread).
+    TokenSecretRefused,
+    /// `Ready=False`: it names no node, so it is sent no token.
+    NodeUnset,
+    /// `Ready=False`: the CA to verify it with could not be read.
+    CaUnusable,
+}
+
+impl HostReason {
+    /// The name the API shows.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "Answered",
+            Self::Unreachable => "Unreachable",
+            Self::CertificateUntrusted => "CertificateUntrusted",
+            Self::RoutesPresent => "RoutesPresent",
+            Self::RoutesMissing => "RoutesMissing",
+            Self::VersionMismatch => "VersionMismatch",
+            Self::Ready => "Ready",
+            Self::Disabled => "Disabled",
+            Self::ProbeFailed => "ProbeFailed",
+            Self::TokenRefused => "TokenRefused",
+            Self::TokenUnreadable => "TokenUnreadable",
+            Self::TokenSecretRefused => "TokenSecretRefused",
+            Self::NodeUnset => "NodeUnset",
+            Self::CaUnusable => "CaUnusable",
+        }
+    }
+}
+
+impl Reason for HostReason {
+    fn as_str(&self) -> &'static str {
+        HostReason::as_str(*self)
+    }
+}
+
+/// The reasons of a Runtime's conditions, by condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeReason {
+    /// `Ready=True`: built on every ready host.
+    Built,
+    /// `Ready=False`: not (yet) built on some host; the message says where it stands.
+    NotBuilt,
+    /// `DefaultConflict=True`: more than one Runtime is marked default.
+    SeveralDefaults,
+}
+
+impl RuntimeReason {
+    /// The name the API shows.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Built => "Built",
+            Self::NotBuilt => "NotBuilt",
+            Self::SeveralDefaults => "SeveralDefaults",
+        }
+    }
+}
+
+impl Reason for RuntimeReason {
+    fn as_str(&self) -> &'static str {
+        RuntimeReason::as_str(*self)
+    }
 }

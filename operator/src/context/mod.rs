@@ -5,6 +5,7 @@
 //! error type apart from the context).
 
 mod hosts;
+pub mod placements;
 mod sessions;
 
 use hosts::CachedClient;
@@ -34,6 +35,12 @@ use crate::metrics::{ControllerLabel, FailureLabel, Metrics};
 
 /// How long a reconcile waits for the watch to bring the status this replica wrote at an open.
 pub const CACHE_CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+
+/// The namespaces as the operator caches them (metadata only): filled by the session
+/// controller's reflector, read when a session may be an orphan.
+pub type NamespaceCache = kube::runtime::reflector::Store<
+    kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>,
+>;
 
 /// What the reconcilers share.
 pub struct Context {
@@ -81,10 +88,10 @@ pub struct Context {
         kube::runtime::reflector::Store<sandboxd_crds::v1alpha1::SandboxSession>,
     >,
     /// The session controller's cache of namespaces (metadata only).
-    pub namespaces: std::sync::OnceLock<crate::session::orphan::Namespaces>,
+    pub namespaces: std::sync::OnceLock<NamespaceCache>,
     /// The sessions the session cache shows placed on each host (set while the controller
     /// runs).
-    pub placements: Mutex<crate::session::placements::Placements>,
+    pub placements: Mutex<placements::Placements>,
 }
 
 /// Reflector stores of the kinds reconciles read often.

@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use sandboxd_api::SessionState;
 use sandboxd_api::client::{Client as HostClient, ClientError};
 use sandboxd_api::session::SessionView;
-use sandboxd_crds::v1alpha1::condition::{HOST_UNREACHABLE, READY, session_reason};
+use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession, SandboxSessionStatus};
+use tracing::debug;
 
 use super::rebuild;
 use super::step::{Step, add, host_err, lost_at, parse_time, set_phase, start_over, until};
@@ -175,20 +177,20 @@ pub fn decide(
                 "host {host} no longer has this session: it was destroyed there, workspace included, not through this object; it is not replaced with an empty one. {}",
                 subject.start_over
             );
-            return gone(status, session_reason::SESSION_GONE, m, at.generation, now);
+            return gone(status, SessionReason::SessionGone, m, at.generation, now);
         }
         Report::Unreachable(why) => {
             at.set(
                 &mut status,
-                HOST_UNREACHABLE,
+                ConditionType::HostUnreachable,
                 true,
-                session_reason::UNREACHABLE,
+                SessionReason::Unreachable,
                 &why,
             );
             return Decision::wait(status, cfg.backoff);
         }
     };
-    conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+    conditions::clear(&mut status.conditions, ConditionType::HostUnreachable);
     let last = last_activity(&view, now);
     status.last_activity_at = Some(Time(last));
     status.launch = Some(match view.launch {
@@ -201,10 +203,16 @@ pub fn decide(
             "the workspace of this session vanished on host {host}; it is not replaced with an empty one. {}",
             subject.start_over
         );
-        at.set(&mut status, READY, false, session_reason::LOST, &m);
+        at.set(
+            &mut status,
+            ConditionType::Ready,
+            false,
+            SessionReason::Lost,
+            &m,
+        );
         return gone(
             status,
-            session_reason::WORKSPACE_VANISHED,
+            SessionReason::WorkspaceVanished,
             m,
             at.generation,
             now,
@@ -226,7 +234,7 @@ pub fn decide(
         // Handled above, with the workspace check.
         SessionState::Lost => gone(
             status,
-            session_reason::WORKSPACE_VANISHED,
+            SessionReason::WorkspaceVanished,
             format!("host {host} reports the session lost"),
             at.generation,
             now,
@@ -244,7 +252,14 @@ struct At<'a> {
 
 impl At<'_> {
     /// Sets condition `type_` as of now, for this generation.
-    fn set(&self, status: &mut SandboxSessionStatus, type_: &str, ok: bool, reason: &str, m: &str) {
+    fn set(
+        &self,
+        status: &mut SandboxSessionStatus,
+        type_: ConditionType,
+        ok: bool,
+        reason: SessionReason,
+        m: &str,
+    ) {
         conditions::set_at(
             &mut status.conditions,
             type_,
@@ -273,9 +288,9 @@ fn running(
     let sleeps_at = status.sleeps_at.as_ref().map_or(Timestamp::MAX, |t| t.0);
     at.set(
         &mut status,
-        READY,
+        ConditionType::Ready,
         true,
-        session_reason::RUNNING,
+        SessionReason::Running,
         "the sandbox runs",
     );
     set_phase(
@@ -308,9 +323,9 @@ fn running(
     }
     at.set(
         &mut status,
-        READY,
+        ConditionType::Ready,
         false,
-        session_reason::SLEEPING,
+        SessionReason::Sleeping,
         "idle: the container is stopped, the files stay",
     );
     set_phase(
@@ -340,15 +355,15 @@ fn stopped(
 ) -> Decision {
     let (follow, now) = (cfg.follow, at.now);
     status.sleeps_at = None;
-    let since = conditions::get(&status.conditions, READY)
-        .filter(|c| c.status == "False" && c.reason == session_reason::SLEEPING)
+    let since = conditions::get(&status.conditions, ConditionType::Ready)
+        .filter(|c| c.status == "False" && c.reason == SessionReason::Sleeping.as_str())
         .map(|c| c.last_transition_time.0)
         .unwrap_or(last);
     at.set(
         &mut status,
-        READY,
+        ConditionType::Ready,
         false,
-        session_reason::SLEEPING,
+        SessionReason::Sleeping,
         "idle: the container is stopped, the files stay",
     );
     if status.phase != Some(SessionPhase::Sleeping) {
@@ -364,9 +379,9 @@ fn stopped(
     }
     at.set(
         &mut status,
-        READY,
+        ConditionType::Ready,
         false,
-        session_reason::RECLAIMED,
+        SessionReason::Reclaimed,
         "the container was removed after its TTL; the workspace stays",
     );
     set_phase(
@@ -395,9 +410,9 @@ fn reclaimed(
     status.sleeps_at = None;
     at.set(
         &mut status,
-        READY,
+        ConditionType::Ready,
         false,
-        session_reason::RECLAIMED,
+        SessionReason::Reclaimed,
         "the container was removed; the workspace stays",
     );
     if status.phase != Some(SessionPhase::Reclaimed) {
@@ -419,7 +434,7 @@ fn reclaimed(
         effect: Effect::Destroy,
         ..gone(
             status,
-            session_reason::WORKSPACE_EXPIRED,
+            SessionReason::WorkspaceExpired,
             m,
             at.generation,
             now,
@@ -430,7 +445,7 @@ fn reclaimed(
 /// The session is Lost (final): [`lost_at`] as a decision.
 fn gone(
     status: SandboxSessionStatus,
-    reason: &str,
+    reason: SessionReason,
     message: String,
     generation: Option<i64>,
     now: Timestamp,
@@ -491,69 +506,16 @@ pub(super) async fn follow(
         Err(e) => return Err(host_err(host, e)),
     };
     // A rebuild due now happens before the decision, which is made on what it left.
-    let mut later = None;
-    if let Report::Session { view, .. } = &report {
-        let drift = rebuild::drift(s.spec.resources.as_ref(), view);
-        let policy = runtime
-            .and_then(|r| r.spec.rebuild_policy)
-            .unwrap_or_default();
-        let max_unavailable = runtime
-            .and_then(|r| r.spec.max_unavailable)
-            .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(1);
-        // The status may be a cached copy from before this replica's last rebuild was written.
-        let done = status
-            .rebuild_generation
-            .max(ctx.rebuilt_generation(&key(s)));
-        let why = rebuild::due(
-            s.spec.rebuild_generation,
-            done,
-            &drift,
-            policy,
-            view,
-            rebuild::failed(&status),
-        );
-        if let Some(why) = why {
-            let view = view.clone();
-            match rebuild::rebuild(
-                s,
-                ctx,
-                &mut status,
-                client,
-                host,
-                id,
-                why,
-                &view,
-                max_unavailable,
-            )
-            .await?
-            {
-                rebuild::Ran::Done(view) => {
-                    report = Report::Session {
-                        view,
-                        cpu_percent: None,
-                    };
-                }
-                rebuild::Ran::Failed => {
-                    report = match client.get(id).await {
-                        Ok(view) => Report::Session {
-                            view: Box::new(view),
-                            cpu_percent: None,
-                        },
-                        Err(ClientError::NoSuchSession(_)) => Report::Gone,
-                        Err(e) => Report::Unreachable(e.to_string()),
-                    };
-                }
-                rebuild::Ran::Later(wait) => later = Some(wait),
-                rebuild::Ran::Unreachable(wait) => {
-                    return Ok(Step {
-                        status,
-                        requeue: wait,
-                    });
-                }
+    let later =
+        match rebuild_if_due(s, ctx, &mut status, client, host, runtime, id, &mut report).await? {
+            Rebuilt::Decide(later) => later,
+            Rebuilt::Requeue(wait) => {
+                return Ok(Step {
+                    status,
+                    requeue: wait,
+                });
             }
-        }
-    }
+        };
     let shown = match &report {
         Report::Session { view, .. } => Some((**view).clone()),
         _ => None,
@@ -597,11 +559,96 @@ pub(super) async fn follow(
     })
 }
 
+/// What [`follow`] does after a rebuild that was due: decide on the report (looking again
+/// within the wait, if the rebuild was put off), or look again after the wait without
+/// deciding (the host did not answer the rebuild).
+enum Rebuilt {
+    Decide(Option<Duration>),
+    Requeue(Duration),
+}
+
+/// Rebuilds the session when a rebuild is due ([`rebuild::due`]) and its Runtime's current
+/// definition is on the host; `report` becomes what the host shows after it.
+#[allow(clippy::too_many_arguments)]
+async fn rebuild_if_due(
+    s: &SandboxSession,
+    ctx: &Context,
+    status: &mut SandboxSessionStatus,
+    client: &HostClient,
+    host: &str,
+    runtime: Option<&Runtime>,
+    id: &str,
+    report: &mut Report,
+) -> Result<Rebuilt, Error> {
+    let mut later = None;
+    if let Report::Session { view, .. } = &*report {
+        let drift = rebuild::drift(s.spec.resources.as_ref(), view);
+        let policy = runtime
+            .and_then(|r| r.spec.rebuild_policy)
+            .unwrap_or_default();
+        let max_unavailable = runtime
+            .and_then(|r| r.spec.max_unavailable)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(1);
+        // The status may be a cached copy from before this replica's last rebuild was written.
+        let done = status
+            .rebuild_generation
+            .max(ctx.rebuilt_generation(&key(s)));
+        let why = rebuild::due(
+            s.spec.rebuild_generation,
+            done,
+            &drift,
+            policy,
+            view,
+            rebuild::failed(status),
+        );
+        let waits = why.and_then(|_| rebuild::waits_for_runtime(runtime, host, view));
+        if let Some(reason) = waits {
+            debug!(session = %s.name_any(), %reason, "rebuild put off");
+            later = Some(Duration::from_secs(1));
+        } else if let Some(why) = why {
+            let view = view.clone();
+            match rebuild::rebuild(
+                s,
+                ctx,
+                status,
+                client,
+                host,
+                id,
+                why,
+                &view,
+                max_unavailable,
+            )
+            .await?
+            {
+                rebuild::Ran::Done(view) => {
+                    *report = Report::Session {
+                        view,
+                        cpu_percent: None,
+                    };
+                }
+                rebuild::Ran::Failed => {
+                    *report = match client.get(id).await {
+                        Ok(view) => Report::Session {
+                            view: Box::new(view),
+                            cpu_percent: None,
+                        },
+                        Err(ClientError::NoSuchSession(_)) => Report::Gone,
+                        Err(e) => Report::Unreachable(e.to_string()),
+                    };
+                }
+                rebuild::Ran::Later(wait) => later = Some(wait),
+                rebuild::Ran::Unreachable(wait) => return Ok(Rebuilt::Requeue(wait)),
+            }
+        }
+    }
+    Ok(Rebuilt::Decide(later))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-    use sandboxd_crds::v1alpha1::condition::LOST;
 
     /// 2026-01-01T00:00:00Z.
     fn t0() -> Timestamp {
@@ -671,9 +718,9 @@ mod tests {
     fn sleeping_since(since: Timestamp) -> SandboxSessionStatus {
         let mut status = phase(SessionPhase::Sleeping);
         status.conditions.push(Condition {
-            type_: READY.to_owned(),
+            type_: ConditionType::Ready.as_str().to_owned(),
             status: "False".to_owned(),
-            reason: session_reason::SLEEPING.to_owned(),
+            reason: SessionReason::Sleeping.as_str().to_owned(),
             message: String::new(),
             observed_generation: Some(3),
             last_transition_time: Time(since),
@@ -681,7 +728,7 @@ mod tests {
         status
     }
 
-    fn reason(status: &SandboxSessionStatus, type_: &str) -> Option<(String, String)> {
+    fn reason(status: &SandboxSessionStatus, type_: ConditionType) -> Option<(String, String)> {
         conditions::get(&status.conditions, type_).map(|c| (c.status.clone(), c.reason.clone()))
     }
 
@@ -695,7 +742,7 @@ mod tests {
         effect: Effect,
         forget_cpu: bool,
         /// A condition the decision sets: type, status, reason.
-        condition: (&'static str, &'static str, &'static str),
+        condition: (ConditionType, &'static str, &'static str),
     }
 
     #[test]
@@ -715,7 +762,11 @@ mod tests {
                 requeue: Duration::from_secs(1200),
                 effect: Effect::None,
                 forget_cpu: true,
-                condition: (READY, "True", session_reason::RUNNING),
+                condition: (
+                    ConditionType::Ready,
+                    "True",
+                    SessionReason::Running.as_str(),
+                ),
             },
             Case {
                 name: "past sleepsAt with runs in flight: not idle",
@@ -726,7 +777,11 @@ mod tests {
                 requeue: Duration::from_secs(300),
                 effect: Effect::None,
                 forget_cpu: true,
-                condition: (READY, "True", session_reason::RUNNING),
+                condition: (
+                    ConditionType::Ready,
+                    "True",
+                    SessionReason::Running.as_str(),
+                ),
             },
             Case {
                 name: "idle by activity, first CPU sample: wait one window",
@@ -737,7 +792,11 @@ mod tests {
                 requeue: Duration::from_secs(30),
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (READY, "True", session_reason::RUNNING),
+                condition: (
+                    ConditionType::Ready,
+                    "True",
+                    SessionReason::Running.as_str(),
+                ),
             },
             Case {
                 name: "idle by activity but busy on CPU: runs on",
@@ -748,7 +807,11 @@ mod tests {
                 requeue: Duration::from_secs(1800),
                 effect: Effect::None,
                 forget_cpu: true,
-                condition: (READY, "True", session_reason::RUNNING),
+                condition: (
+                    ConditionType::Ready,
+                    "True",
+                    SessionReason::Running.as_str(),
+                ),
             },
             Case {
                 name: "idle by activity and CPU: stopped",
@@ -759,7 +822,11 @@ mod tests {
                 requeue: Duration::from_secs(300),
                 effect: Effect::Stop,
                 forget_cpu: true,
-                condition: (READY, "False", session_reason::SLEEPING),
+                condition: (
+                    ConditionType::Ready,
+                    "False",
+                    SessionReason::Sleeping.as_str(),
+                ),
             },
             Case {
                 name: "sleeping within the container TTL",
@@ -770,7 +837,11 @@ mod tests {
                 requeue: Duration::from_secs(100),
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (READY, "False", session_reason::SLEEPING),
+                condition: (
+                    ConditionType::Ready,
+                    "False",
+                    SessionReason::Sleeping.as_str(),
+                ),
             },
             Case {
                 name: "sleeping past the container TTL: reclaimed",
@@ -781,7 +852,11 @@ mod tests {
                 requeue: Duration::from_secs(300),
                 effect: Effect::Reclaim,
                 forget_cpu: false,
-                condition: (READY, "False", session_reason::RECLAIMED),
+                condition: (
+                    ConditionType::Ready,
+                    "False",
+                    SessionReason::Reclaimed.as_str(),
+                ),
             },
             Case {
                 name: "reclaimed within the workspace TTL",
@@ -792,7 +867,11 @@ mod tests {
                 requeue: Duration::from_secs(100),
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (READY, "False", session_reason::RECLAIMED),
+                condition: (
+                    ConditionType::Ready,
+                    "False",
+                    SessionReason::Reclaimed.as_str(),
+                ),
             },
             Case {
                 name: "reclaimed past the workspace TTL: destroyed, Lost",
@@ -803,7 +882,11 @@ mod tests {
                 requeue: super::super::LOST_RECHECK,
                 effect: Effect::Destroy,
                 forget_cpu: false,
-                condition: (LOST, "True", session_reason::WORKSPACE_EXPIRED),
+                condition: (
+                    ConditionType::Lost,
+                    "True",
+                    SessionReason::WorkspaceExpired.as_str(),
+                ),
             },
             Case {
                 name: "the workspace vanished: Lost, never recreated",
@@ -814,7 +897,11 @@ mod tests {
                 requeue: super::super::LOST_RECHECK,
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (LOST, "True", session_reason::WORKSPACE_VANISHED),
+                condition: (
+                    ConditionType::Lost,
+                    "True",
+                    SessionReason::WorkspaceVanished.as_str(),
+                ),
             },
             Case {
                 name: "the host no longer has it: Lost",
@@ -825,7 +912,11 @@ mod tests {
                 requeue: super::super::LOST_RECHECK,
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (LOST, "True", session_reason::SESSION_GONE),
+                condition: (
+                    ConditionType::Lost,
+                    "True",
+                    SessionReason::SessionGone.as_str(),
+                ),
             },
             Case {
                 name: "the host does not answer: phase kept, retried after the backoff",
@@ -836,7 +927,11 @@ mod tests {
                 requeue: Duration::from_secs(7),
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (HOST_UNREACHABLE, "True", session_reason::UNREACHABLE),
+                condition: (
+                    ConditionType::HostUnreachable,
+                    "True",
+                    SessionReason::Unreachable.as_str(),
+                ),
             },
             Case {
                 name: "still opening on the host",
@@ -847,7 +942,7 @@ mod tests {
                 requeue: Duration::from_secs(1),
                 effect: Effect::None,
                 forget_cpu: false,
-                condition: (HOST_UNREACHABLE, "", ""),
+                condition: (ConditionType::HostUnreachable, "", ""),
             },
         ];
         for case in cases {

@@ -16,7 +16,6 @@ pub mod follow;
 mod open;
 pub mod orphan;
 mod place;
-pub mod placements;
 pub mod rebuild;
 mod step;
 
@@ -39,22 +38,16 @@ use serde_json::json;
 use tracing::{Instrument as _, info, warn};
 
 use crate::conditions;
+use crate::context::placements::{HOST_ANNOTATION, placed_host};
 use crate::context::{Context, key};
 use crate::error::Error;
 pub use step::secret_name;
 use step::{Flow, LOST_RECHECK, Step, backoff, json_patch, session_api, settle};
 
-pub use sandboxd_crds::v1alpha1::condition::HOST_UNREACHABLE;
-pub use sandboxd_crds::v1alpha1::condition::session_reason::{
-    RUNTIME_NOT_FOUND, WAITING_FOR_TOMBSTONE,
-};
-
 /// Field manager of this controller's writes.
 pub const MANAGER: &str = "sandbox-operator/sandboxsession";
 /// Finalizer that guarantees the destroy.
 pub const FINALIZER: &str = "sandboxd.dev/session";
-/// Annotation with the host a session is placed on, written with the finalizer before the open.
-pub const HOST_ANNOTATION: &str = "sandboxd.dev/host";
 /// Annotation with the W3C trace context of whoever made the session (the SDK sets it): the
 /// operator's spans of it, and sandboxd's through the host calls, join that trace.
 pub const TRACEPARENT_ANNOTATION: &str = "sandboxd.dev/traceparent";
@@ -245,15 +238,6 @@ async fn reconcile_in_span(s: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<
 
 fn has_finalizer(s: &SandboxSession) -> bool {
     s.finalizers().iter().any(|f| f == FINALIZER)
-}
-
-/// The host a session is placed on: the status's, or the one recorded by [`claim`] before the
-/// status says so.
-fn placed_host(s: &SandboxSession) -> Option<&str> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.host.as_deref())
-        .or_else(|| s.annotations().get(HOST_ANNOTATION).map(String::as_str))
 }
 
 /// Records the placement on `host` and adds the finalizer, in one write and before anything

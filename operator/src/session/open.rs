@@ -18,16 +18,14 @@ use kube::{Api, Resource, ResourceExt};
 use sandboxd_api::ErrorCode;
 use sandboxd_api::client::ClientError;
 use sandboxd_api::session::SessionView;
-use sandboxd_crds::v1alpha1::condition::{
-    ADMITTED, HOST_UNREACHABLE, RUNTIME_READY, session_reason,
-};
+use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
 use tracing::{Instrument as _, info, warn};
 
+use super::MANAGER;
 use super::place::Placed;
 use super::step::{Flow, add, host_err, secret_name, set_phase, until, wait_again};
-use super::{MANAGER, WAITING_FOR_TOMBSTONE};
 use crate::conditions;
 use crate::context::{Context, key};
 use crate::error::Error;
@@ -63,8 +61,8 @@ pub(super) async fn open(
             let m = waiting_for(t);
             not_opened(
                 status,
-                ADMITTED,
-                WAITING_FOR_TOMBSTONE,
+                ConditionType::Admitted,
+                SessionReason::WaitingForTombstone,
                 SessionPhase::Pending,
                 m,
                 generation,
@@ -136,21 +134,21 @@ pub(super) async fn open(
                 status.credentials_secret = Some(secret.clone());
                 conditions::set(
                     &mut status.conditions,
-                    ADMITTED,
+                    ConditionType::Admitted,
                     true,
-                    session_reason::OPENED,
+                    SessionReason::Opened,
                     &format!("opened on host {host_name}"),
                     generation,
                 );
                 conditions::set(
                     &mut status.conditions,
-                    RUNTIME_READY,
+                    ConditionType::RuntimeReady,
                     true,
-                    session_reason::RUNTIME_READY,
+                    SessionReason::RuntimeReady,
                     "the runtime is built on the host",
                     generation,
                 );
-                conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+                conditions::clear(&mut status.conditions, ConditionType::HostUnreachable);
             }
             Err(e) => return refused(s, ctx, status, host_name, id, e),
         }
@@ -209,9 +207,9 @@ async fn rotate_lost_token(
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
             conditions::set(
                 &mut status.conditions,
-                HOST_UNREACHABLE,
+                ConditionType::HostUnreachable,
                 true,
-                session_reason::UNREACHABLE,
+                SessionReason::Unreachable,
                 &e.to_string(),
                 generation,
             );
@@ -238,8 +236,8 @@ fn refused(
         host: host_name,
         id,
         asked: asked(s),
-        preparing_since: conditions::get(&status.conditions, RUNTIME_READY)
-            .filter(|c| c.status == "False" && c.reason == session_reason::PREPARING)
+        preparing_since: conditions::get(&status.conditions, ConditionType::RuntimeReady)
+            .filter(|c| c.status == "False" && c.reason == SessionReason::Preparing.as_str())
             .map(|c| c.last_transition_time.0),
         now: Timestamp::now(),
         prepare_seconds: cfg.prepare_seconds,
@@ -253,7 +251,7 @@ fn refused(
             message,
             again,
         } => {
-            if reason == session_reason::OPEN_FAILED {
+            if reason == SessionReason::OpenFailed {
                 warn!(session = %name, host = %host_name, error = %message, "the open failed on the host");
             }
             not_opened(status, condition, reason, phase, message, generation);
@@ -265,9 +263,9 @@ fn refused(
         Refusal::Unreachable(m) => {
             conditions::set(
                 &mut status.conditions,
-                HOST_UNREACHABLE,
+                ConditionType::HostUnreachable,
                 true,
-                session_reason::UNREACHABLE,
+                SessionReason::Unreachable,
                 &m,
                 generation,
             );
@@ -295,8 +293,8 @@ pub(super) enum Refusal {
     /// Not opened: condition `condition` False with `reason`, the session in `phase`, both
     /// saying `message`, looked at again `again`.
     NotOpened {
-        condition: &'static str,
-        reason: &'static str,
+        condition: ConditionType,
+        reason: SessionReason,
         phase: SessionPhase,
         message: String,
         again: Again,
@@ -349,16 +347,16 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
                     f.prepare_seconds
                 );
                 return not_opened(
-                    RUNTIME_READY,
-                    session_reason::PREPARE_TIMED_OUT,
+                    ConditionType::RuntimeReady,
+                    SessionReason::PrepareTimedOut,
                     SessionPhase::Failed,
                     m,
                     Again::After(Duration::from_secs(60)),
                 );
             }
             not_opened(
-                RUNTIME_READY,
-                session_reason::PREPARING,
+                ConditionType::RuntimeReady,
+                SessionReason::Preparing,
                 SessionPhase::Preparing,
                 format!("preparing sandbox: {message}"),
                 Again::After(Duration::from_secs(5)),
@@ -370,11 +368,11 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
         } => {
             let reason = match code {
-                ErrorCode::TenantCap => session_reason::TENANT_CAP,
-                _ => session_reason::HOST_CAP,
+                ErrorCode::TenantCap => SessionReason::TenantCap,
+                _ => SessionReason::HostCap,
             };
             not_opened(
-                ADMITTED,
+                ConditionType::Admitted,
                 reason,
                 SessionPhase::Pending,
                 message,
@@ -388,8 +386,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            ADMITTED,
-            session_reason::OWNER_CONFLICT,
+            ConditionType::Admitted,
+            SessionReason::OwnerConflict,
             SessionPhase::Pending,
             format!(
                 "host {host_name} holds session '{id}' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: {message}"
@@ -401,8 +399,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            RUNTIME_READY,
-            session_reason::BUILD_FAILED,
+            ConditionType::RuntimeReady,
+            SessionReason::BuildFailed,
             SessionPhase::Failed,
             message,
             Again::After(Duration::from_secs(60)),
@@ -414,8 +412,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            ADMITTED,
-            session_reason::REFUSED,
+            ConditionType::Admitted,
+            SessionReason::Refused,
             SessionPhase::Failed,
             format!(
                 "host {host_name} refused {}: {message}; change spec.resources and the session opens",
@@ -430,8 +428,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            ADMITTED,
-            session_reason::NAME_TAKEN,
+            ConditionType::Admitted,
+            SessionReason::NameTaken,
             SessionPhase::Pending,
             format!(
                 "host {host_name} holds session '{id}' for another tenant; this session opens once that one is destroyed: {message}"
@@ -444,8 +442,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            RUNTIME_READY,
-            session_reason::NOT_ON_HOST,
+            ConditionType::RuntimeReady,
+            SessionReason::NotOnHost,
             SessionPhase::Pending,
             format!(
                 "the runtime is not on host {host_name} yet; this session opens once it is: {message}"
@@ -459,8 +457,8 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             message,
             ..
         } => not_opened(
-            ADMITTED,
-            session_reason::OPEN_FAILED,
+            ConditionType::Admitted,
+            SessionReason::OpenFailed,
             SessionPhase::Pending,
             format!("the open on host {host_name} failed ({code}); it is tried again: {message}"),
             Again::Backoff,
@@ -493,8 +491,8 @@ fn not_written(
             warn!(session = %s.name_any(), secret, error = %e.message, "the token Secret was refused");
             not_opened(
                 status,
-                ADMITTED,
-                session_reason::TOKEN_SECRET_NOT_WRITTEN,
+                ConditionType::Admitted,
+                SessionReason::TokenSecretNotWritten,
                 SessionPhase::Pending,
                 m,
                 s.metadata.generation,
@@ -509,8 +507,8 @@ fn not_written(
 /// `phase` with the same message.
 fn not_opened(
     status: &mut SandboxSessionStatus,
-    type_: &str,
-    reason: &str,
+    type_: ConditionType,
+    reason: SessionReason,
     phase: SessionPhase,
     message: String,
     generation: Option<i64>,
@@ -760,8 +758,8 @@ mod tests {
     type Case = (
         ClientError,
         Option<i64>,
-        &'static str,
-        &'static str,
+        ConditionType,
+        SessionReason,
         SessionPhase,
         &'static str,
         Again,
@@ -776,39 +774,39 @@ mod tests {
         #[rustfmt::skip]
         let cases: Vec<Case> = vec![
             (api(503, ErrorCode::RuntimePreparing, "building python"), None,
-             RUNTIME_READY, session_reason::PREPARING, SessionPhase::Preparing,
+             ConditionType::RuntimeReady, SessionReason::Preparing, SessionPhase::Preparing,
              "preparing sandbox: building python", Again::After(Duration::from_secs(5))),
             // Preparing since 599 s: still preparing; since 600 s: timed out, Failed.
             (api(503, ErrorCode::RuntimePreparing, "building python"), Some(-599),
-             RUNTIME_READY, session_reason::PREPARING, SessionPhase::Preparing,
+             ConditionType::RuntimeReady, SessionReason::Preparing, SessionPhase::Preparing,
              "preparing sandbox: building python", Again::After(Duration::from_secs(5))),
             (api(503, ErrorCode::RuntimePreparing, "building python"), Some(-600),
-             RUNTIME_READY, session_reason::PREPARE_TIMED_OUT, SessionPhase::Failed,
+             ConditionType::RuntimeReady, SessionReason::PrepareTimedOut, SessionPhase::Failed,
              "the runtime was still not built after 600 s: building python", minute),
             (api(429, ErrorCode::TenantCap, "Tenant 't' already holds 10 of 10 sessions."), None,
-             ADMITTED, session_reason::TENANT_CAP, SessionPhase::Pending,
+             ConditionType::Admitted, SessionReason::TenantCap, SessionPhase::Pending,
              "Tenant 't' already holds 10 of 10 sessions.", backoff),
             (api(429, ErrorCode::HostCap, "the host holds 50 of 50"), None,
-             ADMITTED, session_reason::HOST_CAP, SessionPhase::Pending,
+             ConditionType::Admitted, SessionReason::HostCap, SessionPhase::Pending,
              "the host holds 50 of 50", backoff),
             (api(409, ErrorCode::OwnerMismatch, "owned"), None,
-             ADMITTED, session_reason::OWNER_CONFLICT, SessionPhase::Pending,
+             ConditionType::Admitted, SessionReason::OwnerConflict, SessionPhase::Pending,
              "host h1 holds session 'agents.s1' for another SandboxSession (one deleted whose destroy is still owed); waiting for it to be destroyed: owned", backoff),
             (api(503, ErrorCode::RuntimeFailed, "apt-get failed"), None,
-             RUNTIME_READY, session_reason::BUILD_FAILED, SessionPhase::Failed,
+             ConditionType::RuntimeReady, SessionReason::BuildFailed, SessionPhase::Failed,
              "apt-get failed", minute),
             (api(400, ErrorCode::BadRequest, "cpus 64 is over the host's 8"), None,
-             ADMITTED, session_reason::REFUSED, SessionPhase::Failed,
+             ConditionType::Admitted, SessionReason::Refused, SessionPhase::Failed,
              "host h1 refused spec.resources (milliCpus 64000): cpus 64 is over the host's 8; change spec.resources and the session opens",
              Again::After(Duration::from_secs(300))),
             (api(409, ErrorCode::NameTaken, "taken"), None,
-             ADMITTED, session_reason::NAME_TAKEN, SessionPhase::Pending,
+             ConditionType::Admitted, SessionReason::NameTaken, SessionPhase::Pending,
              "host h1 holds session 'agents.s1' for another tenant; this session opens once that one is destroyed: taken", backoff),
             (api(400, ErrorCode::UnknownRuntime, "no runtime 'go'"), None,
-             RUNTIME_READY, session_reason::NOT_ON_HOST, SessionPhase::Pending,
+             ConditionType::RuntimeReady, SessionReason::NotOnHost, SessionPhase::Pending,
              "the runtime is not on host h1 yet; this session opens once it is: no runtime 'go'", backoff),
             (api(507, ErrorCode::HostDiskFull, "no room"), None,
-             ADMITTED, session_reason::OPEN_FAILED, SessionPhase::Pending,
+             ConditionType::Admitted, SessionReason::OpenFailed, SessionPhase::Pending,
              "the open on host h1 failed (507); it is tried again: no room", backoff),
         ];
         for (i, (e, since, condition, reason, phase, message, again)) in

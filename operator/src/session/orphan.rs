@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, PartialObjectMeta, Preconditions};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use sandboxd_crds::v1alpha1::SandboxSession;
 use tracing::warn;
@@ -27,9 +27,6 @@ use crate::error::Error;
 /// How long a reconcile waits for the namespace cache's first list before it goes on without
 /// (then no session is taken for an orphan until the cache is filled).
 const CACHE_WAIT: Duration = Duration::from_secs(10);
-
-/// The namespaces as the operator caches them.
-pub type Namespaces = Store<PartialObjectMeta<Namespace>>;
 
 /// Why a session's namespace no longer holds it, if it does not.
 #[derive(Debug, Clone, PartialEq, Eq)]

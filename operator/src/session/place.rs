@@ -5,14 +5,12 @@ use std::time::Duration;
 
 use kube::{Api, ResourceExt};
 use sandboxd_api::client::Client as HostClient;
-use sandboxd_crds::v1alpha1::condition::{
-    HOST_UNREACHABLE, PLACED, READY, RUNTIME_READY, session_reason,
-};
+use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
 
 use super::step::{Flow, set_phase, wait_again};
-use super::{RUNTIME_NOT_FOUND, claim, has_finalizer, missing_runtime_message, placed_host};
+use super::{claim, has_finalizer, missing_runtime_message, placed_host};
 use crate::conditions;
 use crate::context::Context;
 use crate::error::Error;
@@ -46,19 +44,19 @@ pub(super) async fn place(
         let m = missing_runtime_message(&s.spec.runtime);
         conditions::set(
             &mut status.conditions,
-            RUNTIME_READY,
+            ConditionType::RuntimeReady,
             false,
-            RUNTIME_NOT_FOUND,
+            SessionReason::RuntimeNotFound,
             &m,
             generation,
         );
         set_phase(status, SessionPhase::Pending, m);
         return Ok(Flow::Done(Duration::from_secs(ctx.config.follow_seconds)));
     }
-    if conditions::get(&status.conditions, RUNTIME_READY)
-        .is_some_and(|c| c.reason == RUNTIME_NOT_FOUND)
+    if conditions::get(&status.conditions, ConditionType::RuntimeReady)
+        .is_some_and(|c| c.reason == SessionReason::RuntimeNotFound.as_str())
     {
-        conditions::clear(&mut status.conditions, RUNTIME_READY);
+        conditions::clear(&mut status.conditions, ConditionType::RuntimeReady);
     }
     let alias = runtime
         .as_ref()
@@ -89,7 +87,7 @@ pub(super) async fn place(
                     };
                     Candidate {
                         name: h.name_any(),
-                        ready: conditions::is_true(&st.conditions, READY),
+                        ready: conditions::is_true(&st.conditions, ConditionType::Ready),
                         disabled: h.spec.disabled,
                         sessions: st
                             .sessions
@@ -117,9 +115,9 @@ pub(super) async fn place(
                 Err(e) => {
                     conditions::set(
                         &mut status.conditions,
-                        PLACED,
+                        ConditionType::Placed,
                         false,
-                        session_reason::NO_HOST,
+                        SessionReason::NoHost,
                         &e.to_string(),
                         generation,
                     );
@@ -132,9 +130,9 @@ pub(super) async fn place(
     if status.host.is_none() {
         conditions::set(
             &mut status.conditions,
-            PLACED,
+            ConditionType::Placed,
             true,
-            session_reason::PLACED,
+            SessionReason::Placed,
             &format!("placed on host {host_name}"),
             generation,
         );
@@ -143,9 +141,9 @@ pub(super) async fn place(
     let Some(host) = all_hosts.iter().find(|h| h.name_any() == host_name) else {
         conditions::set(
             &mut status.conditions,
-            HOST_UNREACHABLE,
+            ConditionType::HostUnreachable,
             true,
-            session_reason::HOST_MISSING,
+            SessionReason::HostMissing,
             &format!("SandboxHost {host_name} does not exist"),
             generation,
         );

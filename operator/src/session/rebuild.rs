@@ -14,9 +14,8 @@ use kube::ResourceExt;
 use sandboxd_api::client::{Client as HostClient, ClientError};
 use sandboxd_api::session::{RebuildRequest, SessionView};
 use sandboxd_api::{ErrorCode, Limits, SessionState};
-use sandboxd_crds::v1alpha1::condition::{
-    HOST_UNREACHABLE, REBUILD_NEEDED, REBUILT, session_reason,
-};
+use sandboxd_crds::v1alpha1::Runtime;
+use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::runtime::RebuildPolicy;
 use sandboxd_crds::v1alpha1::session::{SessionPhase, SessionResources};
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus};
@@ -54,7 +53,7 @@ impl Drift {
     }
 
     /// The condition's reason and message.
-    pub fn words(&self, host: &str) -> (&'static str, String) {
+    pub fn words(&self, host: &str) -> (SessionReason, String) {
         let mut parts = Vec::new();
         if let Some((old, new)) = &self.image {
             parts.push(format!(
@@ -68,9 +67,9 @@ impl Drift {
             ));
         }
         let reason = if self.image.is_some() {
-            session_reason::IMAGE_CHANGED
+            SessionReason::ImageChanged
         } else {
-            session_reason::RESOURCES_CHANGED
+            SessionReason::ResourcesChanged
         };
         (
             reason,
@@ -184,9 +183,42 @@ pub fn due(
     }
 }
 
+/// Why a rebuild waits for the session's Runtime, if it does: a rebuild lands on the image
+/// the host has for the Runtime, so one asked right after the Runtime changed must wait until
+/// the operator has handed the new definition to the hosts (`status.observedGeneration`) and
+/// this host reports the image that hand-out left it (`status.hosts[].imageTag`).
+pub fn waits_for_runtime(
+    runtime: Option<&Runtime>,
+    host: &str,
+    view: &SessionView,
+) -> Option<String> {
+    let runtime = runtime?;
+    let status = runtime.status.as_ref();
+    let handed = status.and_then(|s| s.observed_generation);
+    if let Some(generation) = runtime.metadata.generation
+        && handed.is_none_or(|h| h < generation)
+    {
+        return Some(format!(
+            "Runtime '{}' generation {generation} is not yet handed to the hosts",
+            runtime.name_any()
+        ));
+    }
+    let tag = status?
+        .hosts
+        .iter()
+        .find(|h| h.host == host)
+        .and_then(|h| h.image_tag.as_deref())?;
+    (view.runtime_image.as_deref() != Some(tag)).then(|| {
+        format!(
+            "host {host} has not yet taken image {tag} of Runtime '{}'",
+            runtime.name_any()
+        )
+    })
+}
+
 /// Whether the session's last rebuild failed (and nothing since made that moot).
 pub fn failed(status: &SandboxSessionStatus) -> bool {
-    conditions::get(&status.conditions, REBUILT).is_some_and(|c| c.status == "False")
+    conditions::get(&status.conditions, ConditionType::Rebuilt).is_some_and(|c| c.status == "False")
 }
 
 /// What the status shows of the container the host reports: its image, `RebuildNeeded` while
@@ -205,7 +237,7 @@ pub fn mark(
         let (reason, message) = drift.words(host);
         conditions::set_at(
             &mut status.conditions,
-            REBUILD_NEEDED,
+            ConditionType::RebuildNeeded,
             true,
             reason,
             &message,
@@ -213,12 +245,14 @@ pub fn mark(
             now,
         );
     } else {
-        conditions::clear(&mut status.conditions, REBUILD_NEEDED);
+        conditions::clear(&mut status.conditions, ConditionType::RebuildNeeded);
         if failed(status) {
-            conditions::clear(&mut status.conditions, REBUILT);
+            conditions::clear(&mut status.conditions, ConditionType::Rebuilt);
         }
     }
-    if let Some(c) = conditions::get(&status.conditions, REBUILT).filter(|c| c.status == "False") {
+    if let Some(c) =
+        conditions::get(&status.conditions, ConditionType::Rebuilt).filter(|c| c.status == "False")
+    {
         let m = c.message.clone();
         set_phase(status, SessionPhase::Failed, m);
         status.sleeps_at = None;
@@ -315,24 +349,24 @@ pub(super) async fn rebuild(
             }
             conditions::set(
                 &mut status.conditions,
-                REBUILT,
+                ConditionType::Rebuilt,
                 true,
-                session_reason::REBUILT,
+                SessionReason::Rebuilt,
                 &format!(
                     "rebuilt on host {host} from image {}, the workspace kept",
                     v.image
                 ),
                 generation,
             );
-            conditions::clear(&mut status.conditions, HOST_UNREACHABLE);
+            conditions::clear(&mut status.conditions, ConditionType::HostUnreachable);
             Ok(Ran::Done(Box::new(v)))
         }
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
             conditions::set(
                 &mut status.conditions,
-                HOST_UNREACHABLE,
+                ConditionType::HostUnreachable,
                 true,
-                session_reason::UNREACHABLE,
+                SessionReason::Unreachable,
                 &e.to_string(),
                 generation,
             );
@@ -359,11 +393,9 @@ pub(super) async fn rebuild(
                     code: ErrorCode::BadRequest,
                     message,
                     ..
-                } => (session_reason::REBUILD_REFUSED, message.clone()),
-                ClientError::Api { message, .. } => {
-                    (session_reason::REBUILD_FAILED, message.clone())
-                }
-                other => (session_reason::REBUILD_FAILED, other.to_string()),
+                } => (SessionReason::RebuildRefused, message.clone()),
+                ClientError::Api { message, .. } => (SessionReason::RebuildFailed, message.clone()),
+                other => (SessionReason::RebuildFailed, other.to_string()),
             };
             warn!(session = %s.name_any(), host, error = %words, "rebuild failed");
             if asked_generation.is_some() {
@@ -375,7 +407,7 @@ pub(super) async fn rebuild(
             );
             conditions::set(
                 &mut status.conditions,
-                REBUILT,
+                ConditionType::Rebuilt,
                 false,
                 reason,
                 &m,
@@ -423,6 +455,52 @@ mod tests {
     }
 
     #[test]
+    fn a_rebuild_waits_until_the_host_has_the_runtimes_new_definition() {
+        use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus, RuntimeStatus};
+        let runtime = |generation: i64, handed: Option<i64>, tag: Option<&str>| {
+            let spec = serde_json::from_value(serde_json::json!({"image": "img:1"}))
+                .expect("a Runtime spec");
+            let mut r = Runtime::new("base", spec);
+            r.metadata.generation = Some(generation);
+            r.status = Some(RuntimeStatus {
+                observed_generation: handed,
+                hosts: vec![RuntimeHostStatus {
+                    host: "n1".to_owned(),
+                    state: BuildState::Ready,
+                    image_tag: tag.map(str::to_owned),
+                    attempts: 0,
+                    last_error: None,
+                    last_transition_time: None,
+                }],
+                ..Default::default()
+            });
+            r
+        };
+        let v = view(SessionState::Running, "img:1", "img:1");
+        // Edited, not yet handed out: the host still names the old image.
+        assert_eq!(
+            waits_for_runtime(Some(&runtime(3, Some(2), Some("img:1"))), "n1", &v),
+            Some("Runtime 'base' generation 3 is not yet handed to the hosts".to_owned())
+        );
+        assert!(waits_for_runtime(Some(&runtime(3, None, None)), "n1", &v).is_some());
+        // Handed out, but the view was read before: wait for the host's new image.
+        assert_eq!(
+            waits_for_runtime(Some(&runtime(3, Some(3), Some("img:2"))), "n1", &v),
+            Some("host n1 has not yet taken image img:2 of Runtime 'base'".to_owned())
+        );
+        // Current, or nothing known of this host: no wait.
+        assert_eq!(
+            waits_for_runtime(Some(&runtime(3, Some(3), Some("img:1"))), "n1", &v),
+            None
+        );
+        assert_eq!(
+            waits_for_runtime(Some(&runtime(3, Some(3), Some("img:2"))), "n2", &v),
+            None
+        );
+        assert_eq!(waits_for_runtime(None, "n1", &v), None);
+    }
+
+    #[test]
     fn drift_names_old_and_new() {
         let v = view(SessionState::Running, "img:1", "img:2");
         let d = drift(Some(&made()), &v);
@@ -430,7 +508,7 @@ mod tests {
         assert_eq!(
             d.words("h1"),
             (
-                "ImageChanged",
+                SessionReason::ImageChanged,
                 "the container runs image img:1; its Runtime is now img:2 on host h1; a rebuild (kubectl sandbox rebuild) moves it, the workspace kept".to_owned()
             )
         );
@@ -450,7 +528,7 @@ mod tests {
         assert_eq!(
             d.words("h1"),
             (
-                "ResourcesChanged",
+                SessionReason::ResourcesChanged,
                 "spec.resources asks other limits than the container has: memLimit 256m → 512m, workspaceSize 32 MiB → 64m; a rebuild (kubectl sandbox rebuild) moves it, the workspace kept".to_owned()
             )
         );
@@ -495,9 +573,9 @@ mod tests {
         let mut status = SandboxSessionStatus::default();
         conditions::set(
             &mut status.conditions,
-            REBUILT,
+            ConditionType::Rebuilt,
             false,
-            session_reason::REBUILD_FAILED,
+            SessionReason::RebuildFailed,
             "the rebuild on host h1 failed: no image",
             None,
         );
@@ -509,7 +587,10 @@ mod tests {
             status.message.as_deref(),
             Some("the rebuild on host h1 failed: no image")
         );
-        assert!(conditions::is_true(&status.conditions, REBUILD_NEEDED));
+        assert!(conditions::is_true(
+            &status.conditions,
+            ConditionType::RebuildNeeded
+        ));
         let v = view(SessionState::Running, "b", "b");
         status.phase = Some(SessionPhase::Running);
         mark(
@@ -521,7 +602,7 @@ mod tests {
             Timestamp::now(),
         );
         assert_eq!(status.phase, Some(SessionPhase::Running));
-        assert!(conditions::get(&status.conditions, REBUILD_NEEDED).is_none());
-        assert!(conditions::get(&status.conditions, REBUILT).is_none());
+        assert!(conditions::get(&status.conditions, ConditionType::RebuildNeeded).is_none());
+        assert!(conditions::get(&status.conditions, ConditionType::Rebuilt).is_none());
     }
 }

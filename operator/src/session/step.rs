@@ -10,7 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Patch;
 use kube::{Api, ResourceExt};
 use sandboxd_api::client::ClientError;
-use sandboxd_crds::v1alpha1::condition::LOST;
+use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus};
 
@@ -78,14 +78,14 @@ pub(super) fn set_phase(
 /// looked at again only rarely.
 pub(super) fn lost_at(
     mut status: SandboxSessionStatus,
-    reason: &str,
+    reason: SessionReason,
     message: String,
     generation: Option<i64>,
     now: Timestamp,
 ) -> Step {
     conditions::set_at(
         &mut status.conditions,
-        LOST,
+        ConditionType::Lost,
         true,
         reason,
         &message,

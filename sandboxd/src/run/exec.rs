@@ -85,6 +85,43 @@ impl ExecRunner {
         }
     }
 
+    /// The exit code of exec `exec_id`: 124 timed out, 137 stopped (ours to say), else
+    /// Docker's word; a run killed by a signal also takes what is left of its process group.
+    async fn exit_code(
+        &self,
+        docker: &bollard::Docker,
+        exec_id: &str,
+        ended_by: Option<Ended>,
+        pid: Option<u32>,
+        spec: &RunSpec,
+    ) -> Result<i64, RunError> {
+        // A stopped or timed-out run's status is ours to say; only a run that ended by
+        // itself needs Docker's word.
+        let exited = match tokio::time::timeout(IO_WAIT, docker.inspect_exec(exec_id)).await {
+            Ok(Ok(inspected)) => inspected.exit_code,
+            Ok(Err(e)) if ended_by.is_none() => return Err(RunError::Stream(e.to_string())),
+            Err(_) if ended_by.is_none() => {
+                return Err(RunError::Stream(
+                    "docker did not report the run's exit".into(),
+                ));
+            }
+            _ => None,
+        };
+        // A run killed by a signal (the OOM killer, a fork bomb hitting the pids limit) takes
+        // what is left of its process group with it; a run that exits leaves its background jobs.
+        if let Some(pid) = pid
+            && ended_by.is_none()
+            && exited.is_some_and(|c| c >= 128)
+        {
+            self.kill_group(&spec.container, pid, spec.uid).await;
+        }
+        Ok(match ended_by {
+            Some(Ended::Timeout) => 124,
+            Some(Ended::Stopped) => 137,
+            None => exited.unwrap_or(-1),
+        })
+    }
+
     pub(super) async fn run_exec(
         &self,
         spec: RunSpec,
@@ -97,21 +134,7 @@ impl ExecRunner {
             .docker()
             .map_err(|e| RunError::Start(e.to_string()))?
             .client();
-        let options = CreateExecOptions {
-            cmd: Some(vec![
-                "/bin/sh".to_owned(),
-                "-c".to_owned(),
-                WRAPPER.to_owned(),
-                "sandboxd-run".to_owned(),
-                spec.command.clone(),
-            ]),
-            env: Some(spec.env.clone()),
-            user: Some(format!("{0}:{0}", spec.uid)),
-            working_dir: Some(WORKSPACE_MOUNT.to_owned()),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            ..Default::default()
-        };
+        let options = exec_options(&spec);
         let exec = docker
             .create_exec(&spec.container, options)
             .await
@@ -203,31 +226,9 @@ impl ExecRunner {
         if let Some(k) = killing {
             let _ = k.await;
         }
-        // A stopped or timed-out run's status is ours to say; only a run that ended by
-        // itself needs Docker's word.
-        let exited = match tokio::time::timeout(IO_WAIT, docker.inspect_exec(&exec.id)).await {
-            Ok(Ok(inspected)) => inspected.exit_code,
-            Ok(Err(e)) if ended_by.is_none() => return Err(RunError::Stream(e.to_string())),
-            Err(_) if ended_by.is_none() => {
-                return Err(RunError::Stream(
-                    "docker did not report the run's exit".into(),
-                ));
-            }
-            _ => None,
-        };
-        // A run killed by a signal (the OOM killer, a fork bomb hitting the pids limit) takes
-        // what is left of its process group with it; a run that exits leaves its background jobs.
-        if let Some(pid) = pid
-            && ended_by.is_none()
-            && exited.is_some_and(|c| c >= 128)
-        {
-            self.kill_group(&spec.container, pid, spec.uid).await;
-        }
-        let exit_code = match ended_by {
-            Some(Ended::Timeout) => 124,
-            Some(Ended::Stopped) => 137,
-            None => exited.unwrap_or(-1),
-        };
+        let exit_code = self
+            .exit_code(docker, &exec.id, ended_by, pid, &spec)
+            .await?;
         let truncated = captured.truncated();
         let (stdout, stderr) = captured.finish();
         Ok(RunOutcome {
@@ -241,6 +242,26 @@ impl ExecRunner {
             duration_ms: started.elapsed().as_millis() as u64,
             cpu_ns: None,
         })
+    }
+}
+
+/// The exec of a run: the wrapper (which prints the pid first) running the command as the
+/// sandbox's user in the workspace, its output attached.
+fn exec_options(spec: &RunSpec) -> CreateExecOptions<String> {
+    CreateExecOptions {
+        cmd: Some(vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            WRAPPER.to_owned(),
+            "sandboxd-run".to_owned(),
+            spec.command.clone(),
+        ]),
+        env: Some(spec.env.clone()),
+        user: Some(format!("{0}:{0}", spec.uid)),
+        working_dir: Some(WORKSPACE_MOUNT.to_owned()),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        ..Default::default()
     }
 }
 

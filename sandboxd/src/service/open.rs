@@ -91,24 +91,7 @@ impl Core {
     /// same name). Concurrent opens make exactly one container.
     pub async fn open(&self, req: OpenRequest) -> Result<Opened, ServiceError> {
         let started = std::time::Instant::now();
-        if !valid_session_id(&req.name) {
-            return Err(ServiceError::invalid(format!(
-                "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
-                req.name
-            )));
-        }
-        if req.tenant.trim().is_empty() {
-            return Err(ServiceError::invalid(
-                "tenant must not be empty: send the organization id",
-            ));
-        }
-        if let Some(owner) = &req.owner
-            && !valid_owner(owner)
-        {
-            return Err(ServiceError::invalid(format!(
-                "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
-            )));
-        }
+        check_open(&req)?;
         let runtime = match self.runtime(req.runtime.as_deref()) {
             Ok(r) => r,
             Err(e) => {
@@ -173,55 +156,14 @@ impl Core {
             .await
             .map_err(db)?;
         match claim {
-            Claim::Inserted => {
-                // A folder (or disk) this open makes is removed again if it fails, so that no
-                // later open of the same name (by another tenant) inherits it.
-                let folder = self.settings.workspace_root.join(&req.name);
-                let had_folder = std::fs::symlink_metadata(&folder).is_ok();
-                let had_disk = self.disks.size(&req.name).is_some();
-                // A new folder can take a warm pool's container; one already there opens cold.
-                let result = if had_folder || had_disk {
-                    self.create_container(&req.name, &req.tenant, &runtime, &limits)
-                        .await
-                        .map(|()| sandboxd_api::session::Launch::Cold)
-                } else {
-                    crate::service::pool::open(self, &req.name, &req.tenant, &runtime, &limits)
-                        .instrument(tracing::info_span!("launch"))
-                        .await
-                };
-                match result {
-                    Ok(launch) => {
-                        self.metrics
-                            .opens
-                            .get_or_create(&crate::metrics::Outcome::new("created"))
-                            .inc();
-                        self.metrics.observe_open(launch, started);
-                        let row = self.row(&req.name).await?;
-                        Ok(Opened {
-                            created: true,
-                            session: self.view(&row, false).await,
-                            token: Some(token),
-                        })
-                    }
-                    Err(e) => {
-                        // A failed open uses no capacity, nor the disk or folder it made.
-                        if !had_disk && let Err(err) = self.disks.release(&req.name) {
-                            warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
-                        }
-                        if !had_folder && let Err(left) = self.discard_folder(&req.name) {
-                            warn!(session = %req.name, error = %left, "a failed open could not remove the folder it made");
-                        }
-                        let _ = self.store.delete(&req.name).await;
-                        self.forget_tokens(&req.name);
-                        drop(slot);
-                        self.metrics
-                            .opens
-                            .get_or_create(&crate::metrics::Outcome::new("failed"))
-                            .inc();
-                        Err(e)
-                    }
-                }
-            }
+            Claim::Inserted => self
+                .launch(&req, &runtime, &limits, started, slot)
+                .await
+                .map(|session| Opened {
+                    created: true,
+                    session,
+                    token: Some(token),
+                }),
             Claim::Exists(row) => {
                 drop(slot);
                 let row = *row;
@@ -251,6 +193,61 @@ impl Core {
                     .get_or_create(&crate::metrics::Outcome::new("refused"))
                     .inc();
                 Err(self.cap_error(&refused, &req.tenant, new.disk_bytes))
+            }
+        }
+    }
+
+    /// Gives the session `req` just claimed its container (a warm pool's, or a new one);
+    /// a failure releases what this open made (disk, folder, row, tokens) and its `slot`.
+    async fn launch(
+        &self,
+        req: &OpenRequest,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+        started: std::time::Instant,
+        slot: OpeningSlot<'_>,
+    ) -> Result<SessionView, ServiceError> {
+        // A folder (or disk) this open makes is removed again if it fails, so that no
+        // later open of the same name (by another tenant) inherits it.
+        let folder = self.settings.workspace_root.join(&req.name);
+        let had_folder = std::fs::symlink_metadata(&folder).is_ok();
+        let had_disk = self.disks.size(&req.name).is_some();
+        // A new folder can take a warm pool's container; one already there opens cold.
+        let result = if had_folder || had_disk {
+            self.create_container(&req.name, &req.tenant, runtime, limits)
+                .await
+                .map(|()| sandboxd_api::session::Launch::Cold)
+        } else {
+            crate::service::pool::open(self, &req.name, &req.tenant, runtime, limits)
+                .instrument(tracing::info_span!("launch"))
+                .await
+        };
+        match result {
+            Ok(launch) => {
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("created"))
+                    .inc();
+                self.metrics.observe_open(launch, started);
+                let row = self.row(&req.name).await?;
+                Ok(self.view(&row, false).await)
+            }
+            Err(e) => {
+                // A failed open uses no capacity, nor the disk or folder it made.
+                if !had_disk && let Err(err) = self.disks.release(&req.name) {
+                    warn!(session = %req.name, error = %err, "cannot release the disk of a failed open");
+                }
+                if !had_folder && let Err(left) = self.discard_folder(&req.name) {
+                    warn!(session = %req.name, error = %left, "a failed open could not remove the folder it made");
+                }
+                let _ = self.store.delete(&req.name).await;
+                self.forget_tokens(&req.name);
+                drop(slot);
+                self.metrics
+                    .opens
+                    .get_or_create(&crate::metrics::Outcome::new("failed"))
+                    .inc();
+                Err(e)
             }
         }
     }
@@ -526,4 +523,27 @@ impl Core {
         }
         Err(ServiceError::Lost { id: row.id.clone() })
     }
+}
+
+/// Refuses an open whose name, tenant or owner is not one, with the rule it broke.
+fn check_open(req: &OpenRequest) -> Result<(), ServiceError> {
+    if !valid_session_id(&req.name) {
+        return Err(ServiceError::invalid(format!(
+            "name '{}' is not a session name: 1 to 128 characters, letters, digits, '-', '_' or '.', starting with a letter or digit",
+            req.name
+        )));
+    }
+    if req.tenant.trim().is_empty() {
+        return Err(ServiceError::invalid(
+            "tenant must not be empty: send the organization id",
+        ));
+    }
+    if let Some(owner) = &req.owner
+        && !valid_owner(owner)
+    {
+        return Err(ServiceError::invalid(format!(
+            "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
+        )));
+    }
+    Ok(())
 }

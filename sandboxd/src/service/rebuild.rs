@@ -18,11 +18,20 @@ use super::*;
 
 use tracing::{info, warn};
 
+use crate::runtimes::RuntimeImage;
 use crate::service::parse_bytes;
 use crate::storage::audit::Op;
-use crate::storage::store::State;
+use crate::storage::store::{SessionRow, State};
 use crate::workspace::disk::human;
 pub use sandboxd_api::session::RebuildRequest;
+
+/// What the new container is made with: its limits (and as the row stores them), and the
+/// size its workspace disk grows to first, if it grows.
+struct NextContainer {
+    limits: Limits,
+    json: String,
+    grow_to: Option<u64>,
+}
 
 /// The session marked rebuilding while it is; unmarked when dropped (also on a panic).
 struct Marked<'a> {
@@ -88,6 +97,8 @@ impl Core {
         result
     }
 
+    /// The rebuild itself: every refusal checked, the session marked, then its container
+    /// swapped (or, reclaimed, its next one set).
     async fn rebuild_unrecorded(
         &self,
         id: &str,
@@ -95,25 +106,59 @@ impl Core {
     ) -> Result<SessionView, ServiceError> {
         let row = self.row(id).await?;
         self.check_workspace(&row).await?;
-        match row.state {
-            State::Running | State::Stopped | State::Reclaimed => {}
-            State::Opening if self.is_rebuilding(id) => {
-                return Err(ServiceError::Rebuilding { id: id.to_owned() });
+        self.rebuildable(id, row.state)?;
+        let runtime = self.rebuild_target(&row, req.image.as_deref()).await?;
+        let next = self.rebuild_limits(id, &row, req.limits).await?;
+
+        // One rebuild (or open, or wake) of the session at a time.
+        let slot = match self.take_slot(id)? {
+            Slot::Mine(slot) => slot,
+            Slot::Busy(_) => {
+                return Err(if self.is_rebuilding(id) {
+                    ServiceError::Rebuilding { id: id.to_owned() }
+                } else {
+                    ServiceError::Opening { id: id.to_owned() }
+                });
             }
-            State::Opening => return Err(ServiceError::Opening { id: id.to_owned() }),
-            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
-            State::Destroying => return Err(ServiceError::Destroying { id: id.to_owned() }),
+        };
+        let _marked = self.mark_rebuilding(id, req.idle_only)?;
+        // The row as it is now: another request may have moved it since it was read.
+        let row = self.row(id).await?;
+        self.swap_container(id, &row, &runtime, &next).await?;
+        drop(slot);
+        info!(session = id, image = %runtime.image, "session rebuilt; workspace kept");
+        self.get(id, false).await
+    }
+
+    /// Refuses a rebuild of a session in `state` with the words of that state.
+    fn rebuildable(&self, id: &str, state: State) -> Result<(), ServiceError> {
+        let id = id.to_owned();
+        match state {
+            State::Running | State::Stopped | State::Reclaimed => Ok(()),
+            State::Opening if self.is_rebuilding(&id) => Err(ServiceError::Rebuilding { id }),
+            State::Opening => Err(ServiceError::Opening { id }),
+            State::Lost => Err(ServiceError::Lost { id }),
+            State::Destroying => Err(ServiceError::Destroying { id }),
         }
+    }
+
+    /// The runtime image the session moves to: its runtime's current one, refused when the
+    /// caller expects another or when it is not on this host (a rebuild never removes a
+    /// container for an image it cannot start).
+    async fn rebuild_target(
+        &self,
+        row: &SessionRow,
+        expected: Option<&str>,
+    ) -> Result<RuntimeImage, ServiceError> {
         let runtime = self.runtime(Some(&row.runtime))?;
-        if let Some(expected) = &req.image
-            && *expected != runtime.image
+        if let Some(expected) = expected
+            && expected != runtime.image
         {
             return Err(ServiceError::RebuildRefused(format!(
                 "runtime '{}' is at image {} on this host, not {expected}: the session was not rebuilt",
                 runtime.alias, runtime.image
             )));
         }
-        // Present now: a rebuild never removes a container for an image it cannot start.
         if !self
             .engine
             .has_image(&runtime.image)
@@ -125,8 +170,20 @@ impl Core {
                 runtime.image, runtime.alias
             )));
         }
-        let old = Self::limits_of(&row);
-        let mut limits = match req.limits {
+        Ok(runtime)
+    }
+
+    /// The limits of the new container (`asked`, whole, or the session's), checked against
+    /// the host's ceilings; a workspace that would shrink or has no disk to grow is refused,
+    /// and a larger one counts against the host's workspace budget before anything changes.
+    async fn rebuild_limits(
+        &self,
+        id: &str,
+        row: &SessionRow,
+        asked: Option<sandboxd_api::Limits>,
+    ) -> Result<NextContainer, ServiceError> {
+        let old = Self::limits_of(row);
+        let mut limits = match asked {
             Some(l) => Limits::from(l),
             None => old.clone(),
         };
@@ -157,9 +214,8 @@ impl Core {
             (Some(b), _) | (None, Some(b)) => Some(b.to_string()),
             (None, None) => old.workspace_size.clone(),
         };
-        let limits_json =
+        let json =
             serde_json::to_string(&limits).map_err(|e| ServiceError::internal(e.to_string()))?;
-        // A larger disk counts against the host's workspace budget before anything changes.
         if let Some(bytes) = grow_to {
             let budget = self.caps().workspace_budget;
             if !self
@@ -177,47 +233,58 @@ impl Core {
                 });
             }
         }
+        Ok(NextContainer {
+            limits,
+            json,
+            grow_to,
+        })
+    }
 
-        // One rebuild (or open, or wake) of the session at a time.
-        let slot = match self.take_slot(id)? {
-            Slot::Mine(slot) => slot,
-            Slot::Busy(_) => {
-                return Err(if self.is_rebuilding(id) {
-                    ServiceError::Rebuilding { id: id.to_owned() }
-                } else {
-                    ServiceError::Opening { id: id.to_owned() }
-                });
-            }
+    /// Marks session `id` rebuilding, under the run table's lock: a run is either in it now
+    /// (and counted, or stopped later) or finds the session marked and is refused. With
+    /// `idle_only`, a session with runs in flight is refused instead.
+    fn mark_rebuilding(&self, id: &str, idle_only: bool) -> Result<Marked<'_>, ServiceError> {
+        let runs = self
+            .runs
+            .lock()
+            .map_err(|_| ServiceError::internal("run registry poisoned"))?;
+        let in_flight = runs.values().filter(|e| e.session == id).count();
+        if idle_only && in_flight > 0 {
+            return Err(ServiceError::RebuildRefused(format!(
+                "session '{id}' has {in_flight} run(s) in flight and the rebuild asked for an idle session: it was not rebuilt"
+            )));
+        }
+        self.rebuilding
+            .lock()
+            .map_err(|_| ServiceError::internal("rebuild registry poisoned"))?
+            .insert(id.to_owned());
+        Ok(Marked {
+            core: self,
+            id: id.to_owned(),
+        })
+    }
+
+    /// Gives session `id` (as `row` shows it now) its next container: reclaimed, only the
+    /// image and limits its next wake uses; running or asleep, the old container removed
+    /// (runs in flight told why), the disk grown, and a running one a new container. Should
+    /// Docker fail once the old container is gone, the session is left reclaimed.
+    async fn swap_container(
+        &self,
+        id: &str,
+        row: &SessionRow,
+        runtime: &RuntimeImage,
+        next: &NextContainer,
+    ) -> Result<(), ServiceError> {
+        let failed = |message: String| ServiceError::RebuildFailed {
+            id: id.to_owned(),
+            image: runtime.image.clone(),
+            message,
         };
-        let _marked = {
-            // Under the run table's lock: a run is either in it now (and counted, or stopped
-            // below) or finds the session marked and is refused.
-            let runs = self
-                .runs
-                .lock()
-                .map_err(|_| ServiceError::internal("run registry poisoned"))?;
-            let in_flight = runs.values().filter(|e| e.session == id).count();
-            if req.idle_only && in_flight > 0 {
-                return Err(ServiceError::RebuildRefused(format!(
-                    "session '{id}' has {in_flight} run(s) in flight and the rebuild asked for an idle session: it was not rebuilt"
-                )));
-            }
-            self.rebuilding
-                .lock()
-                .map_err(|_| ServiceError::internal("rebuild registry poisoned"))?
-                .insert(id.to_owned());
-            Marked {
-                core: self,
-                id: id.to_owned(),
-            }
-        };
-        // The row as it is now: another request may have moved it since it was read.
-        let row = self.row(id).await?;
         match row.state {
             State::Reclaimed => {
-                self.grow(id, grow_to).await?;
+                self.grow(id, next.grow_to).await?;
                 self.store
-                    .set_image(id, &runtime.image, Some(&limits_json))
+                    .set_image(id, &runtime.image, Some(&next.json))
                     .await
                     .map_err(db)?;
             }
@@ -244,24 +311,20 @@ impl Core {
                 }
                 self.store.set_container(id, None).await.map_err(db)?;
                 // Grown with no container binding it, so an offline resize can unmount it.
-                if let Err(e) = self.grow(id, grow_to).await {
+                if let Err(e) = self.grow(id, next.grow_to).await {
                     let _ = self
                         .store
                         .transition(id, &[State::Opening], State::Reclaimed)
                         .await;
-                    return Err(ServiceError::RebuildFailed {
-                        id: id.to_owned(),
-                        image: runtime.image.clone(),
-                        message: e.to_string(),
-                    });
+                    return Err(failed(e.to_string()));
                 }
                 self.store
-                    .set_image(id, &runtime.image, Some(&limits_json))
+                    .set_image(id, &runtime.image, Some(&next.json))
                     .await
                     .map_err(db)?;
                 if row.state == State::Running {
                     if let Err(e) = self
-                        .create_container(id, &row.tenant, &runtime, &limits)
+                        .create_container(id, &row.tenant, runtime, &next.limits)
                         .await
                     {
                         warn!(session = id, error = %e, "the rebuilt container could not be made; the session is reclaimed");
@@ -269,11 +332,7 @@ impl Core {
                             .store
                             .transition(id, &[State::Opening], State::Reclaimed)
                             .await;
-                        return Err(ServiceError::RebuildFailed {
-                            id: id.to_owned(),
-                            image: runtime.image.clone(),
-                            message: e.to_string(),
-                        });
+                        return Err(failed(e.to_string()));
                     }
                 } else {
                     self.store
@@ -282,12 +341,10 @@ impl Core {
                         .map_err(db)?;
                 }
             }
-            State::Opening => return Err(ServiceError::Opening { id: id.to_owned() }),
-            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
-            State::Destroying => return Err(ServiceError::Destroying { id: id.to_owned() }),
+            State::Opening | State::Lost | State::Destroying => {
+                self.rebuildable(id, row.state)?;
+            }
         }
-        drop(slot);
-        info!(session = id, image = %runtime.image, "session rebuilt; workspace kept");
-        self.get(id, false).await
+        Ok(())
     }
 }

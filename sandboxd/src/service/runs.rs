@@ -98,39 +98,7 @@ impl Core {
         events: Option<mpsc::Sender<RunEvent>>,
         under_way: Option<oneshot::Sender<()>>,
     ) -> Result<RunOutcome, ServiceError> {
-        if req.command.trim().is_empty() {
-            return Err(ServiceError::invalid("command must not be empty"));
-        }
-        // No process takes a NUL in its arguments; refused here rather than failing to start.
-        if req.command.contains('\0') {
-            return Err(ServiceError::invalid("command must not hold a NUL byte"));
-        }
-        if let Some(t) = req.timeout_seconds
-            && t == 0
-        {
-            return Err(ServiceError::invalid("timeout_seconds must be at least 1"));
-        }
-        let mut env = Vec::new();
-        for (k, v) in req.env.clone().unwrap_or_default() {
-            let valid = k
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid || v.contains('\0') {
-                return Err(ServiceError::invalid(format!(
-                    "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
-                )));
-            }
-            env.push(format!("{k}={v}"));
-        }
-        // With tracing on, the program may continue the trace of its run (the W3C variable);
-        // one the caller set is kept.
-        if let Some(tp) = sandboxd_telemetry::traceparent()
-            && !env.iter().any(|e| e.starts_with("TRACEPARENT="))
-        {
-            env.push(format!("TRACEPARENT={tp}"));
-        }
+        let env = run_env(&req)?;
         // Refused before anything is woken or asked of Docker; checked again, atomically, as
         // the run is entered in the table below.
         if self.is_rebuilding(id) {
@@ -157,31 +125,7 @@ impl Core {
             .run_id
             .clone()
             .unwrap_or_else(|| format!("run-{}", &auth::new_session_token()[4..20]));
-        let cancel = CancellationToken::new();
-        let for_rebuild = Arc::new(AtomicBool::new(false));
-        {
-            let mut runs = self
-                .runs
-                .lock()
-                .map_err(|_| ServiceError::internal("run registry poisoned"))?;
-            if runs.contains_key(&run_id) {
-                return Err(ServiceError::RunExists { run_id });
-            }
-            // A rebuild marks its session under this lock: one that began since the check
-            // above refuses the run here.
-            if self.is_rebuilding(id) {
-                return Err(ServiceError::Rebuilding { id: id.to_owned() });
-            }
-            self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
-            runs.insert(
-                run_id.clone(),
-                RunEntry {
-                    session: id.to_owned(),
-                    cancel: cancel.clone(),
-                    for_rebuild: for_rebuild.clone(),
-                },
-            );
-        }
+        let (cancel, for_rebuild) = self.enter_run(id, &run_id)?;
         // The run's output buffers (two streams, each up to the output cap) come out of the
         // budget of bytes in flight for as long as the run goes; taken once the run holds its
         // place under the run cap, so a flood of runs is refused by the cap first.
@@ -279,6 +223,42 @@ impl Core {
         Ok(outcome)
     }
 
+    /// Enters run `run_id` of session `id` in the run table (refused when the id is taken,
+    /// the session is being rebuilt or its runs are at their cap, all under the table's lock):
+    /// the token that stops it and the flag a rebuild raises when it does.
+    fn enter_run(
+        &self,
+        id: &str,
+        run_id: &str,
+    ) -> Result<(CancellationToken, Arc<AtomicBool>), ServiceError> {
+        let cancel = CancellationToken::new();
+        let for_rebuild = Arc::new(AtomicBool::new(false));
+        let mut runs = self
+            .runs
+            .lock()
+            .map_err(|_| ServiceError::internal("run registry poisoned"))?;
+        if runs.contains_key(run_id) {
+            return Err(ServiceError::RunExists {
+                run_id: run_id.to_owned(),
+            });
+        }
+        // A rebuild marks its session under this lock: one that began since the first check
+        // refuses the run here.
+        if self.is_rebuilding(id) {
+            return Err(ServiceError::Rebuilding { id: id.to_owned() });
+        }
+        self.check_run_cap(id, runs.values().filter(|e| e.session == id).count())?;
+        runs.insert(
+            run_id.to_owned(),
+            RunEntry {
+                session: id.to_owned(),
+                cancel: cancel.clone(),
+                for_rebuild: for_rebuild.clone(),
+            },
+        );
+        Ok((cancel, for_rebuild))
+    }
+
     /// Runs `spec` on a task of its own and waits for it: if the caller stops waiting, the task
     /// still sees `cancel` fire and stops the command, instead of being dropped with the
     /// command left running in the sandbox.
@@ -374,4 +354,44 @@ impl Core {
             run_id: run_id.to_owned(),
         })
     }
+}
+
+/// The environment of a run as `KEY=value` lines, once its request is checked: a command
+/// that is not empty and holds no NUL, a timeout of at least 1 s, variable names as a shell
+/// takes them; with tracing on, `TRACEPARENT` continues the run's trace (unless set).
+fn run_env(req: &RunRequest) -> Result<Vec<String>, ServiceError> {
+    if req.command.trim().is_empty() {
+        return Err(ServiceError::invalid("command must not be empty"));
+    }
+    // No process takes a NUL in its arguments; refused here rather than failing to start.
+    if req.command.contains('\0') {
+        return Err(ServiceError::invalid("command must not hold a NUL byte"));
+    }
+    if let Some(t) = req.timeout_seconds
+        && t == 0
+    {
+        return Err(ServiceError::invalid("timeout_seconds must be at least 1"));
+    }
+    let mut env = Vec::new();
+    for (k, v) in req.env.clone().unwrap_or_default() {
+        let valid = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid || v.contains('\0') {
+            return Err(ServiceError::invalid(format!(
+                "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
+            )));
+        }
+        env.push(format!("{k}={v}"));
+    }
+    // With tracing on, the program may continue the trace of its run (the W3C variable);
+    // one the caller set is kept.
+    if let Some(tp) = sandboxd_telemetry::traceparent()
+        && !env.iter().any(|e| e.starts_with("TRACEPARENT="))
+    {
+        env.push(format!("TRACEPARENT={tp}"));
+    }
+    Ok(env)
 }

@@ -8,7 +8,18 @@ use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use sandboxd_crds::v1alpha1::SandboxSession;
 
-use super::placed_host;
+/// Annotation with the host a session is placed on, written with the finalizer before the open
+/// (the session controller's `claim`).
+pub const HOST_ANNOTATION: &str = "sandboxd.dev/host";
+
+/// The host a session is placed on: the status's, or the one recorded by the session
+/// controller's `claim` before the status says so.
+pub fn placed_host(s: &SandboxSession) -> Option<&str> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.host.as_deref())
+        .or_else(|| s.annotations().get(HOST_ANNOTATION).map(String::as_str))
+}
 
 /// The host of every placed session in the cache, and the count per host.
 #[derive(Debug, Default)]
@@ -92,7 +103,7 @@ mod tests {
         .expect("session");
         s.metadata = ObjectMeta {
             annotations: annotated.map(|h| {
-                [(super::super::HOST_ANNOTATION.to_owned(), h.to_owned())]
+                [(HOST_ANNOTATION.to_owned(), h.to_owned())]
                     .into_iter()
                     .collect()
             }),
