@@ -201,6 +201,54 @@ async fn a_rebuild_moves_a_running_session_to_the_new_image_and_limits_and_keeps
         )
     );
 
+    // A larger disk asked of a busy session that may only be rebuilt idle is refused, and the
+    // host's workspace budget still counts the disk it has (a refusal takes none of it).
+    let held = || async {
+        let text = reqwest::get(format!("{}/metrics", d.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix("sandboxd_workspace_held_bytes "))
+            .map(str::to_owned)
+            .expect("sandboxd_workspace_held_bytes")
+    };
+    let held_before = held().await;
+    let runner = admin.clone();
+    let busy_run = tokio::spawn(async move { runner.run("s1", "sleep 3", None, None, None).await });
+    common::until(
+        "the run in flight",
+        Duration::from_secs(10),
+        async || match admin.get("s1").await {
+            Ok(v) if v.runs_in_flight == 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    let busy = admin
+        .rebuild(
+            "s1",
+            &RebuildRequest {
+                limits: Some(Limits {
+                    workspace_size: Some("128m".to_owned()),
+                    ..Default::default()
+                }),
+                idle_only: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("a busy session is not rebuilt when only an idle one may be");
+    assert_eq!(
+        busy.to_string(),
+        "rebuild_refused (409): session 's1' has 1 run(s) in flight and the rebuild asked for an idle session: it was not rebuilt"
+    );
+    assert_eq!(held().await, held_before, "the refusal took no budget");
+    let ran = busy_run.await.expect("the run's task").expect("the run");
+    assert_eq!(ran.exit_code, 0, "{ran:?}");
+
     // The audit log has the rebuild, its target the image.
     let rows = admin
         .operations(&sandboxd_api::audit::OperationQuery {

@@ -18,6 +18,7 @@ pub mod orphan;
 mod place;
 pub mod rebuild;
 mod step;
+mod token;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,19 +2,15 @@
 //! deleted object of the same name still owes there, and its token is kept in a Secret the
 //! session owns. No Secret is watched: a token Secret deleted by someone is noticed at the
 //! session's next reconcile once `--token-check-seconds` have passed since it was last found
-//! ([`token_secret_exists`]); an opened session then gets a new token, and is never opened
+//! ([`token_secret_exists`](super::token)); an opened session then gets a new token, and is never opened
 //! again (one destroyed on its host meanwhile is Lost, not made anew and empty).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use sandboxd_api::ErrorCode;
 use sandboxd_api::client::ClientError;
 use sandboxd_api::session::SessionView;
@@ -23,17 +19,14 @@ use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
 use tracing::{Instrument as _, info, warn};
 
-use super::MANAGER;
 use super::place::Placed;
-use super::step::{Flow, add, host_err, secret_name, set_phase, until, wait_again};
+use super::step::{
+    Flow, add, host_err, host_unreachable, secret_name, set_phase, until, wait_again,
+};
+use super::token::{store_token, token_secret_there};
 use crate::conditions;
 use crate::context::{Context, key};
 use crate::error::Error;
-
-/// The label on every token Secret this operator makes.
-const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Its value.
-const OPERATOR: &str = "sandbox-operator";
 
 /// Opens the session on its host unless it is open with its token Secret there: goes on with
 /// the session as the open answered it (None when it was open already).
@@ -205,14 +198,7 @@ async fn rotate_lost_token(
             );
         }
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
-            conditions::set(
-                &mut status.conditions,
-                ConditionType::HostUnreachable,
-                true,
-                SessionReason::Unreachable,
-                &e.to_string(),
-                generation,
-            );
+            host_unreachable(status, &e.to_string(), generation);
             return Ok(Flow::Done(wait_again(s, ctx)));
         }
         Err(e) => return Err(host_err(host_name, e)),
@@ -261,14 +247,7 @@ fn refused(
             }))
         }
         Refusal::Unreachable(m) => {
-            conditions::set(
-                &mut status.conditions,
-                ConditionType::HostUnreachable,
-                true,
-                SessionReason::Unreachable,
-                &m,
-                generation,
-            );
+            host_unreachable(status, &m, generation);
             if status.phase.is_none() {
                 set_phase(status, SessionPhase::Pending, m);
             }
@@ -618,109 +597,6 @@ pub(super) fn tombstone_wait(t: &Tombstone, probe: Duration) -> Duration {
             until(next.0, Timestamp::now()).saturating_add(Duration::from_secs(1))
         })
         .min(probe)
-}
-
-async fn store_token(
-    s: &SandboxSession,
-    secrets: &Api<Secret>,
-    name: &str,
-    token: &str,
-    endpoint: &str,
-    session_id: &str,
-    ca: Option<&[u8]>,
-) -> Result<(), Error> {
-    let mut data = BTreeMap::from([
-        ("token".to_owned(), ByteString(token.as_bytes().to_vec())),
-        (
-            "endpoint".to_owned(),
-            ByteString(endpoint.as_bytes().to_vec()),
-        ),
-        (
-            "session".to_owned(),
-            ByteString(session_id.as_bytes().to_vec()),
-        ),
-    ]);
-    // The CA that signed the host's certificate, for a platform that talks to it over https.
-    if let Some(ca) = ca {
-        data.insert("ca.crt".to_owned(), ByteString(ca.to_vec()));
-    }
-    let secret = Secret {
-        data: Some(data),
-        ..token_secret(s, name)
-    };
-    // Created once, the common case: a plain create costs the API server far less than an
-    // apply. One that exists already (a token rotated after a crash) is replaced whole: a
-    // replace answers with what it wrote, where a patch would answer with the Secret it changed,
-    // and the operator may not read Secrets outside its namespace.
-    let create = PostParams {
-        field_manager: Some(MANAGER.into()),
-        ..Default::default()
-    };
-    match secrets.create(&create, &secret).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            secrets.replace(name, &create, &secret).await?;
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The token Secret `name` of session `s`, without its data: owned by the session, labelled like
-/// it and as this operator's.
-fn token_secret(s: &SandboxSession, name: &str) -> Secret {
-    let owner = s.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
-    let mut labels = s.labels().clone();
-    labels.insert(MANAGED_BY.into(), OPERATOR.into());
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            owner_references: Some(owner),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        type_: Some("sandboxd.dev/session-token".into()),
-        ..Default::default()
-    }
-}
-
-/// Whether the token Secret `name` of `s` is there: taken as there for
-/// `--token-check-seconds` after it was last found, then asked again.
-async fn token_secret_there(
-    s: &SandboxSession,
-    ctx: &Context,
-    secrets: &Api<Secret>,
-    name: &str,
-) -> bool {
-    if ctx.token_seen_recently(&key(s)) {
-        return true;
-    }
-    let there = token_secret_exists(s, secrets, name).await;
-    if there {
-        ctx.token_seen(&key(s));
-    }
-    there
-}
-
-/// Whether the token Secret `name` exists, asked without reading any Secret: a server-side
-/// dry-run create (of the Secret as it would be made, without its data, so admission judges
-/// the same object) answers 409 AlreadyExists when it is there and succeeds, storing nothing,
-/// when it is gone. Any other answer (a full Secret quota, an admission webhook, the API server
-/// away) counts as there: a token is rotated only when its Secret is known to be gone.
-async fn token_secret_exists(s: &SandboxSession, secrets: &Api<Secret>, name: &str) -> bool {
-    let probe = token_secret(s, name);
-    let dry_run = PostParams {
-        dry_run: true,
-        field_manager: Some(MANAGER.into()),
-    };
-    match secrets.create(&dry_run, &probe).await {
-        Ok(_) => false,
-        Err(kube::Error::Api(e)) if e.code == 409 => true,
-        Err(e) => {
-            warn!(secret = name, error = %e, "could not tell whether the token Secret exists; taking it as there");
-            true
-        }
-    }
 }
 
 #[cfg(test)]

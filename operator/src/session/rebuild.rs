@@ -21,7 +21,7 @@ use sandboxd_crds::v1alpha1::session::{SessionPhase, SessionResources};
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus};
 use tracing::{info, warn};
 
-use super::step::set_phase;
+use super::step::{host_unreachable, set_phase};
 use super::write;
 use crate::conditions;
 use crate::context::Context;
@@ -362,14 +362,7 @@ pub(super) async fn rebuild(
             Ok(Ran::Done(Box::new(v)))
         }
         Err(e @ (ClientError::Transport { .. } | ClientError::VersionMismatch { .. })) => {
-            conditions::set(
-                &mut status.conditions,
-                ConditionType::HostUnreachable,
-                true,
-                SessionReason::Unreachable,
-                &e.to_string(),
-                generation,
-            );
+            host_unreachable(status, &e.to_string(), generation);
             Ok(Ran::Unreachable(super::backoff(s, ctx)))
         }
         Err(ClientError::Api { code, message, .. })

@@ -65,6 +65,23 @@ pub(super) fn wait_again(s: &SandboxSession, ctx: &Context) -> Duration {
     ctx.wait_again(&key(s))
 }
 
+/// Says in the status that the session's host does not answer (or speaks another version):
+/// `HostUnreachable` True with `message`. The session is not lost for it.
+pub(super) fn host_unreachable(
+    status: &mut SandboxSessionStatus,
+    message: &str,
+    generation: Option<i64>,
+) {
+    conditions::set(
+        &mut status.conditions,
+        ConditionType::HostUnreachable,
+        true,
+        SessionReason::Unreachable,
+        message,
+        generation,
+    );
+}
+
 pub(super) fn set_phase(
     status: &mut SandboxSessionStatus,
     phase: SessionPhase,

@@ -3,9 +3,9 @@
 //! and `X-Sandbox-Run`) and what the caller's token reaches.
 //!
 //! `/v1` reads `Authorization: Bearer` and answers `{"code", "message"}` ([`Caller`], [`Admin`],
-//! [`ForSession`]); the wire protocol reads `X-Sandbox-Token` and answers `{"detail"}`
-//! ([`Service`], [`WireSession`]). The rules themselves are each surface's (`state::caller`,
-//! `wire::for_session`, …). The router's middleware has refused a token this host does not
+//! [`ForSession`]); the wire protocol reads `X-Sandbox-Token` and answers `{"detail"}` with
+//! extractors of its own (`wire::tokens`), which take [`path_param`] from here. The rules
+//! themselves are each surface's (`state::caller`, `wire::for_session`, …). The router's middleware has refused a token this host does not
 //! know before any handler runs; these decide what a known one reaches. A handler lists them
 //! after its `Path` and `Query`, so a malformed path or query is answered first, as before.
 
@@ -18,9 +18,7 @@ use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 
 use crate::http::error::ApiError;
 use crate::http::state::{self, AppState, Caller};
-use crate::http::wire::{self, WireError};
 use crate::service::Actor;
-use crate::storage::store::SessionRow;
 
 /// The agent and run a request names in `X-Sandbox-Agent` and `X-Sandbox-Run`, for the audit
 /// log (blank values are none).
@@ -48,7 +46,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
 }
 
 /// The path parameter `name` of the route, as it was matched.
-async fn path_param(parts: &mut Parts, state: &AppState, name: &str) -> Result<String, String> {
+pub(crate) async fn path_param(
+    parts: &mut Parts,
+    state: &AppState,
+    name: &str,
+) -> Result<String, String> {
     let params = RawPathParams::from_request_parts(parts, state)
         .await
         .map_err(|e| e.body_text())?;
@@ -102,39 +104,5 @@ impl FromRequestParts<AppState> for ForSession {
             .map_err(ApiError::bad_request)?;
         state::for_session(state, &parts.headers, &id).await?;
         Ok(Self)
-    }
-}
-
-/// The wire protocol: the service (admin) token in `X-Sandbox-Token` (401 otherwise).
-pub(crate) struct Service;
-
-impl FromRequestParts<AppState> for Service {
-    type Rejection = WireError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        wire::service(state, &parts.headers)?;
-        Ok(Self)
-    }
-}
-
-/// The wire protocol: the service token or the own token of the session `{session_id}` of the
-/// path, and that session's row (422 for an id off the protocol's pattern, 401 for another
-/// token, 404 for no such session).
-pub(crate) struct WireSession(pub(crate) SessionRow);
-
-impl FromRequestParts<AppState> for WireSession {
-    type Rejection = WireError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let id = path_param(parts, state, "session_id")
-            .await
-            .map_err(|e| WireError::new(400, e))?;
-        Ok(Self(wire::for_session(state, &parts.headers, &id).await?))
     }
 }

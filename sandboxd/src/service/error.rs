@@ -8,6 +8,7 @@ use crate::container::DockerError;
 use crate::container::network::NetworkError;
 use crate::run::RunError;
 use crate::runtimes::RuntimeError;
+use crate::storage::store::State;
 use crate::workspace::FileError;
 use crate::workspace::disk::{DiskError, human};
 
@@ -262,6 +263,19 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
+    /// The refusal of an act on session `id` in `state`, for the states that take none now:
+    /// opening (or waking, or being rebuilt), lost, being destroyed. A state that does take
+    /// acts was left behind by a concurrent request: `Changed`.
+    pub(crate) fn unsettled(id: &str, state: State) -> Self {
+        let id = id.to_owned();
+        match state {
+            State::Opening => Self::Opening { id },
+            State::Lost => Self::Lost { id },
+            State::Destroying => Self::Destroying { id },
+            State::Running | State::Stopped | State::Reclaimed => Self::Changed { id },
+        }
+    }
+
     /// A request the core refuses as it is, with what to change.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::InvalidRequest(message.into())

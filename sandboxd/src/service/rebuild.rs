@@ -10,7 +10,8 @@
 //!
 //! Everything that can be refused is checked before anything changes: the runtime ready here
 //! (its image present), the image the caller expects, the limits within the host's ceilings, a
-//! workspace that would shrink, runs in flight when only an idle session may be rebuilt. Only
+//! workspace that would shrink, runs in flight when only an idle session may be rebuilt, and
+//! last (so that a refusal leaves it as it was) a larger disk within the workspace budget. Only
 //! a Docker failure after the old container is gone leaves the session without one
 //! (reclaimed, [`ServiceError::RebuildFailed`] with Docker's words).
 
@@ -122,6 +123,7 @@ impl Core {
             }
         };
         let _marked = self.mark_rebuilding(id, req.idle_only)?;
+        self.count_growth(id, &row, next.grow_to).await?;
         // The row as it is now: another request may have moved it since it was read.
         let row = self.row(id).await?;
         self.swap_container(id, &row, &runtime, &next).await?;
@@ -136,9 +138,7 @@ impl Core {
         match state {
             State::Running | State::Stopped | State::Reclaimed => Ok(()),
             State::Opening if self.is_rebuilding(&id) => Err(ServiceError::Rebuilding { id }),
-            State::Opening => Err(ServiceError::Opening { id }),
-            State::Lost => Err(ServiceError::Lost { id }),
-            State::Destroying => Err(ServiceError::Destroying { id }),
+            unsettled => Err(ServiceError::unsettled(&id, unsettled)),
         }
     }
 
@@ -174,8 +174,7 @@ impl Core {
     }
 
     /// The limits of the new container (`asked`, whole, or the session's), checked against
-    /// the host's ceilings; a workspace that would shrink or has no disk to grow is refused,
-    /// and a larger one counts against the host's workspace budget before anything changes.
+    /// the host's ceilings; a workspace that would shrink or has no disk to grow is refused.
     async fn rebuild_limits(
         &self,
         id: &str,
@@ -216,6 +215,22 @@ impl Core {
         };
         let json =
             serde_json::to_string(&limits).map_err(|e| ServiceError::internal(e.to_string()))?;
+        Ok(NextContainer {
+            limits,
+            json,
+            grow_to,
+        })
+    }
+
+    /// Counts a disk that grows to `grow_to` against the host's workspace budget, or refuses
+    /// the rebuild when it would go over: taken only once nothing else can refuse it, so a
+    /// refused rebuild leaves the budget as it was.
+    async fn count_growth(
+        &self,
+        id: &str,
+        row: &SessionRow,
+        grow_to: Option<u64>,
+    ) -> Result<(), ServiceError> {
         if let Some(bytes) = grow_to {
             let budget = self.caps().workspace_budget;
             if !self
@@ -233,11 +248,7 @@ impl Core {
                 });
             }
         }
-        Ok(NextContainer {
-            limits,
-            json,
-            grow_to,
-        })
+        Ok(())
     }
 
     /// Marks session `id` rebuilding, under the run table's lock: a run is either in it now

@@ -329,13 +329,7 @@ impl Core {
                     .map_err(db)?;
                 info!(session = id, "session asleep");
             }
-            State::Opening => {
-                return Err(ServiceError::Opening { id: id.to_owned() });
-            }
-            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
-            State::Destroying => {
-                return Err(ServiceError::Destroying { id: id.to_owned() });
-            }
+            unsettled => return Err(ServiceError::unsettled(id, unsettled)),
         }
         self.get(id, false).await
     }
@@ -364,13 +358,7 @@ impl Core {
                 self.store.set_container(id, None).await.map_err(db)?;
                 info!(session = id, "container reclaimed; workspace kept");
             }
-            State::Opening => {
-                return Err(ServiceError::Opening { id: id.to_owned() });
-            }
-            State::Lost => return Err(ServiceError::Lost { id: id.to_owned() }),
-            State::Destroying => {
-                return Err(ServiceError::Destroying { id: id.to_owned() });
-            }
+            unsettled => return Err(ServiceError::unsettled(id, unsettled)),
         }
         self.get(id, false).await
     }

@@ -48,7 +48,6 @@ use serde::de::DeserializeOwned;
 
 use crate::http::AppState;
 use crate::http::audited::{Audited, blocking};
-use crate::http::extract::{Service, WireSession};
 use crate::service::Actor;
 use crate::storage::audit::Op;
 use crate::workspace::MAX_LIST_ENTRIES;

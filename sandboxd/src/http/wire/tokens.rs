@@ -1,10 +1,13 @@
 //! Tokens: `X-Sandbox-Token`, the service (admin) token or a session's own. Handlers ask for
-//! them as the extractors [`crate::http::extract::Service`] and
-//! [`crate::http::extract::WireSession`].
+//! them as the extractors [`Service`] and [`WireSession`].
 
 use super::*;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
+
+use crate::http::extract::path_param;
 
 use crate::http::AppState;
 use crate::storage::store::SessionRow;
@@ -64,4 +67,38 @@ pub(crate) async fn for_session(
         .await
         .map_err(|e| WireError::new(500, format!("sandboxd's state store failed: {e}")))?
         .ok_or_else(|| WireError::no_such_session(id))
+}
+
+/// The wire protocol: the service (admin) token in `X-Sandbox-Token` (401 otherwise).
+pub(crate) struct Service;
+
+impl FromRequestParts<AppState> for Service {
+    type Rejection = WireError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        service(state, &parts.headers)?;
+        Ok(Self)
+    }
+}
+
+/// The wire protocol: the service token or the own token of the session `{session_id}` of the
+/// path, and that session's row (422 for an id off the protocol's pattern, 401 for another
+/// token, 404 for no such session).
+pub(crate) struct WireSession(pub(crate) SessionRow);
+
+impl FromRequestParts<AppState> for WireSession {
+    type Rejection = WireError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let id = path_param(parts, state, "session_id")
+            .await
+            .map_err(|e| WireError::new(400, e))?;
+        Ok(Self(for_session(state, &parts.headers, &id).await?))
+    }
 }
