@@ -745,6 +745,8 @@ mod tests {
         condition: (ConditionType, &'static str, &'static str),
     }
 
+    /// Every case of the follow decision, one row each: over 150 lines because it is the table
+    /// of cases, not logic.
     #[test]
     fn the_follow_decision_table() {
         let running = || phase(SessionPhase::Running);

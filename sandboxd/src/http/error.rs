@@ -265,7 +265,8 @@ mod tests {
         ]
     }
 
-    /// Every service error: its status, its code and its message on the wire.
+    /// Every service error: its status, its code and its message on the wire. Over 150 lines
+    /// because it is that table, one row per error.
     fn service_errors() -> Vec<(ServiceError, u16, ErrorCode, String)> {
         let no_room = DiskError::NoRoom {
             size: 1 << 30,

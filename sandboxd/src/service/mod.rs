@@ -35,7 +35,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -50,6 +49,7 @@ use crate::storage::store::{Caps, Store};
 use crate::workspace::Workspace;
 use crate::workspace::disk::Disks;
 use crate::workspace::trash::Trash;
+use sandboxd_api::Limits;
 pub use sandboxd_api::run::RunRequest;
 pub use sandboxd_api::session::{Destroyed, OpenRequest, Opened, SessionView};
 
@@ -116,42 +116,6 @@ pub fn parse_bytes(text: &str) -> Option<i64> {
         .ok()
         .filter(|v: &f64| v.is_finite() && *v > 0.0)?;
     Some((value * (1u64 << shift) as f64) as i64)
-}
-
-/// Per-session resource limits, within the host's ceilings, as the core checks and stores them
-/// (JSON in the session row); [`sandboxd_api::Limits`] is what the API takes.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// CPUs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<f64>,
-    /// Memory in Docker's syntax.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mem_limit: Option<String>,
-    /// Processes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids_limit: Option<i64>,
-    /// Workspace size in Docker's syntax: writing past it fails with "No space left on device".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workspace_size: Option<String>,
-}
-
-impl From<sandboxd_api::Limits> for Limits {
-    fn from(l: sandboxd_api::Limits) -> Self {
-        let sandboxd_api::Limits {
-            cpus,
-            mem_limit,
-            pids_limit,
-            workspace_size,
-        } = l;
-        Self {
-            cpus,
-            mem_limit,
-            pids_limit,
-            workspace_size,
-        }
-    }
 }
 
 /// How stale a session's activity time may be: a run within this many milliseconds of the

@@ -110,7 +110,7 @@ impl Core {
                 return Err(e.into());
             }
         };
-        let mut limits: Limits = req.limits.clone().map(Limits::from).unwrap_or_default();
+        let mut limits: Limits = req.limits.clone().unwrap_or_default();
         self.check_limits(&limits)?;
         // The row records the workspace size the session gets (its disk's size): a session
         // with one whose disk is gone is lost, never given a new empty disk.

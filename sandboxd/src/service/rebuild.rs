@@ -179,11 +179,11 @@ impl Core {
         &self,
         id: &str,
         row: &SessionRow,
-        asked: Option<sandboxd_api::Limits>,
+        asked: Option<Limits>,
     ) -> Result<NextContainer, ServiceError> {
         let old = Self::limits_of(row);
         let mut limits = match asked {
-            Some(l) => Limits::from(l),
+            Some(l) => l,
             None => old.clone(),
         };
         self.check_limits(&limits)?;

@@ -63,20 +63,7 @@ impl Core {
             },
             usage: None,
             runtime_image: self.runtimes.current_image(&row.runtime),
-            limits: {
-                let Limits {
-                    cpus,
-                    mem_limit,
-                    pids_limit,
-                    workspace_size,
-                } = Self::limits_of(row);
-                sandboxd_api::Limits {
-                    cpus,
-                    mem_limit,
-                    pids_limit,
-                    workspace_size,
-                }
-            },
+            limits: Self::limits_of(row),
         }
     }
 
