@@ -56,6 +56,18 @@ pub const REQUIRED_ROUTES: &[&str] = &[
     "GET /v1/policy",
 ];
 
+impl Index {
+    /// The [`REQUIRED_ROUTES`] this index does not list, in their order: what a host lacks for
+    /// the operator (its `VersionMismatch` condition) and for `kubectl sandbox doctor`.
+    pub fn missing_required(&self) -> Vec<String> {
+        REQUIRED_ROUTES
+            .iter()
+            .filter(|r| !self.routes.iter().any(|x| x == *r))
+            .map(|r| (*r).to_owned())
+            .collect()
+    }
+}
+
 /// The message of a host whose sandboxd lacks `missing` routes: the version expected (this
 /// crate's, the workspace's) and the image to run.
 pub fn version_mismatch_message(missing: &[String], image: &str) -> String {
@@ -94,5 +106,24 @@ mod tests {
                 "{route} is not a route of sandboxd's API"
             );
         }
+    }
+
+    #[test]
+    fn an_index_names_the_required_routes_it_lacks() {
+        let index = |routes: &[&str]| Index {
+            service: "sandboxd".to_owned(),
+            version: crate::VERSION.to_owned(),
+            routes: routes.iter().map(|r| (*r).to_owned()).collect(),
+        };
+        assert!(index(ROUTES).missing_required().is_empty());
+        let without: Vec<&str> = ROUTES
+            .iter()
+            .copied()
+            .filter(|r| *r != "GET /v1/policy" && *r != "POST /v1/sessions")
+            .collect();
+        assert_eq!(
+            index(&without).missing_required(),
+            ["POST /v1/sessions", "GET /v1/policy"]
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
+use sandboxd_api::routes::version_mismatch_message;
 use sandboxd_crds::v1alpha1::SandboxHost;
 use sandboxd_crds::v1alpha1::condition::ConditionType;
 
@@ -38,11 +38,7 @@ pub fn judge(
             )),
         },
         Ok(index) => {
-            let missing: Vec<String> = REQUIRED_ROUTES
-                .iter()
-                .filter(|r| !index.routes.iter().any(|x| x == *r))
-                .map(|r| (*r).to_owned())
-                .collect();
+            let missing = index.missing_required();
             if missing.is_empty() {
                 let note = if index.version == sandboxd_api::VERSION {
                     String::new()

@@ -16,7 +16,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use sandboxd_api::BuildState;
-use sandboxd_api::routes::{REQUIRED_ROUTES, version_mismatch_message};
+use sandboxd_api::routes::version_mismatch_message;
 use sandboxd_crds::v1alpha1::condition::{ConditionType, HostReason};
 use sandboxd_crds::v1alpha1::host::HostCapacity;
 use sandboxd_crds::v1alpha1::{SandboxHost, SandboxHostStatus, Tombstone};
@@ -141,14 +141,7 @@ async fn no_client(
         _ => HostReason::TokenUnreadable,
     };
     if refused && !conditions::has_reason(&old.conditions, ConditionType::Ready, reason) {
-        ctx.event(
-            host,
-            EventType::Warning,
-            reason.as_str(),
-            "Probe",
-            e.to_string(),
-        )
-        .await;
+        probe_warning(ctx, host, reason, e.to_string()).await;
     }
     conditions::set(
         &mut status.conditions,
@@ -200,14 +193,7 @@ async fn unreachable(
         generation,
     );
     if conditions::is_true(&old.conditions, ConditionType::Reachable) {
-        ctx.event(
-            host,
-            EventType::Warning,
-            reason.as_str(),
-            "Probe",
-            e.to_string(),
-        )
-        .await;
+        probe_warning(ctx, host, reason, e.to_string()).await;
     }
 }
 
@@ -232,11 +218,7 @@ async fn answered(
     );
     status.version = Some(index.version.clone());
     status.routes = index.routes.clone();
-    let missing: Vec<String> = REQUIRED_ROUTES
-        .iter()
-        .filter(|r| !index.routes.iter().any(|x| x == *r))
-        .map(|r| (*r).to_owned())
-        .collect();
+    let missing = index.missing_required();
     if missing.is_empty() {
         conditions::set(
             &mut status.conditions,
@@ -271,14 +253,7 @@ async fn answered(
                     HostReason::TokenRefused,
                 );
                 if !already {
-                    ctx.event(
-                        host,
-                        EventType::Warning,
-                        HostReason::TokenRefused.as_str(),
-                        "Probe",
-                        message.clone(),
-                    )
-                    .await;
+                    probe_warning(ctx, host, HostReason::TokenRefused, message.clone()).await;
                 }
                 conditions::set(
                     &mut status.conditions,
@@ -301,14 +276,7 @@ async fn answered(
     } else {
         let message = version_mismatch_message(&missing, &ctx.config.sandboxd_image);
         if !conditions::is_true(&old.conditions, ConditionType::VersionMismatch) {
-            ctx.event(
-                host,
-                EventType::Warning,
-                HostReason::VersionMismatch.as_str(),
-                "Probe",
-                message.clone(),
-            )
-            .await;
+            probe_warning(ctx, host, HostReason::VersionMismatch, message.clone()).await;
         }
         conditions::set(
             &mut status.conditions,
@@ -327,6 +295,12 @@ async fn answered(
             generation,
         );
     }
+}
+
+/// A Warning event of the probe on `host`, with the reason its condition gives.
+async fn probe_warning(ctx: &Context, host: &SandboxHost, reason: HostReason, note: String) {
+    ctx.event(host, EventType::Warning, reason.as_str(), "Probe", note)
+        .await;
 }
 
 /// Reads capacity, load and ready runtimes.
