@@ -130,16 +130,16 @@ async fn no_client(
     e: &Error,
 ) {
     let generation = host.metadata.generation;
-    let refused = matches!(
-        e,
-        Error::TokenSecretRefused { .. } | Error::NodeUnset { .. }
-    );
     let reason = match e {
         Error::TokenSecretRefused { .. } => HostReason::TokenSecretRefused,
         Error::NodeUnset { .. } => HostReason::NodeUnset,
         Error::Ca { .. } => HostReason::CaUnusable,
         _ => HostReason::TokenUnreadable,
     };
+    let refused = matches!(
+        reason,
+        HostReason::TokenSecretRefused | HostReason::NodeUnset
+    );
     if refused && !conditions::has_reason(&old.conditions, ConditionType::Ready, reason) {
         probe_warning(ctx, host, reason, e.to_string()).await;
     }

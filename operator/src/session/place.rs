@@ -53,9 +53,11 @@ pub(super) async fn place(
         set_phase(status, SessionPhase::Pending, m);
         return Ok(Flow::Done(Duration::from_secs(ctx.config.follow_seconds)));
     }
-    if conditions::get(&status.conditions, ConditionType::RuntimeReady)
-        .is_some_and(|c| c.reason == SessionReason::RuntimeNotFound.as_str())
-    {
+    if conditions::has_reason(
+        &status.conditions,
+        ConditionType::RuntimeReady,
+        SessionReason::RuntimeNotFound,
+    ) {
         conditions::clear(&mut status.conditions, ConditionType::RuntimeReady);
     }
     let alias = runtime
