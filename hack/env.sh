@@ -5,6 +5,7 @@ cat <<ENV
 export KUBECONFIG=$DEV_DIR/kubeconfig
 export DOCKER_HOST=unix://$DEV_DIR/docker.sock
 export SANDBOXD_BASE_IMAGE=$BASE_IMAGE_TAG
+export SANDBOXD_TOOLS_IMAGE=$TOOLS_IMAGE_TAG
 export SANDBOXD_KUBECTL=$KUBE_BIN/kubectl
 export SANDBOXD_HELM=$HELM_BIN/helm
 export SANDBOXD_TEST_POSTGRES_URL=$("$HACK_DIR/postgres.sh" url)

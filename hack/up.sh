@@ -3,7 +3,8 @@
 #   1. kube-apiserver, kube-controller-manager, kubectl, etcd, helm and promtool built at the pins (cached)
 #   2. dockerd of the project's own (.dev/docker.sock), installing docker.io if missing
 #   3. the local base image ($BASE_IMAGE_TAG), built with debootstrap (cached in dockerd's data root),
-#      and the busybox-only test image (hack/busybox-image.sh)
+#      the busybox-only test image (hack/busybox-image.sh) and the tests' tools image
+#      ($TOOLS_IMAGE_TAG: curl, dig, python3; hack/tools-image.sh)
 #   4. etcd, kube-apiserver, kube-controller-manager on loopback (.dev/kubeconfig)
 #   5. PostgreSQL for the audit-store tests (Debian's postgresql, a cluster in .dev/postgres)
 #   6. the local node: kube-scheduler, containerd and a kubelet (hack/node.sh), built once
@@ -15,8 +16,9 @@ mkdir -p "$DEV_DIR"
 "$HACK_DIR/dockerd.sh" start
 "$HACK_DIR/base-image.sh"
 "$HACK_DIR/busybox-image.sh" >/dev/null
+"$HACK_DIR/tools-image.sh" >/dev/null
 "$HACK_DIR/control-plane.sh" start
 "$HACK_DIR/postgres.sh" start
 "$HACK_DIR/node.sh" start
-log "up: kube-apiserver v$KUBERNETES_VERSION, etcd v$ETCD_VERSION, the node 127.0.0.1 (kubelet, containerd v$CONTAINERD_VERSION), dockerd, base image $BASE_IMAGE_TAG, PostgreSQL $("$HACK_DIR/postgres.sh" url)"
+log "up: kube-apiserver v$KUBERNETES_VERSION, etcd v$ETCD_VERSION, the node 127.0.0.1 (kubelet, containerd v$CONTAINERD_VERSION), dockerd, base image $BASE_IMAGE_TAG, tools image $TOOLS_IMAGE_TAG, PostgreSQL $("$HACK_DIR/postgres.sh" url)"
 log "use them with: eval \"\$(make -s env)\""
