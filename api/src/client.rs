@@ -442,13 +442,19 @@ impl Client {
         runtime: Option<&str>,
         limits: Option<&Limits>,
     ) -> Result<OpenResponse, ClientError> {
-        let body = OpenRequest {
+        self.open_request(&OpenRequest {
             name: name.to_owned(),
             tenant: tenant.to_owned(),
             runtime: runtime.map(str::to_owned),
             limits: limits.cloned(),
             owner: owner.map(str::to_owned),
-        };
+            egress: Vec::new(),
+        })
+        .await
+    }
+
+    /// Opens a session as `body` asks in full (its owner, limits and egress policies).
+    pub async fn open_request(&self, body: &OpenRequest) -> Result<OpenResponse, ClientError> {
         let body = serde_json::to_value(body).map_err(|e| self.transport(e))?;
         let resp = self
             .send(
@@ -890,6 +896,22 @@ impl Client {
             Method::GET,
             "GET /v1/sessions/{id}/events",
             &format!("/v1/sessions/{}/events?after={after}", enc(id)),
+            None,
+        )
+        .await
+    }
+
+    /// What the session's sandbox reached and was refused through the egress network in the
+    /// last `minutes` minutes (`GET /v1/sessions/{id}/egress`).
+    pub async fn egress(
+        &self,
+        id: &str,
+        minutes: u32,
+    ) -> Result<crate::egress::EgressLog, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/sessions/{id}/egress",
+            &format!("/v1/sessions/{}/egress?minutes={minutes}", enc(id)),
             None,
         )
         .await

@@ -15,6 +15,7 @@
 pub mod audit;
 pub mod auth;
 pub mod client;
+pub mod egress;
 pub mod enrol;
 pub mod error;
 pub mod files;

@@ -72,6 +72,11 @@ pub struct OpenRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[!-~]{1,128}$")]
     pub owner: Option<String>,
+    /// Further policies the session's connections must also satisfy (the session's own
+    /// narrowing and its namespace's ceiling); sandboxd allows a connection only when its
+    /// runtime's policy and every one of these allow it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<sandboxd_catalog::egress::Egress>,
 }
 
 /// What an open did.

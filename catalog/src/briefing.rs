@@ -5,6 +5,7 @@
 //! `briefing` sentences.
 
 use crate::CatalogEntry;
+use crate::egress::EgressMode;
 
 /// What every run is told about how to work in a sandbox, whatever the runtime.
 pub const HOW_TO_WORK: [&str; 4] = [
@@ -33,11 +34,19 @@ pub fn briefing(entry: &CatalogEntry) -> String {
         ));
     }
     sentences.extend(entry.briefing.iter().map(|s| s.trim().to_owned()));
-    sentences.push(if entry.needs_network {
-        "It has a network: you can fetch pages and install packages.".to_owned()
-    } else {
-        "It has no network: nothing can be downloaded or installed, so work with what is there."
-            .to_owned()
+    let egress = entry.effective_egress();
+    sentences.push(match egress.mode {
+        EgressMode::Open => {
+            "It has a network: you can fetch pages and install packages.".to_owned()
+        }
+        EgressMode::Allowlist if !egress.allow.is_empty() => format!(
+            "Its network reaches only {}; every other destination is refused.",
+            egress.summary().trim_start_matches("allowlist: ")
+        ),
+        _ => {
+            "It has no network: nothing can be downloaded or installed, so work with what is there."
+                .to_owned()
+        }
     });
     sentences.extend(HOW_TO_WORK.iter().map(|s| (*s).to_owned()));
     sentences.join(" ")
@@ -61,6 +70,20 @@ mod tests {
             .into_iter()
             .find(|e| e.alias == "workbench")
             .expect("workbench is shipped")
+    }
+
+    #[test]
+    fn an_allowlist_is_told_destination_by_destination() {
+        let mut entry = workbench();
+        entry.egress = serde_json::from_str(
+            r#"{"mode": "allowlist", "allow": [{"domain": "pypi.org"}, {"domain": "*.pythonhosted.org", "ports": [443]}]}"#,
+        )
+        .expect("valid");
+        assert!(briefing(&entry).contains(
+            "Its network reaches only pypi.org, *.pythonhosted.org (ports 443); every other destination is refused."
+        ));
+        entry.egress = serde_json::from_str(r#"{"mode": "allowlist"}"#).expect("valid");
+        assert!(briefing(&entry).contains("It has no network"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod briefing;
+pub mod egress;
 pub mod memory;
 
 pub use briefing::{briefing, briefing_for};
@@ -56,6 +57,17 @@ pub struct CatalogEntry {
     /// of starting a container (0: no warm pool).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warm_pool: u32,
+    /// Where its sessions may connect: an egress policy that, when given, wins over
+    /// `needs_network` (true: mode open, false: mode none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<egress::Egress>,
+}
+
+impl CatalogEntry {
+    /// The egress policy its sessions get: `egress` when given, else `needs_network`'s.
+    pub fn effective_egress(&self) -> egress::Egress {
+        egress::Egress::effective(self.needs_network, self.egress.as_ref())
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -66,7 +78,7 @@ fn is_zero(n: &u32) -> bool {
 pub const MAX_WARM_POOL: u32 = 1000;
 
 /// The fields an entry may have.
-pub const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; 13] = [
     "alias",
     "description",
     "image",
@@ -79,6 +91,7 @@ pub const FIELDS: [&str; 12] = [
     "workspace_size",
     "needs_network",
     "warm_pool",
+    "egress",
 ];
 
 /// One thing wrong with a catalog.
@@ -171,7 +184,14 @@ pub fn parse(text: &str) -> Result<Vec<CatalogEntry>, CatalogErrors> {
         }
         if errors.len() == before {
             match serde_json::from_value::<CatalogEntry>(item.clone()) {
-                Ok(entry) => entries.push(entry),
+                Ok(mut entry) => {
+                    // An egress policy wins; needs_network is made to agree with it, for
+                    // whoever reads only that.
+                    if let Some(policy) = &entry.egress {
+                        entry.needs_network = policy.mode != egress::EgressMode::None;
+                    }
+                    entries.push(entry)
+                }
                 Err(e) => errors.push(CatalogError {
                     entry: label,
                     field: None,
@@ -311,6 +331,9 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
     {
         err("needs_network", "must be true or false".into());
     }
+    if let Some(v) = map.get("egress") {
+        check_egress(v, map.get("needs_network"), &mut err);
+    }
     if let Some(v) = map.get("warm_pool")
         && v.as_u64().is_none_or(|n| n > u64::from(MAX_WARM_POOL))
     {
@@ -320,6 +343,38 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
                 "must be a whole number of containers from 0 to {MAX_WARM_POOL} (0: no warm pool), not {v}"
             ),
         );
+    }
+}
+
+/// The problems of an entry's `egress` (and its disagreement with an explicit `needs_network`),
+/// each reported at `egress.<path>`.
+fn check_egress(v: &Value, needs_network: Option<&Value>, err: &mut impl FnMut(&str, String)) {
+    let policy = match serde_json::from_value::<egress::Egress>(v.clone()) {
+        Ok(policy) => policy,
+        Err(e) => {
+            err(
+                "egress",
+                format!(
+                    "{e}; an egress policy is {{\"mode\": \"none\" | \"allowlist\" | \"open\", \"allow\": [{{\"domain\": …}} or {{\"cidr\": …}}, optional \"ports\": […]]}}"
+                ),
+            );
+            return;
+        }
+    };
+    for (field, message) in policy.validate() {
+        err(&format!("egress.{field}"), message);
+    }
+    if let Some(needs) = needs_network.and_then(Value::as_bool) {
+        let networked = policy.mode != egress::EgressMode::None;
+        if needs != networked {
+            err(
+                "egress.mode",
+                format!(
+                    "is {} but needs_network is {needs}: they disagree; drop needs_network (egress wins) or make them agree",
+                    policy.mode
+                ),
+            );
+        }
     }
 }
 
@@ -363,7 +418,7 @@ mod tests {
                 "entry 1 (Bad_Alias): packages: is allowed only with base_image: an image entry installs nothing",
                 "entry 2 (both): image: image and base_image exclude each other: image is used as is, base_image is built",
                 "entry 2 (both): mem_limit: '2 gigs' is not a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
-                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool",
+                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress",
                 "entry 3 (none): image: one of image (a ready image) and base_image (built on the host) is required",
                 "entry 3 (none): needs_network: must be true or false",
                 "entry 4 (both): env_vars: '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",
@@ -391,6 +446,58 @@ mod tests {
                 "entry 1 (a): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not -1",
                 "entry 2 (b): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not \"2\"",
                 "entry 3 (c): warm_pool: must be a whole number of containers from 0 to 1000 (0: no warm pool), not 1001",
+            ]
+        );
+    }
+
+    #[test]
+    fn egress_is_read_and_wins_over_needs_network() {
+        let entries = parse(
+            r#"[
+                {"alias": "a", "image": "i", "egress": {"mode": "allowlist", "allow": [{"domain": "pypi.org"}, {"domain": "*.pythonhosted.org", "ports": [443]}]}},
+                {"alias": "b", "image": "i", "needs_network": true},
+                {"alias": "c", "image": "i", "needs_network": false, "egress": {"mode": "none"}},
+                {"alias": "d", "image": "i"}
+            ]"#,
+        )
+        .expect("valid");
+        let a = &entries[0];
+        assert!(a.needs_network, "an allowlist is a network");
+        assert!(a.effective_egress().allows("files.pythonhosted.org", 443));
+        assert!(!a.effective_egress().allows("files.pythonhosted.org", 80));
+        assert_eq!(entries[1].effective_egress(), egress::Egress::open());
+        assert_eq!(entries[2].effective_egress(), egress::Egress::none());
+        assert_eq!(entries[3].effective_egress(), egress::Egress::none());
+        // Written back as read, and read again the same.
+        let again = parse(&to_json(&entries)).expect("round trip");
+        assert_eq!(again, entries);
+        assert_eq!(to_json(&entries).matches("\"egress\"").count(), 2);
+    }
+
+    #[test]
+    fn egress_errors_name_the_entry_and_the_policy_field() {
+        let text = r#"[
+            {"alias": "a", "image": "i", "egress": {"mode": "allowlist", "allow": [{"domain": "pypi.org"}, {"domain": "a*.b.org"}, {"cidr": "10.0.0.1/8", "ports": [0]}]}},
+            {"alias": "b", "image": "i", "needs_network": true, "egress": {"mode": "none"}},
+            {"alias": "c", "image": "i", "needs_network": false, "egress": {"mode": "open"}},
+            {"alias": "d", "image": "i", "egress": {"mode": "open", "allow": [{"domain": "pypi.org"}]}},
+            {"alias": "e", "image": "i", "egress": {"mode": "closed"}},
+            {"alias": "f", "image": "i", "egress": {"mode": "allowlist", "allow": [{"domain": "a.org", "port": 443}]}},
+            {"alias": "g", "image": "i", "egress": true}
+        ]"#;
+        let shape = "; an egress policy is {\"mode\": \"none\" | \"allowlist\" | \"open\", \"allow\": [{\"domain\": …} or {\"cidr\": …}, optional \"ports\": […]]}";
+        assert_eq!(
+            messages(text),
+            vec![
+                "entry 1 (a): egress.allow[1].domain: 'a*.b.org': '*' is allowed only as the whole first label (*.example.com)".to_owned(),
+                "entry 1 (a): egress.allow[2].cidr: '10.0.0.1/8' has host bits set: the network is 10.0.0.0/8".to_owned(),
+                "entry 1 (a): egress.allow[2].ports: 0 is not a port: ports are 1 to 65535".to_owned(),
+                "entry 2 (b): egress.mode: is none but needs_network is true: they disagree; drop needs_network (egress wins) or make them agree".to_owned(),
+                "entry 3 (c): egress.mode: is open but needs_network is false: they disagree; drop needs_network (egress wins) or make them agree".to_owned(),
+                "entry 4 (d): egress.allow: is allowed only with mode allowlist: mode open allows everything".to_owned(),
+                format!("entry 5 (e): egress: unknown variant `closed`, expected one of `none`, `allowlist`, `open`{shape}"),
+                format!("entry 6 (f): egress: unknown field `port`, expected one of `domain`, `cidr`, `ports`{shape}"),
+                format!("entry 7 (g): egress: invalid type: boolean `true`, expected struct Egress{shape}"),
             ]
         );
     }

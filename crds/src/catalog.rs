@@ -22,6 +22,7 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             mem_limit: entry.mem_limit.clone(),
             workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
+            egress: entry.egress.as_ref().map(Into::into),
             default,
             rebuild_policy: None,
             max_unavailable: None,
@@ -52,5 +53,21 @@ mod tests {
         assert_eq!(rts[0].spec.description, entries[0].description);
         assert!(rts[0].spec.default);
         assert!(rts.iter().skip(1).all(|r| !r.spec.default));
+    }
+
+    #[test]
+    fn egress_is_carried_to_the_runtime() {
+        let entries = parse(
+            r#"[{"alias": "a", "image": "i", "egress": {"mode": "allowlist", "allow": [{"domain": "pypi.org", "ports": [443]}]}}, {"alias": "b", "image": "i"}]"#,
+        )
+        .expect("valid");
+        let rts = runtimes(&entries);
+        let carried = rts[0].spec.egress.as_ref().expect("carried");
+        assert_eq!(
+            sandboxd_catalog::egress::Egress::from(carried),
+            entries[0].egress.clone().expect("given")
+        );
+        assert!(rts[0].spec.needs_network, "an allowlist is a network");
+        assert_eq!(rts[1].spec.egress, None);
     }
 }

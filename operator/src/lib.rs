@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod config;
 pub mod context;
 pub mod discovery;
+pub mod egress;
 pub mod error;
 pub mod host;
 pub mod http;

@@ -17,6 +17,7 @@ use sandboxd_api::BuildState as HostBuildState;
 use sandboxd_api::client::ClientError;
 use sandboxd_api::runtimes::RuntimeList;
 use sandboxd_catalog::CatalogEntry;
+use sandboxd_catalog::egress::{Egress, EgressMode};
 use sandboxd_crds::v1alpha1::condition::{ConditionType, RuntimeReason};
 use sandboxd_crds::v1alpha1::runtime::{BuildState, RuntimeHostStatus, WarmPoolStatus};
 use sandboxd_crds::v1alpha1::{Runtime, RuntimeStatus, SandboxHost};
@@ -31,7 +32,21 @@ use crate::error::Error;
 pub const MANAGER: &str = "sandbox-operator/runtime";
 
 /// The catalog entry of a Runtime object.
+///
+/// An egress policy the API server let through that still does not validate (its CEL rules
+/// check the shape, not every name) is handed out as mode none: the host refuses a catalog with
+/// an invalid entry whole, and a bad policy of one Runtime must neither stop the others nor
+/// open a network; its sessions are refused at open, saying what is wrong. `needs_network`
+/// follows the policy, as the catalog requires.
 pub fn entry(rt: &Runtime) -> CatalogEntry {
+    let egress = rt.spec.egress.as_ref().map(|e| {
+        let policy = Egress::from(e);
+        if policy.validate().is_empty() {
+            policy
+        } else {
+            Egress::none()
+        }
+    });
     CatalogEntry {
         alias: rt.name_any(),
         description: rt.spec.description.clone(),
@@ -43,7 +58,10 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
         briefing: rt.spec.briefing.clone(),
         mem_limit: rt.spec.mem_limit.clone(),
         workspace_size: rt.spec.workspace_size.clone(),
-        needs_network: rt.spec.needs_network,
+        needs_network: egress
+            .as_ref()
+            .map_or(rt.spec.needs_network, |e| e.mode != EgressMode::None),
+        egress,
         // The API server keeps it within 0..=1000.
         warm_pool: rt
             .spec
@@ -258,4 +276,67 @@ fn host_entry(
         },
     };
     (entry, ready)
+}
+
+#[cfg(test)]
+mod tests {
+    use sandboxd_crds::v1alpha1::RuntimeSpec;
+
+    use super::*;
+
+    fn runtime(needs_network: bool, egress: Option<&str>) -> Runtime {
+        Runtime::new(
+            "python",
+            RuntimeSpec {
+                description: String::new(),
+                image: Some("python:3.12".into()),
+                base_image: None,
+                setup_commands: vec![],
+                packages: vec![],
+                env_vars: BTreeMap::new(),
+                briefing: vec![],
+                mem_limit: None,
+                workspace_size: None,
+                needs_network,
+                egress: egress.map(|e| serde_json::from_str(e).expect("CRD shape")),
+                default: false,
+                rebuild_policy: None,
+                max_unavailable: None,
+                warm_pool: None,
+            },
+        )
+    }
+
+    #[test]
+    fn the_entry_carries_egress_and_a_needs_network_that_agrees() {
+        let allow = r#"{"mode": "allowlist", "allow": [{"domain": "pypi.org"}]}"#;
+        let e = entry(&runtime(false, Some(allow)));
+        assert_eq!(
+            e.egress,
+            Some(serde_json::from_str(allow).expect("catalog shape"))
+        );
+        assert!(e.needs_network);
+        let e = entry(&runtime(true, Some(r#"{"mode": "none"}"#)));
+        assert_eq!(e.egress, Some(Egress::none()));
+        assert!(!e.needs_network);
+        let e = entry(&runtime(true, None));
+        assert_eq!((e.egress, e.needs_network), (None, true));
+        // What the hosts are handed parses as a catalog.
+        let catalog = sandboxd_catalog::to_json(&[
+            entry(&runtime(false, Some(allow))),
+            entry(&runtime(true, Some(r#"{"mode": "none"}"#))),
+        ]);
+        let catalog = catalog.replacen("\"python\"", "\"other\"", 1);
+        assert!(sandboxd_catalog::parse(&catalog).is_ok(), "{catalog}");
+    }
+
+    #[test]
+    fn a_policy_that_does_not_validate_is_handed_out_as_none() {
+        let e = entry(&runtime(
+            true,
+            Some(r#"{"mode": "allowlist", "allow": [{"domain": "a..b"}]}"#),
+        ));
+        assert_eq!(e.egress, Some(Egress::none()));
+        assert!(!e.needs_network);
+    }
 }

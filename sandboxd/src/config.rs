@@ -312,6 +312,22 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_NETWORK_DENY", default_value = crate::container::network::DEFAULT_DENY)]
     pub network_deny: String,
 
+    /// The resolver the egress resolver and proxy ask for the names a sandbox of an
+    /// `allowlist` runtime may reach (`address` or `address:port`). Empty: the first
+    /// nameserver of /etc/resolv.conf.
+    #[arg(long, env = "SANDBOXD_EGRESS_RESOLVER", default_value = "")]
+    pub egress_resolver: String,
+
+    /// The port of the egress proxy on the egress network's bridge address (0: any free one);
+    /// the firewall redirects every TCP connection of those sandboxes to it.
+    #[arg(long, env = "SANDBOXD_EGRESS_PROXY_PORT", default_value_t = 0)]
+    pub egress_proxy_port: u16,
+
+    /// The port of the egress resolver on the egress network's bridge address (0: any free
+    /// one); the firewall redirects UDP and TCP port 53 of those sandboxes to it.
+    #[arg(long, env = "SANDBOXD_EGRESS_DNS_PORT", default_value_t = 0)]
+    pub egress_dns_port: u16,
+
     /// Seconds between two checks of the sandbox network's firewall (its chains as installed,
     /// each jump first in its chain, the node's addresses denied); it is also checked after
     /// each Docker network event. Whatever is missing is installed again and counted in
@@ -487,6 +503,36 @@ impl Config {
             &self.network_deny,
         )
         .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The egress network's plan (`sandboxd-<instance>-egress`).
+    pub fn egress_plan(&self) -> Result<crate::container::network::Plan, ConfigError> {
+        crate::container::network::Plan::egress(&self.instance, &self.iptables, &self.network_deny)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The upstream resolver of the egress network: SANDBOXD_EGRESS_RESOLVER, or the first
+    /// nameserver of /etc/resolv.conf.
+    pub fn egress_upstream(&self) -> Result<std::net::SocketAddr, ConfigError> {
+        let text = self.egress_resolver.trim();
+        if text.is_empty() {
+            let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+            return crate::egress::resolve::from_resolv_conf(&conf).ok_or_else(|| {
+                ConfigError::Invalid(
+                    "SANDBOXD_EGRESS_RESOLVER is empty and /etc/resolv.conf names no nameserver: name the resolver sandboxes of allowlist runtimes resolve through (address or address:port)".into(),
+                )
+            });
+        }
+        text.parse::<std::net::SocketAddr>()
+            .or_else(|_| {
+                text.parse::<std::net::IpAddr>()
+                    .map(|ip| std::net::SocketAddr::new(ip, 53))
+            })
+            .map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "SANDBOXD_EGRESS_RESOLVER: '{text}' is not an address or address:port"
+                ))
+            })
     }
 
     /// The timeouts of every HTTP connection.
@@ -690,6 +736,9 @@ impl Config {
             ));
         }
         self.network_plan()?;
+        if !self.egress_resolver.trim().is_empty() {
+            self.egress_upstream()?;
+        }
         if self.max_connections == 0 || self.max_connections_per_source == 0 {
             return Err(ConfigError::Invalid(
                 "SANDBOXD_MAX_CONNECTIONS and SANDBOXD_MAX_CONNECTIONS_PER_SOURCE must be at least 1".into(),
@@ -908,7 +957,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
+                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
                 path.display()
             )
         );

@@ -25,6 +25,7 @@
 mod client;
 pub mod config;
 pub mod container;
+pub mod egress;
 pub mod enrol;
 pub mod http;
 pub mod metrics;

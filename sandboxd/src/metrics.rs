@@ -75,6 +75,24 @@ pub struct OpLabel {
     pub op: String,
 }
 
+/// The labels of an egress verdict: the runtime and what was decided.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabels {
+    /// The runtime alias.
+    pub runtime: String,
+    /// allowed or denied.
+    pub verdict: String,
+}
+
+/// The labels of bytes carried by the egress proxy.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressBytesLabels {
+    /// The runtime alias.
+    pub runtime: String,
+    /// out (sent by the sandbox) or in (received by it).
+    pub direction: String,
+}
+
 /// The labels of an HTTP request: method, route and status.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -158,6 +176,12 @@ pub struct Metrics {
     pub audit_queue: Gauge,
     /// The audit queue's size (SANDBOXD_AUDIT_QUEUE).
     pub audit_queue_capacity: Gauge,
+    /// Connections through the egress proxy, by runtime and verdict.
+    pub egress_connections: Family<EgressLabels, Counter>,
+    /// DNS queries to the egress resolver, by runtime and verdict.
+    pub egress_queries: Family<EgressLabels, Counter>,
+    /// Bytes the egress proxy carried, by runtime and direction.
+    pub egress_bytes: Family<EgressBytesLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -320,6 +344,25 @@ impl Default for Metrics {
             prometheus_client::registry::Unit::Other("rows".to_owned()),
             audit_queue_capacity.clone(),
         );
+        let egress_connections = Family::<EgressLabels, Counter>::default();
+        registry.register(
+            "egress_connections",
+            "Connections of sandboxes of allowlist runtimes through the egress proxy, by runtime and verdict (allowed, denied)",
+            egress_connections.clone(),
+        );
+        let egress_queries = Family::<EgressLabels, Counter>::default();
+        registry.register(
+            "egress_dns_queries",
+            "DNS queries of sandboxes of allowlist runtimes to the egress resolver, by runtime and verdict (allowed, denied)",
+            egress_queries.clone(),
+        );
+        let egress_bytes = Family::<EgressBytesLabels, Counter>::default();
+        registry.register_with_unit(
+            "egress",
+            "Bytes the egress proxy carried for sandboxes of allowlist runtimes, by runtime and direction (out: sent by the sandbox)",
+            prometheus_client::registry::Unit::Bytes,
+            egress_bytes.clone(),
+        );
         // Every label value known beforehand has its series from the start, at 0: a rate is
         // right from the first event on, and a dashboard or alert finds what it queries.
         for outcome in ["created", "found", "refused", "failed"] {
@@ -361,6 +404,9 @@ impl Default for Metrics {
             request_seconds,
             audit_queue,
             audit_queue_capacity,
+            egress_connections,
+            egress_queries,
+            egress_bytes,
             open_seconds,
             wake_seconds,
             run_start_seconds,

@@ -129,6 +129,8 @@ async fn start_with(
     let runner = runner(&config, &engine, &metrics)?;
     let needs_network = runtimes.list().runtimes.iter().any(|r| r.needs_network);
     let network = Arc::new(SandboxNetwork::new(engine.clone(), config.network_plan()?));
+    let egress = egress(&config, &engine, &runtimes, &metrics, &audit)?;
+    let allowlist_runtime = runtimes.any_allowlist();
     let core = Arc::new(
         Core::new(
             Settings::from_config(&config),
@@ -139,7 +141,8 @@ async fn start_with(
             audit.clone(),
             metrics.clone(),
         )
-        .with_network(network.clone()),
+        .with_network(network.clone())
+        .with_egress(egress.clone()),
     );
     // What an earlier run left in the trash is deleted in the background from now on; nothing
     // here waits for it.
@@ -165,6 +168,19 @@ async fn start_with(
     // before the first request, or sandboxd does not start.
     network.set_ports(vec![addr.port()]);
     bring_up(&network, needs_network).await?;
+    if allowlist_runtime || egress.network.exists().await? {
+        egress
+            .ensure()
+            .await
+            .context("a runtime of the allowlist has the egress mode allowlist")?;
+    }
+    let egress_flusher = egress.gate.log.spawn_flusher();
+    let egress_guard = crate::container::network::spawn_guard(
+        egress.network.clone(),
+        std::time::Duration::from_secs(config.firewall_check),
+        served_metrics.firewall_repairs.clone(),
+        served_metrics.firewall_intact.clone(),
+    );
     // From now on the firewall is checked on its timer and after Docker's network events.
     let guard = crate::container::network::spawn_guard(
         network.clone(),
@@ -189,6 +205,9 @@ async fn start_with(
             w.abort();
         }
         guard.abort();
+        egress_guard.abort();
+        egress_flusher.abort();
+        egress.gate.log.flush().await;
         // A deletion under way stops within one entry and goes on at the next start, so that
         // stopping never waits for a deep tree to go.
         trash.stop();
@@ -311,6 +330,43 @@ fn runner(
     })
 }
 
+/// The egress network of `allowlist` runtimes: its gate, its upstream resolver, its log in
+/// the audit store. Nothing is made until a runtime needs it.
+fn egress(
+    config: &Config,
+    engine: &Engine,
+    runtimes: &Arc<Runtimes>,
+    metrics: &Arc<Metrics>,
+    audit: &crate::storage::audit::Audit,
+) -> anyhow::Result<Arc<crate::egress::EgressNetwork>> {
+    use crate::container::network::Redirect;
+    use crate::egress::{EgressNetwork, Gate, log::EgressLog, resolve::Upstream};
+    let network = Arc::new(SandboxNetwork::new(engine.clone(), config.egress_plan()?));
+    let upstream = match config.egress_upstream() {
+        Ok(addr) => addr,
+        Err(e) if runtimes.any_allowlist() => return Err(e.into()),
+        // Asked again of a runtime handed over later: its opens fail with the reason.
+        Err(_) => std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 53)),
+    };
+    let gate = Arc::new(Gate::new(
+        engine.clone(),
+        runtimes.clone(),
+        metrics.clone(),
+        &network.plan().network,
+        &config.instance,
+        EgressLog::new(audit.store().cloned()),
+    ));
+    Ok(Arc::new(EgressNetwork::new(
+        network,
+        gate,
+        Arc::new(Upstream::new(upstream)),
+        Redirect {
+            proxy: config.egress_proxy_port,
+            dns: config.egress_dns_port,
+        },
+    )))
+}
+
 /// Makes the sandbox network and its firewall when a runtime needs it, or repairs one an
 /// earlier run left (a node's reboot took its rules): before the first request is served.
 async fn bring_up(network: &SandboxNetwork, needs_network: bool) -> anyhow::Result<()> {
@@ -393,7 +449,10 @@ pub async fn remove_network(config: &Config) -> anyhow::Result<()> {
     let engine = Engine::connect(&config.instance)
         .await
         .context("cannot reach Docker (DOCKER_HOST)")?;
-    SandboxNetwork::new(engine, plan).remove().await?;
+    SandboxNetwork::new(engine.clone(), plan).remove().await?;
+    SandboxNetwork::new(engine, config.egress_plan()?)
+        .remove()
+        .await?;
     Ok(())
 }
 

@@ -93,6 +93,16 @@ pub enum SessionReason {
     /// `Admitted=False`: the host refuses what the session asks (its `spec.resources` over the
     /// host's ceilings); the session is Failed until its spec changes.
     Refused,
+    /// `Admitted=False`: the session's or its Runtime's egress policy is not valid; the
+    /// session is Failed until it is fixed.
+    EgressInvalid,
+    /// `Admitted=False`: the session's `spec.egress` is wider than its Runtime's policy; the
+    /// session is Failed (a session may only narrow it).
+    EgressWidened,
+    /// `Admitted=False`: the session's egress policy is wider than its namespace's ceiling
+    /// (annotation `sandboxd.dev/egress-ceiling`), or that annotation is not a valid policy;
+    /// the session is Failed until one of them changes.
+    EgressCeiling,
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
     OpenFailed,
@@ -154,6 +164,9 @@ impl SessionReason {
             Self::OwnerConflict => "OwnerConflict",
             Self::NameTaken => "NameTaken",
             Self::Refused => "Refused",
+            Self::EgressInvalid => "EgressInvalid",
+            Self::EgressWidened => "EgressWidened",
+            Self::EgressCeiling => "EgressCeiling",
             Self::OpenFailed => "OpenFailed",
             Self::TokenSecretNotWritten => "TokenSecretNotWritten",
             Self::NotOnHost => "NotOnHost",

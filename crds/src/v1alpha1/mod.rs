@@ -1,6 +1,7 @@
 //! `sandboxd.dev/v1alpha1`: one module per kind.
 
 pub mod condition;
+pub mod egress;
 pub mod host;
 pub mod runtime;
 pub mod session;

@@ -7,6 +7,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::egress::Egress;
+
 /// A runtime a session may run: either a ready image used as is, or a base image the hosts
 /// build once (setup commands, then pip packages) and cache under a tag derived from the
 /// definition. The object's name is the alias a SandboxSession names.
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"),
     printcolumn(name = "Base Image", type_ = "string", json_path = ".spec.baseImage"),
     printcolumn(name = "Network", type_ = "boolean", json_path = ".spec.needsNetwork"),
+    printcolumn(name = "Egress", type_ = "string", json_path = ".spec.egress.mode", priority = "1"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
@@ -79,9 +82,18 @@ pub struct RuntimeSpec {
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?[bkmgtpBKMGTP]?$')").message("spec.workspaceSize must be a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)"))]
     pub workspace_size: Option<String>,
 
-    /// Whether a session on this runtime gets a network. A build always has one.
+    /// Whether a session on this runtime gets a network (an open one). A build always has one.
+    /// spec.egress, when set, wins over it.
     #[serde(default)]
     pub needs_network: bool,
+
+    /// Where the sessions of this runtime may connect: mode none (no network), allowlist (only
+    /// the names and IPv4 networks allow lists, each on its ports, 443 and 80 unless it lists
+    /// others) or open. Unset: needsNetwork says open (true) or none (false). A session may
+    /// narrow it (its spec.egress), never widen it, and a namespace may cap it (annotation
+    /// sandboxd.dev/egress-ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
 
     /// Whether this is the runtime of a session that names none. Exactly one Runtime should be.
     #[serde(default)]

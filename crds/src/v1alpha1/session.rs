@@ -6,6 +6,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::egress::Egress;
+
 /// What a session is shared by: the runs that get the same container and workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -153,6 +155,14 @@ pub struct SandboxSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 60))]
     pub idle_timeout_seconds: Option<i64>,
+
+    /// Narrows where the sandbox may connect: within its Runtime's egress policy (and its
+    /// namespace's ceiling, annotation sandboxd.dev/egress-ceiling), never wider; a wider one
+    /// is refused (the session is Failed, saying which entry widens it). Unset: the Runtime's.
+    /// Read when the session opens. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.egress is immutable: create a new SandboxSession for another egress policy"))]
+    pub egress: Option<Egress>,
 }
 
 /// Resource overrides for one session.

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, ResourceExt};
 use sandboxd_api::ErrorCode;
 use sandboxd_api::client::ClientError;
-use sandboxd_api::session::SessionView;
+use sandboxd_api::session::{OpenRequest, SessionView};
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
@@ -86,7 +86,14 @@ pub(super) async fn open(
             client
                 .with_deadline(Duration::from_secs(ctx.config.host_open_seconds.max(1)))
                 .with_traceparent(traceparent)
-                .open_as(id, &s.spec.tenant, uid, alias.as_deref(), limits.as_ref())
+                .open_request(&OpenRequest {
+                    name: id.to_owned(),
+                    tenant: s.spec.tenant.clone(),
+                    runtime: alias.clone(),
+                    limits: limits.clone(),
+                    owner: uid.map(str::to_owned),
+                    egress: placed.egress.clone(),
+                })
                 .await
         };
         match opening.instrument(call).await {

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
+use futures::FutureExt as _;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use sandboxd_api::client::Client as HostClient;
+use sandboxd_catalog::egress::Egress;
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, SandboxSessionStatus};
@@ -13,6 +17,7 @@ use super::step::{Flow, set_phase, wait_again};
 use super::{claim, has_finalizer, missing_runtime_message, placed_host};
 use crate::conditions;
 use crate::context::Context;
+use crate::egress::{CEILING_ANNOTATION, EgressFacts, EgressRefusal, decide};
 use crate::error::Error;
 use crate::placement::{Candidate, place as choose};
 
@@ -28,6 +33,9 @@ pub(super) struct Placed {
     pub alias: Option<String>,
     /// Its Runtime, when it exists.
     pub runtime: Option<Runtime>,
+    /// The further egress policies the open sends (its own narrowing, its namespace's
+    /// ceiling): [`crate::egress::decide`]'s. Empty once the session is open.
+    pub egress: Vec<Egress>,
 }
 
 /// Places the session (or finds where it is placed) and records the placement in `status`.
@@ -60,6 +68,27 @@ pub(super) async fn place(
     ) {
         conditions::clear(&mut status.conditions, ConditionType::RuntimeReady);
     }
+    // The egress policies, decided before a host is taken: a session refused over them holds
+    // none. Looked at again when the session, its Runtime or its namespace changes.
+    let egress = if status.session_id.is_none() {
+        match egress_policies(s, ctx, runtime.as_ref()).await? {
+            Ok(policies) => policies,
+            Err(refusal) => {
+                conditions::set(
+                    &mut status.conditions,
+                    ConditionType::Admitted,
+                    false,
+                    refusal.reason,
+                    &refusal.message,
+                    generation,
+                );
+                set_phase(status, SessionPhase::Failed, refusal.message);
+                return Ok(Flow::Done(Duration::from_secs(ctx.config.follow_seconds)));
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let alias = runtime
         .as_ref()
         .map(|r| r.name_any())
@@ -163,7 +192,51 @@ pub(super) async fn place(
         client,
         alias,
         runtime,
+        egress,
     }))
+}
+
+/// The egress policies a session's open sends, or why it is refused ([`crate::egress::decide`]
+/// on its Runtime, its spec and its namespace's ceiling).
+async fn egress_policies(
+    s: &SandboxSession,
+    ctx: &Context,
+    runtime: Option<&Runtime>,
+) -> Result<Result<Vec<Egress>, EgressRefusal>, Error> {
+    let namespace = s.namespace().unwrap_or_default();
+    let ceiling = ceiling(&namespace, ctx).await?;
+    let runtime_egress = runtime
+        .and_then(|r| r.spec.egress.as_ref())
+        .map(Egress::from);
+    let session_egress = s.spec.egress.as_ref().map(Egress::from);
+    let name = runtime.map(|r| r.name_any());
+    Ok(decide(&EgressFacts {
+        runtime: name.as_deref(),
+        needs_network: runtime.is_some_and(|r| r.spec.needs_network),
+        runtime_egress: runtime_egress.as_ref(),
+        session_egress: session_egress.as_ref(),
+        namespace: &namespace,
+        ceiling: ceiling.as_deref(),
+    }))
+}
+
+/// The namespace's egress ceiling annotation: from the namespace cache when it holds the
+/// namespace, else from the API server (a namespace made just now may not be cached yet, and
+/// its ceiling must not be missed).
+async fn ceiling(namespace: &str, ctx: &Context) -> Result<Option<String>, Error> {
+    if let Some(store) = ctx.namespaces.get()
+        && store
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
+        && let Some(ns) = store.get(&ObjectRef::new(namespace))
+    {
+        return Ok(ns.annotations().get(CEILING_ANNOTATION).cloned());
+    }
+    let read = Api::<Namespace>::all(ctx.client.clone())
+        .get_metadata_opt(namespace)
+        .await?;
+    Ok(read.and_then(|ns| ns.annotations().get(CEILING_ANNOTATION).cloned()))
 }
 
 /// The sessions placed on each host: kept from the session watch while the controller runs

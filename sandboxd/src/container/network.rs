@@ -116,6 +116,19 @@ pub struct Plan {
     pub ip6tables: String,
     /// IPv4 ranges a sandbox may not reach through the node.
     pub deny: Vec<String>,
+    /// The nat chain PREROUTING jumps to for traffic from the bridge: only the egress network
+    /// has one (it redirects every TCP connection and DNS query to sandboxd).
+    pub nat_chain: Option<String>,
+}
+
+/// Where the egress network's firewall sends what its sandboxes send: sandboxd's ports on the
+/// bridge's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redirect {
+    /// The egress proxy's port: every TCP connection but DNS.
+    pub proxy: u16,
+    /// The resolver's port: UDP and TCP port 53.
+    pub dns: u16,
 }
 
 /// The ip6tables command beside an iptables command: `iptables-legacy` → `ip6tables-legacy`.
@@ -146,7 +159,7 @@ fn parse_cidr(text: &str) -> Option<String> {
 }
 
 /// Whether the canonical range `cidr` (`a.b.c.d/n`) holds `addr`.
-fn range_holds(cidr: &str, addr: Ipv4Addr) -> bool {
+pub(crate) fn range_holds(cidr: &str, addr: Ipv4Addr) -> bool {
     let Some((net, prefix)) = cidr.split_once('/') else {
         return false;
     };
@@ -219,7 +232,52 @@ impl Plan {
             iptables: iptables.trim().to_owned(),
             ip6tables: ip6(iptables.trim()),
             deny: ranges,
+            nat_chain: None,
         })
+    }
+
+    /// The plan of `instance`'s egress network (`sandboxd-<instance>-egress`, bridge
+    /// `sbe-<hash>`), where sandboxes of `allowlist` runtimes reach only sandboxd's egress
+    /// proxy and resolver.
+    pub fn egress(instance: &str, iptables: &str, deny: &str) -> Result<Self, NetworkError> {
+        let open = Self::new(
+            instance,
+            &format!("sandboxd-{instance}-egress"),
+            iptables,
+            deny,
+        )?;
+        let short = open.bridge.trim_start_matches("sbx-").to_owned();
+        Ok(Self {
+            bridge: format!("sbe-{short}"),
+            input_chain: format!("SANDBOXD-EIN-{short}"),
+            forward_chain: format!("SANDBOXD-EFWD-{short}"),
+            nat_chain: Some(format!("SANDBOXD-ENAT-{short}")),
+            ..open
+        })
+    }
+
+    /// The egress network's IPv4 rules: from the bridge, INPUT takes only the proxy's and the
+    /// resolver's ports (and answers to the node's own connections); FORWARD drops everything
+    /// (no packet of a sandbox is routed anywhere); the nat chain redirects DNS to the
+    /// resolver and every other TCP connection to the proxy.
+    pub fn egress_rules(&self, nat: &str, to: Redirect) -> String {
+        let (input, forward) = (&self.input_chain, &self.forward_chain);
+        let Redirect { proxy, dns } = to;
+        format!(
+            "*filter\n:{input} - [0:0]\n:{forward} - [0:0]\n\
+             -A {input} -p tcp --dport {proxy} -j ACCEPT\n\
+             -A {input} -p udp --dport {dns} -j ACCEPT\n\
+             -A {input} -p tcp --dport {dns} -j ACCEPT\n\
+             -A {input} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n\
+             -A {input} -j DROP\n\
+             -A {forward} -j DROP\n\
+             COMMIT\n\
+             *nat\n:{nat} - [0:0]\n\
+             -A {nat} -p udp --dport 53 -j REDIRECT --to-ports {dns}\n\
+             -A {nat} -p tcp --dport 53 -j REDIRECT --to-ports {dns}\n\
+             -A {nat} -p tcp -j REDIRECT --to-ports {proxy}\n\
+             COMMIT\n"
+        )
     }
 
     /// The IPv4 chains whole, as `iptables-restore --noflush` reads them: declaring a chain
@@ -266,6 +324,8 @@ pub struct Ready {
     pub id: String,
     /// Its bridge interface.
     pub bridge: String,
+    /// The bridge's own address (the sandboxes' gateway), as Docker's IPAM gave it.
+    pub gateway: Option<Ipv4Addr>,
 }
 
 /// The rules of sandboxd's two chains as the table printed them right after they were
@@ -289,6 +349,8 @@ struct Installed {
     v4: Chains,
     /// None when the node has no IPv6.
     v6: Option<Chains>,
+    /// The egress network's nat chain as installed (empty for the open network).
+    nat: Vec<String>,
 }
 
 /// What a look at the firewall found and did ([`SandboxNetwork::heal`]).
@@ -314,6 +376,8 @@ pub struct SandboxNetwork {
     engine: Engine,
     plan: Plan,
     ports: std::sync::Mutex<Vec<u16>>,
+    /// The egress network's redirect ports, once its listeners are bound.
+    redirect: std::sync::Mutex<Option<Redirect>>,
     installed: tokio::sync::Mutex<Option<Installed>>,
     /// What is missing from the firewall while it is (see [`SandboxNetwork::problem`]).
     problem: std::sync::Mutex<Option<String>>,
@@ -326,6 +390,7 @@ impl SandboxNetwork {
             engine,
             plan,
             ports: std::sync::Mutex::default(),
+            redirect: std::sync::Mutex::default(),
             installed: tokio::sync::Mutex::default(),
             problem: std::sync::Mutex::default(),
         }
@@ -342,6 +407,32 @@ impl SandboxNetwork {
             .ports
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = ports;
+    }
+
+    /// The ports the egress network's firewall redirects to (sandboxd's proxy and resolver).
+    pub fn set_redirect(&self, to: Redirect) {
+        *self
+            .redirect
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(to);
+    }
+
+    fn redirect(&self) -> Option<Redirect> {
+        *self
+            .redirect
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the network and its firewall are set up (and not found gone since).
+    pub async fn is_installed(&self) -> bool {
+        self.installed.lock().await.is_some()
+    }
+
+    /// Makes the Docker network when it is missing (no firewall yet) and returns it: the
+    /// egress network's listeners bind its gateway address before its firewall points at them.
+    pub async fn prepare(&self) -> Result<Ready, NetworkError> {
+        self.network().await
     }
 
     fn ports(&self) -> Vec<u16> {
@@ -475,12 +566,18 @@ impl SandboxNetwork {
     async fn problems(&self, installed: &Installed) -> Vec<String> {
         let plan = &self.plan;
         let bridge = &installed.ready.bridge;
-        let mut problems = match Table::read(&plan.iptables).await {
+        let mut problems = match Table::read(&plan.iptables, "filter").await {
             Ok(t) => t.problems(plan, bridge, &installed.v4),
             Err(e) => vec![e],
         };
+        if let Some(chain) = &plan.nat_chain {
+            match Table::read(&plan.iptables, "nat").await {
+                Ok(t) => problems.extend(t.nat_problems(chain, bridge, &installed.nat)),
+                Err(e) => problems.push(e),
+            }
+        }
         if let Some(v6) = &installed.v6 {
-            match Table::read(&plan.ip6tables).await {
+            match Table::read(&plan.ip6tables, "filter").await {
                 Ok(t) => problems.extend(
                     t.problems(plan, bridge, v6)
                         .into_iter()
@@ -572,10 +669,19 @@ impl SandboxNetwork {
             .get(BRIDGE_NAME_OPTION)
             .cloned()
             .unwrap_or_else(|| format!("br-{}", id.get(..12).unwrap_or(&id)));
+        let gateway = network
+            .ipam
+            .as_ref()
+            .and_then(|i| i.config.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.gateway.as_deref())
+            .find_map(|g| g.parse::<Ipv4Addr>().ok());
         Ok(Ready {
             network: name.clone(),
             id,
             bridge,
+            gateway,
         })
     }
 
@@ -614,16 +720,32 @@ impl SandboxNetwork {
             }
         }
         let plan = &self.plan;
-        restore(&plan.iptables, &plan.ipv4_rules(ports, &node))
-            .await
-            .map_err(&fail)?;
+        let rules = match &plan.nat_chain {
+            None => plan.ipv4_rules(ports, &node),
+            Some(nat) => {
+                let to = self.redirect().ok_or_else(|| {
+                    fail("the egress proxy and resolver are not listening yet".to_owned())
+                })?;
+                plan.egress_rules(nat, to)
+            }
+        };
+        restore(&plan.iptables, &rules).await.map_err(&fail)?;
         install_jumps(&plan.iptables, plan, &made.bridge)
             .await
             .map_err(&fail)?;
-        let v4 = Table::read(&plan.iptables)
+        let v4 = Table::read(&plan.iptables, "filter")
             .await
             .map_err(&fail)?
             .chains(plan);
+        let nat = match &plan.nat_chain {
+            Some(chain) => Table::read(&plan.iptables, "nat")
+                .await
+                .map_err(&fail)?
+                .rules(chain)
+                .unwrap_or_default()
+                .to_vec(),
+            None => Vec::new(),
+        };
         let v6 = if Path::new("/proc/net/if_inet6").exists() {
             restore(&plan.ip6tables, &plan.ipv6_rules())
                 .await
@@ -632,7 +754,7 @@ impl SandboxNetwork {
                 .await
                 .map_err(&fail)?;
             Some(
-                Table::read(&plan.ip6tables)
+                Table::read(&plan.ip6tables, "filter")
                     .await
                     .map_err(&fail)?
                     .chains(plan),
@@ -645,6 +767,7 @@ impl SandboxNetwork {
             node,
             v4,
             v6,
+            nat,
         })
     }
 
@@ -700,15 +823,39 @@ impl SandboxNetwork {
             commands.push(plan.ip6tables.as_str());
         }
         for cmd in commands {
-            for chain in [&plan.input_chain, &plan.forward_chain] {
-                for from in ["INPUT", "FORWARD", "DOCKER-USER"] {
-                    for rule in jumps_to(cmd, from, chain).await {
-                        delete(cmd, &rule).await.map_err(&fail)?;
+            let mut chains = vec![
+                (
+                    "filter",
+                    &plan.input_chain,
+                    &["INPUT", "FORWARD", "DOCKER-USER"][..],
+                ),
+                (
+                    "filter",
+                    &plan.forward_chain,
+                    &["INPUT", "FORWARD", "DOCKER-USER"][..],
+                ),
+            ];
+            if let Some(nat) = &plan.nat_chain
+                && !cmd.contains("ip6tables")
+            {
+                chains.push(("nat", nat, &["PREROUTING"][..]));
+            }
+            for (table, chain, froms) in chains {
+                for from in froms {
+                    for rule in jumps_to(cmd, table, from, chain).await {
+                        delete(cmd, table, &rule).await.map_err(&fail)?;
                     }
                 }
-                if run(cmd, &["-w", "-n", "-L", chain]).await.is_ok() {
-                    run(cmd, &["-w", "-F", chain]).await.map_err(&fail)?;
-                    run(cmd, &["-w", "-X", chain]).await.map_err(&fail)?;
+                if run(cmd, &["-w", "-t", table, "-n", "-L", chain])
+                    .await
+                    .is_ok()
+                {
+                    run(cmd, &["-w", "-t", table, "-F", chain])
+                        .await
+                        .map_err(&fail)?;
+                    run(cmd, &["-w", "-t", table, "-X", chain])
+                        .await
+                        .map_err(&fail)?;
                 }
             }
         }
@@ -778,9 +925,9 @@ async fn restore(cmd: &str, rules: &str) -> Result<(), String> {
 }
 
 /// The rules of `from` that jump to `chain`, as `iptables -S` prints them.
-async fn jumps_to(cmd: &str, from: &str, chain: &str) -> Vec<String> {
+async fn jumps_to(cmd: &str, table: &str, from: &str, chain: &str) -> Vec<String> {
     let target = format!("-j {chain}");
-    run(cmd, &["-w", "-S", from])
+    run(cmd, &["-w", "-t", table, "-S", from])
         .await
         .map(|out| {
             out.lines()
@@ -792,16 +939,16 @@ async fn jumps_to(cmd: &str, from: &str, chain: &str) -> Vec<String> {
 }
 
 /// Deletes a rule as `iptables -S` printed it (`-A CHAIN …`).
-async fn delete(cmd: &str, rule: &str) -> Result<(), String> {
+async fn delete(cmd: &str, table: &str, rule: &str) -> Result<(), String> {
     let deleted = rule.replacen("-A ", "-D ", 1);
-    let mut args = vec!["-w"];
+    let mut args = vec!["-w", "-t", table];
     args.extend(deleted.split_whitespace());
     run(cmd, &args).await.map(|_| ())
 }
 
 /// The rules of chain `from` as `iptables -S` prints them (`-A CHAIN …`).
-async fn rules_of(cmd: &str, from: &str) -> Result<Vec<String>, String> {
-    Ok(run(cmd, &["-w", "-S", from])
+async fn rules_of(cmd: &str, table: &str, from: &str) -> Result<Vec<String>, String> {
+    Ok(run(cmd, &["-w", "-t", table, "-S", from])
         .await?
         .lines()
         .filter(|l| l.starts_with("-A "))
@@ -822,7 +969,7 @@ fn in_place(rules: &[String], from: &str, wanted: &str, after_docker: bool) -> b
         matches!(
             words.as_slice(),
             ["-A", chain, "-i", bridge, "-j", target]
-                if *chain == from && bridge.starts_with("sbx-") && target.starts_with("SANDBOXD-")
+                if *chain == from && (bridge.starts_with("sbx-") || bridge.starts_with("sbe-")) && target.starts_with("SANDBOXD-")
         )
     };
     for rule in rules {
@@ -843,18 +990,18 @@ fn in_place(rules: &[String], from: &str, wanted: &str, after_docker: bool) -> b
 /// no packet ever passes while the jump is away.
 async fn jump(
     cmd: &str,
-    from: &str,
+    (table, from): (&str, &str),
     bridge: &str,
     chain: &str,
     after_docker: bool,
 ) -> Result<(), String> {
     let wanted = format!("-A {from} -i {bridge} -j {chain}");
-    let rules = rules_of(cmd, from).await?;
-    let mine = jumps_to(cmd, from, chain).await;
+    let rules = rules_of(cmd, table, from).await?;
+    let mine = jumps_to(cmd, table, from, chain).await;
     if mine.len() == 1 && in_place(&rules, from, &wanted, after_docker) {
         return Ok(());
     }
-    let mut moved = String::from("*filter\n");
+    let mut moved = format!("*{table}\n");
     for rule in mine {
         moved.push_str(&rule.replacen("-A ", "-D ", 1));
         moved.push('\n');
@@ -866,12 +1013,33 @@ async fn jump(
 /// The jumps of one family (`cmd`: iptables or ip6tables): INPUT to the input chain, and to
 /// the forward chain from `DOCKER-USER` (when Docker keeps it) and from FORWARD.
 async fn install_jumps(cmd: &str, plan: &Plan, bridge: &str) -> Result<(), String> {
-    jump(cmd, "INPUT", bridge, &plan.input_chain, false).await?;
+    jump(cmd, ("filter", "INPUT"), bridge, &plan.input_chain, false).await?;
     let docker_user = run(cmd, &["-w", "-n", "-L", "DOCKER-USER"]).await.is_ok();
     if docker_user {
-        jump(cmd, "DOCKER-USER", bridge, &plan.forward_chain, false).await?;
+        jump(
+            cmd,
+            ("filter", "DOCKER-USER"),
+            bridge,
+            &plan.forward_chain,
+            false,
+        )
+        .await?;
     }
-    jump(cmd, "FORWARD", bridge, &plan.forward_chain, docker_user).await
+    jump(
+        cmd,
+        ("filter", "FORWARD"),
+        bridge,
+        &plan.forward_chain,
+        docker_user,
+    )
+    .await?;
+    // The egress network's redirects (IPv4 only: its IPv6 is dropped whole).
+    if let Some(nat) = &plan.nat_chain
+        && !cmd.contains("ip6tables")
+    {
+        jump(cmd, ("nat", "PREROUTING"), bridge, nat, false).await?;
+    }
+    Ok(())
 }
 
 /// The filter table of one family as `<cmd>-save -t filter` prints it: each chain's rules,
@@ -880,16 +1048,16 @@ async fn install_jumps(cmd: &str, plan: &Plan, bridge: &str) -> Result<(), Strin
 struct Table(HashMap<String, Vec<String>>);
 
 impl Table {
-    async fn read(cmd: &str) -> Result<Self, String> {
+    async fn read(cmd: &str, table: &str) -> Result<Self, String> {
         let save = format!("{cmd}-save");
         let out = Command::new(&save)
-            .args(["-t", "filter"])
+            .args(["-t", table])
             .output()
             .await
             .map_err(|e| describe_spawn(&save, &e))?;
         if !out.status.success() {
             return Err(format!(
-                "`{save} -t filter` failed ({}): {}",
+                "`{save} -t {table}` failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
@@ -918,6 +1086,32 @@ impl Table {
 
     fn rules(&self, chain: &str) -> Option<&[String]> {
         self.0.get(chain).map(Vec::as_slice)
+    }
+
+    /// What differs in the nat table from the egress network's chain as installed.
+    fn nat_problems(&self, chain: &str, bridge: &str, expected: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        match self.rules(chain) {
+            None => out.push(format!("the chain {chain} is missing")),
+            Some(have) if have != expected => out.push(format!(
+                "the chain {chain} was changed ({} rules, {} installed)",
+                have.len(),
+                expected.len()
+            )),
+            Some(_) => {}
+        }
+        let wanted = format!("-A PREROUTING -i {bridge} -j {chain}");
+        let rules = self.rules("PREROUTING").unwrap_or_default();
+        if !rules.contains(&wanted) {
+            out.push(format!(
+                "PREROUTING does not jump to {chain} for traffic from {bridge}"
+            ));
+        } else if !in_place(rules, "PREROUTING", &wanted, false) {
+            out.push(format!(
+                "PREROUTING's jump to {chain} is not its first rule"
+            ));
+        }
+        out
     }
 
     /// sandboxd's two chains as this table holds them.
@@ -1145,6 +1339,61 @@ mod tests {
             format!(
                 "*filter\n:{i} - [0:0]\n:{f} - [0:0]\n-A {i} -j DROP\n-A {f} -j DROP\nCOMMIT\n"
             )
+        );
+    }
+
+    #[test]
+    fn the_egress_network_redirects_every_tcp_connection_and_dns_and_forwards_nothing() {
+        let p = Plan::egress("node-a", "iptables", DEFAULT_DENY).expect("valid");
+        let open = plan();
+        assert_eq!(p.network, "sandboxd-node-a-egress");
+        assert_eq!(p.bridge, open.bridge.replace("sbx-", "sbe-"));
+        assert!(p.bridge.len() <= 15 && p.input_chain.len() <= 28 && p.forward_chain.len() <= 28);
+        let nat = p.nat_chain.clone().expect("a nat chain");
+        assert!(nat.len() <= 28, "{nat}");
+        assert_eq!(open.nat_chain, None, "the open network redirects nothing");
+        let (i, f) = (&p.input_chain, &p.forward_chain);
+        assert_eq!(
+            p.egress_rules(
+                &nat,
+                Redirect {
+                    proxy: 4001,
+                    dns: 4002
+                }
+            ),
+            format!(
+                "*filter\n:{i} - [0:0]\n:{f} - [0:0]\n\
+                 -A {i} -p tcp --dport 4001 -j ACCEPT\n\
+                 -A {i} -p udp --dport 4002 -j ACCEPT\n\
+                 -A {i} -p tcp --dport 4002 -j ACCEPT\n\
+                 -A {i} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n\
+                 -A {i} -j DROP\n\
+                 -A {f} -j DROP\n\
+                 COMMIT\n\
+                 *nat\n:{nat} - [0:0]\n\
+                 -A {nat} -p udp --dport 53 -j REDIRECT --to-ports 4002\n\
+                 -A {nat} -p tcp --dport 53 -j REDIRECT --to-ports 4002\n\
+                 -A {nat} -p tcp -j REDIRECT --to-ports 4001\n\
+                 COMMIT\n"
+            )
+        );
+        // A check names a flushed nat chain and a missing jump.
+        let bridge = &p.bridge;
+        let whole = Table::parse(&format!(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:{nat} - [0:0]\n-A PREROUTING -i {bridge} -j {nat}\n\
+             -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER\n-A {nat} -p tcp -j REDIRECT --to-ports 4001\nCOMMIT\n"
+        ));
+        let installed = whole.rules(&nat).expect("the chain").to_vec();
+        assert!(whole.nat_problems(&nat, bridge, &installed).is_empty());
+        let flushed = Table::parse(&format!(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:{nat} - [0:0]\n-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER\nCOMMIT\n"
+        ));
+        assert_eq!(
+            flushed.nat_problems(&nat, bridge, &installed),
+            [
+                format!("the chain {nat} was changed (0 rules, 1 installed)"),
+                format!("PREROUTING does not jump to {nat} for traffic from {bridge}"),
+            ]
         );
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use sandboxd_catalog::egress::Egress;
 use sandboxd_catalog::{CatalogEntry, CatalogErrors};
 
 /// The allowlist: catalog entries, and whether they came in the catalog format (JSON) or the
@@ -53,6 +54,7 @@ impl Allowlist {
                     workspace_size: None,
                     needs_network: false,
                     warm_pool: 0,
+                    egress: None,
                 })
                 .collect(),
             catalog: false,
@@ -67,8 +69,10 @@ pub struct RuntimeImage {
     pub alias: String,
     /// The image it runs.
     pub image: String,
-    /// Whether its sessions get a network.
+    /// Whether its sessions get the open network (egress mode `open`).
     pub needs_network: bool,
+    /// Its egress policy (`egress`, or what `needs_network` means).
+    pub egress: Egress,
     /// Its memory limit, if it names one.
     pub mem_limit: Option<String>,
     /// Its workspace size, if it names one (at most the host's).
@@ -105,6 +109,7 @@ pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, String> {
             alias: alias.to_owned(),
             image: image.to_owned(),
             needs_network: false,
+            egress: Egress::none(),
             mem_limit: None,
             workspace_size: None,
             env: BTreeMap::new(),

@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sandboxd_catalog::egress::{Egress, EgressMode};
 use sandboxd_catalog::{CatalogEntry, briefing};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -395,10 +396,12 @@ impl Runtimes {
         if entry.base_image.is_some() {
             env.insert("HOME".to_owned(), HOME.to_owned());
         }
+        let egress = Egress::effective(entry.needs_network, entry.egress.as_ref());
         RuntimeImage {
             alias: entry.alias.clone(),
             image: tag,
-            needs_network: entry.needs_network,
+            needs_network: egress.mode == EgressMode::Open,
+            egress,
             mem_limit: entry.mem_limit.clone(),
             workspace_size: entry.workspace_size.clone(),
             env,
@@ -421,6 +424,25 @@ impl Runtimes {
                 (e.alias.clone(), e.warm_pool, image)
             })
             .collect()
+    }
+
+    /// The egress policy of runtime `alias` now (its `egress`, or what `needs_network` means);
+    /// `None` when it is not allowlisted.
+    pub fn egress_of(&self, alias: &str) -> Option<Egress> {
+        let inner = self.lock();
+        let entry = inner.allowlist.entries.iter().find(|e| e.alias == alias)?;
+        Some(Egress::effective(
+            entry.needs_network,
+            entry.egress.as_ref(),
+        ))
+    }
+
+    /// Whether any runtime allowlisted now has the mode `allowlist` (its sandboxes need the
+    /// egress network).
+    pub fn any_allowlist(&self) -> bool {
+        self.lock().allowlist.entries.iter().any(|e| {
+            Egress::effective(e.needs_network, e.egress.as_ref()).mode == EgressMode::Allowlist
+        })
     }
 
     /// The image runtime `alias` names on this host now, whatever its build state; `None` when

@@ -147,6 +147,9 @@ pub struct Core {
     /// The network of sessions whose runtime needs one; `None`: such a session gets
     /// `settings.runtime_network` as it is (unit tests only).
     network: Option<Arc<SandboxNetwork>>,
+    /// The egress network of `allowlist` runtimes, with its proxy and resolver; `None`: such a
+    /// runtime's sessions cannot open (unit tests only).
+    egress: Option<Arc<crate::egress::EgressNetwork>>,
     trash: Trash,
     disks: Disks,
     /// The warm pools of the runtimes (see [`pool`]).
@@ -262,6 +265,7 @@ impl Core {
             rebuilding: Mutex::default(),
             metrics,
             network: None,
+            egress: None,
             trash: Trash::new(&settings.workspace_root),
             looks: health::Looks::default(),
             file_work: work::FileWork::new(settings.file_work),
@@ -274,6 +278,44 @@ impl Core {
     pub fn with_network(mut self, network: Arc<SandboxNetwork>) -> Self {
         self.network = Some(network);
         self
+    }
+
+    /// The core with the egress network: a session of an `allowlist` runtime is put on it.
+    pub fn with_egress(mut self, egress: Arc<crate::egress::EgressNetwork>) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Tells the egress gate a session's runtime and the further policies its open named,
+    /// and keeps them in its row, so a restart narrows it the same.
+    pub(crate) async fn note_egress(
+        &self,
+        id: &str,
+        runtime: &str,
+        extra: &[sandboxd_catalog::egress::Egress],
+    ) -> Result<(), ServiceError> {
+        let Some(egress) = &self.egress else {
+            return Ok(());
+        };
+        let json =
+            serde_json::to_string(extra).map_err(|e| ServiceError::internal(e.to_string()))?;
+        self.store.set_egress(id, &json).await.map_err(db)?;
+        egress.gate.register(id, runtime, extra.to_vec());
+        Ok(())
+    }
+
+    /// Tells the egress gate every session the store holds (at start).
+    pub(crate) async fn note_all_egress(&self) -> Result<(), ServiceError> {
+        let Some(egress) = &self.egress else {
+            return Ok(());
+        };
+        for (id, runtime, json) in self.store.egress_all().await.map_err(db)? {
+            // A row whose policies do not read allows nothing rather than more.
+            let extra = serde_json::from_str(&json)
+                .unwrap_or_else(|_| vec![sandboxd_catalog::egress::Egress::none()]);
+            egress.gate.register(&id, &runtime, extra);
+        }
+        Ok(())
     }
 
     /// The settings.
@@ -445,6 +487,29 @@ impl Core {
             .events(id, &row.incarnation, after)
             .await
             .map_err(|e| ServiceError::internal(e.to_string()))
+    }
+
+    /// What session `id`'s sandbox reached and was refused through the egress network in the
+    /// last `minutes` minutes.
+    pub async fn egress_log(
+        &self,
+        id: &str,
+        minutes: u32,
+    ) -> Result<sandboxd_api::egress::EgressLog, ServiceError> {
+        self.row(id).await?;
+        let records = match &self.egress {
+            Some(egress) => egress
+                .gate
+                .log
+                .rows(id, minutes)
+                .await
+                .map_err(|e| ServiceError::internal(e.to_string()))?,
+            None => Vec::new(),
+        };
+        Ok(sandboxd_api::egress::EgressLog {
+            session: id.to_owned(),
+            records,
+        })
     }
 
     /// The incarnation of session `id` (for whose audit rows a session token may see).

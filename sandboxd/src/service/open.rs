@@ -10,6 +10,7 @@ use crate::container::SandboxSpec;
 use crate::runtimes::RuntimeImage;
 use crate::service::parse_bytes;
 use crate::storage::store::{Claim, NewSession, SessionRow, State};
+use sandboxd_catalog::egress::EgressMode;
 
 /// The one open (or wake) in flight of a session in this process. It is taken before the row
 /// goes to `opening` and dropped only once the row has left it (running, back to reclaimed, or
@@ -155,6 +156,11 @@ impl Core {
             .instrument(tracing::info_span!("claim"))
             .await
             .map_err(db)?;
+        if matches!(claim, Claim::Inserted) {
+            // Before its container starts: its first connection already finds its policies.
+            self.note_egress(&req.name, &runtime.alias, &req.egress)
+                .await?;
+        }
         match claim {
             Claim::Inserted => self
                 .launch(&req, &runtime, &limits, started, slot)
@@ -177,6 +183,12 @@ impl Core {
                 } else {
                     row
                 };
+                // An open of a session that exists and names policies brings them up to date
+                // (the operator opens again when a session's or its namespace's policy
+                // changes); one that names none leaves them as they were.
+                if !req.egress.is_empty() {
+                    self.note_egress(&row.id, &row.runtime, &req.egress).await?;
+                }
                 self.metrics
                     .opens
                     .get_or_create(&crate::metrics::Outcome::new("found"))
@@ -414,10 +426,26 @@ impl Core {
         workspace: &Workspace,
     ) -> Result<SandboxSpec, ServiceError> {
         let s = &self.settings;
-        let network_mode = match (&self.network, runtime.needs_network) {
-            (_, false) => s.network_mode.clone(),
-            (None, true) => s.runtime_network.clone(),
-            (Some(network), true) => {
+        let network_mode = match (&self.network, runtime.egress.mode) {
+            (_, EgressMode::None) => s.network_mode.clone(),
+            (_, EgressMode::Allowlist) => {
+                match &self.egress {
+                    Some(egress) => egress.ensure().await.map_err(|source| {
+                        ServiceError::NetworkUnavailable {
+                            runtime: runtime.alias.clone(),
+                            source,
+                        }
+                    })?,
+                    None => {
+                        return Err(ServiceError::internal(format!(
+                            "runtime '{}' has the egress mode allowlist, and this sandboxd has no egress network",
+                            runtime.alias
+                        )));
+                    }
+                }
+            }
+            (None, EgressMode::Open) => s.runtime_network.clone(),
+            (Some(network), EgressMode::Open) => {
                 network
                     .ensure()
                     .await

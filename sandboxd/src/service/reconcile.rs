@@ -13,6 +13,7 @@ impl Core {
     /// orphaned container, no lost workspace, no stuck session.
     pub async fn reconcile(&self) -> Result<Reconciled, ServiceError> {
         let mut done = Reconciled::default();
+        self.note_all_egress().await?;
         let owned = self.engine.owned().await.map_err(ServiceError::Docker)?;
         let rows = self.store.list().await.map_err(db)?;
         for row in &rows {

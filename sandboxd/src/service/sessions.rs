@@ -276,6 +276,7 @@ impl Core {
                         alias: row.runtime.clone(),
                         image: row.image.clone(),
                         needs_network: false,
+                        egress: sandboxd_catalog::egress::Egress::none(),
                         mem_limit: None,
                         workspace_size: None,
                         env,
@@ -426,6 +427,9 @@ impl Core {
             t.remove(id);
         }
         self.usage.forget(id);
+        if let Some(egress) = &self.egress {
+            egress.gate.forget(id);
+        }
         info!(session = id, "session destroyed");
         Ok(Destroyed {
             id: id.to_owned(),

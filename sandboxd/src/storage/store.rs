@@ -517,6 +517,32 @@ impl Store {
         Ok(())
     }
 
+    /// Records the further egress policies session `id`'s open named (JSON).
+    pub async fn set_egress(&self, id: &str, egress: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sessions SET egress = ?2 WHERE id = ?1")
+            .bind(id)
+            .bind(egress)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Every session's runtime and further egress policies (JSON), for the egress gate at start.
+    pub async fn egress_all(&self) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+        let rows = sqlx::query("SELECT id, runtime, egress FROM sessions")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("id")?,
+                    r.try_get("runtime")?,
+                    r.try_get("egress")?,
+                ))
+            })
+            .collect()
+    }
+
     /// Counts `bytes` as the size of session `id`'s disk, if the host's workspaces with it fit
     /// `budget`; false (nothing changed) when they do not.
     pub async fn grow_disk_bytes(

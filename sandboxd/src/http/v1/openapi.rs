@@ -439,6 +439,16 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         &[(400, &["bad_request"]), AUTH, ADMIN],
     ),
     (
+        "GET /v1/sessions/{id}/egress",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            INTERNAL,
+        ],
+    ),
+    (
         "GET /v1/sessions/{id}/events",
         &[
             (400, &["bad_request"]),
@@ -491,6 +501,7 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::ls,
         crate::http::v1::tree,
         crate::http::v1::events,
+        crate::http::v1::egress,
         crate::http::v1::runtimes,
         crate::http::v1::put_runtimes,
         crate::http::v1::policy,

@@ -104,6 +104,35 @@ pub(crate) async fn events(
     Ok(Json(state.core.events(&id, after).await?).into_response())
 }
 
+/// `?minutes=` of `GET /v1/sessions/{id}/egress`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct MinutesQuery {
+    /// The minutes back to show, 1 to 1440 (default 60).
+    #[serde(default)]
+    minutes: Option<u32>,
+}
+
+/// What the session's sandbox reached through the egress proxy and resolver and what was
+/// refused, one row per name, port, verdict and minute (a runtime of egress mode
+/// `allowlist`; others have no rows).
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/egress", tag = "operations", params(SessionId, MinutesQuery),
+    responses((status = 200, description = "The session's egress rows of the last `minutes` minutes, oldest first", body = sandboxd_api::egress::EgressLog))
+)]
+pub(crate) async fn egress(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<MinutesQuery>,
+    _: ForSession,
+) -> Result<Response, ApiError> {
+    let minutes = q.minutes.unwrap_or(60);
+    if !(1..=1440).contains(&minutes) {
+        return Err(ApiError::bad_request("minutes must be 1 to 1440"));
+    }
+    Ok(Json(state.core.egress_log(&id, minutes).await?).into_response())
+}
+
 /// `?owner=`: the object a destroy or token rotation acts for.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -231,6 +231,7 @@ pub(crate) async fn create_session(
         runtime: req.runtime.clone(),
         limits: None,
         owner: None,
+        egress: Vec::new(),
     };
     // The protocol's open builds the runtime's image inside the request; the core answers
     // `runtime_preparing` meanwhile, so the open waits for the build here, with a deadline.

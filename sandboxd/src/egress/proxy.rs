@@ -1,0 +1,421 @@
+//! The egress proxy: every TCP connection a sandbox of an `allowlist` runtime opens arrives
+//! here (the firewall redirects it; its first destination is read back with
+//! `SO_ORIGINAL_DST`), and goes on only to what its policies allow.
+//!
+//! - A destination a CIDR entry allows (address and port) is joined at once, whatever the
+//!   protocol.
+//! - Otherwise the connection must name where it goes: the first bytes are read (at most
+//!   [`MAX_HELLO`], within [`HELLO_TIMEOUT`]) as a TLS ClientHello, whose SNI is the name
+//!   (parsed by rustls), or as an HTTP request head, whose Host is (parsed by httparse). The
+//!   name and the original port must be allowed; the proxy then resolves the name itself
+//!   and dials only what that answer holds, never the address the sandbox dialled, so an
+//!   allowed SNI sent to a denied address reaches the allowed name's server or nothing.
+//!   Resolved addresses in the denied ranges (private, link-local, shared) or on the node are
+//!   refused unless a CIDR entry allows them.
+//! - A connection with no name, a name or port not allowed, or a name that resolves to no
+//!   allowed address is refused: plain HTTP gets `403` with a body naming the policy, TLS a
+//!   fatal `access_denied` alert, anything else is closed. Nothing hangs.
+//!
+//! What a TLS connection carries after its ClientHello is not looked at (no interception):
+//! a client that sends an allowed SNI and then another Host inside the encryption reaches
+//! the allowed name's server, which answers for what it serves.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::debug;
+
+use super::log::Verdict;
+use super::resolve::Upstream;
+use super::{Gate, Kind, Policies, Principal};
+
+/// The most bytes read for the name (a ClientHello or an HTTP request head).
+pub const MAX_HELLO: usize = 16 * 1024;
+/// How long the first bytes are waited for.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a dial of the upstream is waited for.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The buffers of one direction of a spliced connection.
+const SPLICE_BUFFER: usize = 256 * 1024;
+/// A TLS fatal alert `access_denied` (record type 21, TLS 1.2 framing, level 2, code 49).
+const TLS_ACCESS_DENIED: [u8; 7] = [21, 3, 3, 0, 2, 2, 49];
+
+/// What the proxy needs besides the gate: the upstream resolver and what no name may
+/// resolve to.
+pub struct Proxy {
+    /// Who is who, and what they may reach.
+    pub gate: Arc<Gate>,
+    /// The resolver of the names dialled.
+    pub upstream: Arc<Upstream>,
+    /// Ranges a resolved address may not be in (canonical `a.b.c.d/n`) unless a CIDR entry
+    /// allows it: `SANDBOXD_NETWORK_DENY`'s.
+    pub deny: Vec<String>,
+}
+
+/// What the first bytes named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// A TLS ClientHello with this SNI (`None`: it named no server).
+    Tls(Option<String>),
+    /// An HTTP request with this Host (`None`: it sent none), port stripped.
+    Http(Option<String>),
+    /// Neither (or too long to tell).
+    Unknown,
+}
+
+/// Reads what `bytes` name, or `None` when more bytes are needed.
+pub fn named(bytes: &[u8]) -> Option<Named> {
+    let first = bytes.first()?;
+    if *first == 0x16 {
+        let mut acceptor = rustls::server::Acceptor::default();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if acceptor.read_tls(&mut rest).is_err() {
+                return Some(Named::Unknown);
+            }
+        }
+        return match acceptor.accept() {
+            Ok(Some(accepted)) => Some(Named::Tls(
+                accepted
+                    .client_hello()
+                    .server_name()
+                    .map(|n| n.to_ascii_lowercase()),
+            )),
+            Ok(None) => (bytes.len() >= MAX_HELLO).then_some(Named::Unknown),
+            Err(_) => Some(Named::Unknown),
+        };
+    }
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(bytes) {
+        Ok(httparse::Status::Complete(_)) => {
+            let host = request
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("host"))
+                .and_then(|h| std::str::from_utf8(h.value).ok())
+                .map(host_name);
+            Some(Named::Http(host))
+        }
+        Ok(httparse::Status::Partial) if bytes.len() < MAX_HELLO => None,
+        _ => Some(Named::Unknown),
+    }
+}
+
+/// A Host header's name: lowercased, its port and a trailing dot gone (`[v6]` kept whole).
+fn host_name(value: &str) -> String {
+    let value = value.trim();
+    let name = if value.starts_with('[') {
+        value
+            .split(']')
+            .next()
+            .map(|v| format!("{v}]"))
+            .unwrap_or_default()
+    } else {
+        value.rsplit_once(':').map_or(value, |(h, _)| h).to_owned()
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The destination a redirected connection was first addressed to.
+fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
+    let raw = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::OriginalDst).ok()?;
+    let ip = Ipv4Addr::from(u32::from_be(raw.sin_addr.s_addr));
+    Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(raw.sin_port)))
+}
+
+/// Why a connection was refused, in the words the sandbox gets.
+struct Refusal {
+    name: String,
+    reason: String,
+}
+
+impl Proxy {
+    /// Serves the connections `listener` accepts until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let proxy = self.clone();
+            tokio::spawn(async move { proxy.handle(stream, peer).await });
+        }
+    }
+
+    async fn handle(&self, mut client: TcpStream, peer: SocketAddr) {
+        let _ = client.set_nodelay(true);
+        let Some(dst) = original_destination(&client) else {
+            return;
+        };
+        let Some(who) = self.gate.principal(peer.ip()).await else {
+            debug!(%peer, %dst, "a connection from an address of no session: closed");
+            return;
+        };
+        let policies = self.gate.policies(&who);
+        if policies.is_closed() {
+            self.refuse(
+                &who,
+                &mut client,
+                &dst.ip().to_string(),
+                dst.port(),
+                None,
+                "the policy is none: no network",
+            )
+            .await;
+            return;
+        }
+        if policies.allows_addr(dst.ip(), dst.port()) {
+            if let Ok(Ok(upstream)) =
+                tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(dst)).await
+            {
+                self.splice(
+                    &who,
+                    &dst.ip().to_string(),
+                    dst.port(),
+                    client,
+                    upstream,
+                    &[],
+                )
+                .await;
+            } else {
+                self.gate.count(Kind::Connection, &who.runtime, false);
+                self.gate.log.record_with(
+                    &who,
+                    &dst.ip().to_string(),
+                    dst.port(),
+                    Verdict::Denied,
+                    (0, 0),
+                    "the address did not answer",
+                );
+            }
+            return;
+        }
+        let mut hello = Vec::with_capacity(2048);
+        let what = loop {
+            let mut chunk = [0u8; 4096];
+            let read = tokio::time::timeout(HELLO_TIMEOUT, client.read(&mut chunk)).await;
+            match read {
+                Ok(Ok(n)) if n > 0 => hello.extend_from_slice(&chunk[..n]),
+                _ => break Named::Unknown,
+            }
+            if let Some(n) = named(&hello) {
+                break n;
+            }
+        };
+        let tls = matches!(what, Named::Tls(_));
+        let name = match what {
+            Named::Tls(Some(n)) | Named::Http(Some(n)) => n,
+            Named::Tls(None) | Named::Http(None) | Named::Unknown => {
+                let shown = dst.ip().to_string();
+                self.refuse(&who, &mut client, &shown, dst.port(), Some(tls), "the connection names no server (a TLS SNI or an HTTP Host); an address is reached only when a cidr entry allows it").await;
+                return;
+            }
+        };
+        match self.dial(&policies, &name, dst.port()).await {
+            Ok(upstream) => {
+                self.splice(&who, &name, dst.port(), client, upstream, &hello)
+                    .await
+            }
+            Err(r) => {
+                self.refuse(&who, &mut client, &r.name, dst.port(), Some(tls), &r.reason)
+                    .await;
+            }
+        }
+    }
+
+    /// Checks `name` and `port` against the policies, resolves the name and dials the first
+    /// allowed address that answers.
+    async fn dial(&self, policies: &Policies, name: &str, port: u16) -> Result<TcpStream, Refusal> {
+        let refusal = |reason: String| Refusal {
+            name: name.to_owned(),
+            reason,
+        };
+        if let Ok(ip) = name
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<IpAddr>()
+        {
+            // A Host that is an address is an address without a name.
+            if !policies.allows_addr(ip, port) {
+                return Err(refusal(format!(
+                    "{ip} is an address, not a name, and no cidr entry allows it on port {port}"
+                )));
+            }
+            return tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect((ip, port)))
+                .await
+                .map_err(|_| refusal(format!("{ip}:{port} did not answer")))?
+                .map_err(|e| refusal(format!("{ip}:{port}: {e}")));
+        }
+        if !policies.allows(name, port) {
+            let why = if policies.allows_name(name) {
+                format!("port {port} is not allowed for {name}")
+            } else {
+                format!("{name} is not in the allow list")
+            };
+            return Err(refusal(why));
+        }
+        let addrs = self
+            .upstream
+            .lookup(name)
+            .await
+            .map_err(|e| refusal(format!("{name} does not resolve: {e}")))?;
+        let node = crate::container::network::node_addresses(&[]);
+        let usable: Vec<Ipv4Addr> = addrs
+            .iter()
+            .copied()
+            .filter(|a| {
+                let special = a.is_loopback()
+                    || a.is_unspecified()
+                    || a.is_multicast()
+                    || a.is_broadcast()
+                    || node.contains(a)
+                    || self
+                        .deny
+                        .iter()
+                        .any(|r| crate::container::network::range_holds(r, *a));
+                !special || policies.cidr_allows(IpAddr::V4(*a), port)
+            })
+            .collect();
+        if usable.is_empty() {
+            return Err(refusal(format!(
+                "{name} resolves only to addresses a sandbox may not reach ({}); a cidr entry would allow them",
+                addrs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let mut last = String::new();
+        for addr in usable {
+            match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect((addr, port))).await {
+                Ok(Ok(s)) => return Ok(s),
+                Ok(Err(e)) => last = format!("{addr}:{port}: {e}"),
+                Err(_) => last = format!("{addr}:{port} did not answer"),
+            }
+        }
+        Err(refusal(format!("{name} did not answer ({last})")))
+    }
+
+    /// Refuses a connection in the words its protocol has: `tls` Some(false) is plain HTTP
+    /// (a 403 naming the policy), Some(true) TLS (an `access_denied` alert), None anything.
+    async fn refuse(
+        &self,
+        who: &Principal,
+        client: &mut TcpStream,
+        name: &str,
+        port: u16,
+        tls: Option<bool>,
+        reason: &str,
+    ) {
+        self.gate.count(Kind::Connection, &who.runtime, false);
+        self.gate
+            .log
+            .record_with(who, name, port, Verdict::Denied, (0, 0), reason);
+        debug!(session = %who.session, %name, port, reason, "egress refused");
+        match tls {
+            Some(true) => {
+                let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+            }
+            Some(false) => {
+                let body = format!(
+                    "blocked by egress policy: {name}:{port} is not allowed for {}: {reason}\n",
+                    who.describe()
+                );
+                let head = format!(
+                    "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nx-sandboxd-egress: denied\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = client.write_all(head.as_bytes()).await;
+                let _ = client.write_all(body.as_bytes()).await;
+            }
+            None => {}
+        }
+        let _ = client.shutdown().await;
+    }
+
+    /// Carries a connection both ways until either side closes, after sending `first` (the
+    /// bytes read for its name) on.
+    async fn splice(
+        &self,
+        who: &Principal,
+        name: &str,
+        port: u16,
+        mut client: TcpStream,
+        mut upstream: TcpStream,
+        first: &[u8],
+    ) {
+        self.gate.count(Kind::Connection, &who.runtime, true);
+        let _ = upstream.set_nodelay(true);
+        if !first.is_empty() && upstream.write_all(first).await.is_err() {
+            self.gate
+                .log
+                .record_with(who, name, port, Verdict::Allowed, (0, 0), "");
+            return;
+        }
+        let carried = tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            SPLICE_BUFFER,
+            SPLICE_BUFFER,
+        )
+        .await;
+        let (out, inn) = carried.unwrap_or((0, 0));
+        let out = out + first.len() as u64;
+        self.gate.count_bytes(&who.runtime, out, inn);
+        self.gate
+            .log
+            .record(who, name, port, Verdict::Allowed, out, inn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http_head_names_its_host_without_the_port() {
+        assert_eq!(
+            named(b"GET / HTTP/1.1\r\nHost: Allowed.Test:8080\r\n\r\n"),
+            Some(Named::Http(Some("allowed.test".into())))
+        );
+        assert_eq!(
+            named(b"GET / HTTP/1.1\r\nHost: allowed.test.\r\n\r\n"),
+            Some(Named::Http(Some("allowed.test".into())))
+        );
+        assert_eq!(
+            named(b"GET / HTTP/1.1\r\nAccept: */*\r\n\r\n"),
+            Some(Named::Http(None))
+        );
+        assert_eq!(
+            named(b"GET / HTTP/1.1\r\nHost: allowed"),
+            None,
+            "more is needed"
+        );
+        assert_eq!(named(b"SSH-2.0-OpenSSH\r\n"), Some(Named::Unknown));
+        assert_eq!(named(b""), None);
+    }
+
+    #[test]
+    fn a_client_hello_names_its_sni() {
+        // A ClientHello as rustls's own client writes it.
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let mut conn = rustls::ClientConnection::new(
+            Arc::new(config),
+            "Allowed.Test".try_into().expect("a name"),
+        )
+        .expect("a client");
+        let mut hello = Vec::new();
+        conn.write_tls(&mut hello).expect("a hello");
+        assert_eq!(named(&hello), Some(Named::Tls(Some("allowed.test".into()))));
+        assert_eq!(named(&hello[..20]), None, "more is needed");
+    }
+}

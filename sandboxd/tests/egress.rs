@@ -1,0 +1,451 @@
+//! Egress by policy, from inside real sandboxes against a test internet of the test's own (a
+//! network namespace with DNS, HTTP and HTTPS servers on the documentation ranges, names under
+//! `.test`): a sandbox of an `allowlist` runtime reaches the names its policies allow and
+//! nothing else, whatever it tries (a denied name, a direct address, an allowed SNI sent to a
+//! denied address, a Host that names another server, UDP, IPv6, a TXT lookup), an edited
+//! runtime counts within 5 s, a narrowed session reaches less, and every decision is counted
+//! and logged. Nothing off the machine is dialled.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use sandboxd_api::client::Client;
+use sandboxd_testkit::internet::{Internet, Range, Spec};
+
+/// The policy of the `egress` runtime: allowed.test (80 and 443), everything under
+/// wild.test, and nothing else.
+const POLICY: &str =
+    r#"{"mode": "allowlist", "allow": [{"domain": "allowed.test"}, {"domain": "*.wild.test"}]}"#;
+
+fn catalog(image: &str, egress: &str) -> String {
+    format!(r#"[{{"alias": "egress", "image": "{image}", "egress": {egress}}}]"#)
+}
+
+fn internet() -> Internet {
+    Internet::start(
+        Spec::new()
+            .host("allowed.test", Range::TestNet2)
+            .host("denied.test", Range::TestNet3)
+            .host("a.wild.test", Range::TestNet2)
+            .host("b.c.wild.test", Range::TestNet2)
+            .host("wild.test", Range::TestNet2)
+            .host("wild.test.evil.test", Range::TestNet3)
+            .echo(7000)
+            .udp(443),
+    )
+    .expect("the test internet starts (root and iproute2 are needed)")
+}
+
+fn daemon(net: &Internet) -> Daemon {
+    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
+    let resolver = net.dns().to_string();
+    Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+    ])
+}
+
+async fn open(d: &Daemon, name: &str) -> Client {
+    let opened = d
+        .admin()
+        .open(name, "org-a", Some("egress"), None)
+        .await
+        .unwrap_or_else(|e| panic!("open {name}: {e}"));
+    d.client(opened.token.as_deref().expect("a token on create"))
+}
+
+/// Runs `command` in `session`; its exit code and output (stdout then stderr).
+async fn sh(c: &Client, session: &str, command: &str) -> (i64, String) {
+    let out = c
+        .run(session, command, Some(60), None, None)
+        .await
+        .unwrap_or_else(|e| panic!("run {command}: {e}"));
+    (out.exit_code, format!("{}{}", out.stdout, out.stderr))
+}
+
+/// `curl` with the test CA (written into the workspace), failing within 5 s.
+const CURL: &str = "curl -sS --max-time 5 --cacert /workspace/ca.pem";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_reaches_what_its_policy_allows_and_nothing_else() {
+    let net = internet();
+    let d = daemon(&net);
+    let c = open(&d, "eg-1").await;
+    c.write("eg-1", "ca.pem", net.ca_pem().as_bytes().to_vec())
+        .await
+        .expect("the CA into the workspace");
+    let allowed = net.addr("allowed.test").expect("allowed.test");
+    let denied = net.addr("denied.test").expect("denied.test");
+    let body = |name: &str| net.body(name).expect("a body");
+
+    // Allowed: HTTP and HTTPS, with curl and Python, by name and under the wildcard.
+    assert_eq!(
+        sh(&c, "eg-1", &format!("{CURL} http://allowed.test/")).await,
+        (0, body("allowed.test"))
+    );
+    assert_eq!(
+        sh(&c, "eg-1", &format!("{CURL} https://allowed.test/")).await,
+        (0, body("allowed.test"))
+    );
+    let py = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode(), end='')\"";
+    assert_eq!(sh(&c, "eg-1", py).await, (0, body("allowed.test")));
+    assert_eq!(
+        sh(&c, "eg-1", &format!("{CURL} https://a.wild.test/")).await,
+        (0, body("a.wild.test"))
+    );
+    assert_eq!(
+        sh(&c, "eg-1", &format!("{CURL} http://b.c.wild.test/")).await,
+        (0, body("b.c.wild.test"))
+    );
+
+    // A denied name fails fast: the resolver refuses it, and the test's DNS never sees it.
+    for name in ["denied.test", "wild.test", "wild.test.evil.test"] {
+        let started = Instant::now();
+        let (code, out) = sh(&c, "eg-1", &format!("{CURL} http://{name}/")).await;
+        assert_eq!(code, 6, "{name}: curl cannot resolve it: {out}");
+        assert!(out.contains("Could not resolve host"), "{name}: {out}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{name} failed fast"
+        );
+    }
+    let (_, txt) = sh(&c, "eg-1", "dig +time=2 +tries=1 TXT denied.test").await;
+    assert!(
+        txt.contains("status: REFUSED"),
+        "a TXT lookup of a denied name is refused: {txt}"
+    );
+    let (_, a) = sh(
+        &c,
+        "eg-1",
+        &format!(
+            "dig +time=2 +tries=1 @{} A allowed.test +short",
+            net.dns().ip()
+        ),
+    )
+    .await;
+    assert_eq!(
+        a.trim(),
+        allowed.to_string(),
+        "a query sent to any server is the resolver's"
+    );
+
+    // A direct address: no name, refused (HTTPS: an alert; HTTP: a 403 naming the policy).
+    let (code, out) = sh(&c, "eg-1", &format!("{CURL} -k https://{denied}/")).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("alert access denied"), "{out}");
+    let (code, out) = sh(&c, "eg-1", &format!("{CURL} http://{allowed}/")).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "blocked by egress policy: {allowed}:80 is not allowed for session eg-1"
+        )),
+        "{out}"
+    );
+
+    // An allowed SNI sent to a denied address reaches the allowed name's server.
+    let (code, out) = sh(
+        &c,
+        "eg-1",
+        &format!("{CURL} --resolve allowed.test:443:{denied} https://allowed.test/"),
+    )
+    .await;
+    assert_eq!((code, out), (0, body("allowed.test")));
+    // A Host that names a denied server, and a port the policy does not list.
+    let (_, out) = sh(
+        &c,
+        "eg-1",
+        &format!("{CURL} -H 'Host: denied.test' http://allowed.test/"),
+    )
+    .await;
+    assert!(
+        out.starts_with("blocked by egress policy: denied.test:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("denied.test is not in the allow list"),
+        "{out}"
+    );
+    let (_, out) = sh(&c, "eg-1", &format!("{CURL} http://allowed.test:7000/")).await;
+    assert!(
+        out.contains("port 7000 is not allowed for allowed.test"),
+        "{out}"
+    );
+
+    // UDP (QUIC's 443) and IPv6 go nowhere.
+    let udp = format!(
+        "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); [s.sendto(b'x', ('{allowed}', 443)) for _ in range(5)]\""
+    );
+    assert_eq!(sh(&c, "eg-1", &udp).await.0, 0);
+    let (code, out) = sh(&c, "eg-1", &format!("{CURL} -6 http://allowed.test/")).await;
+    assert_ne!(code, 0, "IPv6: {out}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        net.udp_received().is_empty(),
+        "UDP reached the internet: {:?}",
+        net.udp_received()
+    );
+    for name in ["denied.test", "wild.test", "wild.test.evil.test"] {
+        assert!(
+            !net.queried(name),
+            "the test's DNS was asked for {name}: {:?}",
+            net.queries()
+        );
+    }
+
+    // Counted by runtime and verdict, and logged per name and minute.
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("a body");
+    for line in [
+        "sandboxd_egress_connections_total{runtime=\"egress\",verdict=\"allowed\"}",
+        "sandboxd_egress_connections_total{runtime=\"egress\",verdict=\"denied\"}",
+        "sandboxd_egress_dns_queries_total{runtime=\"egress\",verdict=\"denied\"}",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(line)),
+            "{line} in\n{metrics}"
+        );
+    }
+    let log = c.egress("eg-1", 60).await.expect("the egress log");
+    let find = |name: &str, verdict: &str| {
+        log.records
+            .iter()
+            .filter(|r| r.name == name && r.verdict == verdict)
+            .map(|r| r.count)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        find("allowed.test", "allowed"),
+        4,
+        "curl over HTTP and HTTPS, Python, the SNI to a denied address: {log:?}"
+    );
+    assert!(find("denied.test", "refused") >= 1, "{log:?}");
+    assert!(find("denied.test", "denied") >= 1, "{log:?}");
+    assert!(
+        log.records
+            .iter()
+            .any(|r| r.name == "allowed.test" && r.bytes_in > 0),
+        "{log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_of_refusals_is_one_row_and_an_edited_runtime_counts_within_5_s() {
+    let net = internet();
+    let d = daemon(&net);
+    let c = open(&d, "eg-2").await;
+    let admin = d.admin();
+
+    // 500 refused connections in a loop: one row (two if a minute turns) with their count.
+    let (code, out) = sh(&c, "eg-2", "for i in $(seq 500); do curl -s -o /dev/null --max-time 5 -H 'Host: denied.test' http://allowed.test/; done; echo done").await;
+    assert_eq!((code, out.trim()), (0, "done"));
+    let log = c.egress("eg-2", 60).await.expect("the egress log");
+    let rows: Vec<_> = log
+        .records
+        .iter()
+        .filter(|r| r.name == "denied.test" && r.verdict == "denied")
+        .collect();
+    assert!((1..=2).contains(&rows.len()), "{rows:?}");
+    assert_eq!(rows.iter().map(|r| r.count).sum::<u64>(), 500);
+    assert!(log.records.len() <= 4, "the log stays bounded: {log:?}");
+
+    // The runtime edited to none: the running sandbox reaches nothing within 5 s; back to
+    // the allowlist: it reaches allowed.test again. Its container is never restarted.
+    let container = common::container_of(&d, "eg-2");
+    let mut entries = admin.runtimes().await.expect("runtimes");
+    let _ = &mut entries;
+    let set = |egress: &str| {
+        let text = catalog(&sandboxd_testkit::tools_image(), egress);
+        sandboxd_catalog::parse(&text).expect("a valid catalog")
+    };
+    admin
+        .put_runtimes(&set(r#"{"mode": "none"}"#))
+        .await
+        .expect("runtime to none");
+    let started = Instant::now();
+    loop {
+        let (code, _) = sh(
+            &c,
+            "eg-2",
+            &format!("{CURL} -o /dev/null http://allowed.test/"),
+        )
+        .await;
+        if code != 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still reaching allowed.test 5 s after the runtime went to none"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    admin
+        .put_runtimes(&set(POLICY))
+        .await
+        .expect("runtime back to allowlist");
+    let started = Instant::now();
+    loop {
+        let (code, _) = sh(
+            &c,
+            "eg-2",
+            &format!("{CURL} -o /dev/null http://allowed.test/"),
+        )
+        .await;
+        if code == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not reaching allowed.test 5 s after the runtime went back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        common::container_of(&d, "eg-2"),
+        container,
+        "the same container"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_narrowed_at_open_reaches_less_and_keeps_it_across_a_restart() {
+    let net = internet();
+    let mut d = daemon(&net);
+    let narrow: sandboxd_catalog::egress::Egress = serde_json::from_str(
+        r#"{"mode": "allowlist", "allow": [{"domain": "a.wild.test", "ports": [80]}]}"#,
+    )
+    .expect("a policy");
+    let mut req = sandboxd_api::session::OpenRequest {
+        name: "eg-3".into(),
+        tenant: "org-a".into(),
+        runtime: Some("egress".into()),
+        limits: None,
+        owner: None,
+        egress: vec![narrow],
+    };
+    let opened = d.admin().open_request(&req).await.expect("open narrowed");
+    let token = opened.token.clone().expect("a token");
+    let check = |c: Client| async move {
+        assert_eq!(
+            sh(&c, "eg-3", &format!("{CURL} http://a.wild.test/"))
+                .await
+                .0,
+            0,
+            "a.wild.test:80 is within both"
+        );
+        let (_, out) = sh(&c, "eg-3", &format!("{CURL} http://allowed.test/")).await;
+        assert!(
+            out.contains("Could not resolve host"),
+            "allowed.test is outside the session's policy: {out}"
+        );
+        let (code, _) = sh(&c, "eg-3", &format!("{CURL} -k https://a.wild.test/")).await;
+        assert_ne!(code, 0, "port 443 is outside the session's policy");
+    };
+    check(d.client(&token)).await;
+    // A restarted sandboxd narrows it the same.
+    d.terminate();
+    d.spawn();
+    check(d.client(&token)).await;
+    // An open of the existing session without policies leaves them as they were.
+    req.egress.clear();
+    d.admin().open_request(&req).await.expect("found");
+    check(d.client(&token)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
+    let net = internet();
+    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
+    let resolver = net.dns().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+        ("SANDBOXD_FIREWALL_CHECK", "3"),
+    ]);
+    let c = open(&d, "eg-4").await;
+    let allowed = net.addr("allowed.test").expect("allowed.test");
+    let plan = sandboxd::container::network::Plan::egress(
+        &d.instance,
+        "iptables",
+        sandboxd::container::network::DEFAULT_DENY,
+    )
+    .expect("the plan");
+    let nat = plan.nat_chain.expect("a nat chain");
+    let before = net.connections().len();
+    // Without its redirects a sandbox's connection is forwarded, and the forward chain drops
+    // it: it reaches nothing (a direct address, with curl's own resolve).
+    let rules = |chain: &str| {
+        let out = std::process::Command::new("iptables")
+            .args(["-w", "-t", "nat", "-S", chain])
+            .output()
+            .expect("iptables runs");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .count()
+    };
+    // A try counts only when the chain was still empty after it: the guard may put it back
+    // at any moment (its period is 3 s here).
+    let mut tries = 0;
+    let healed = loop {
+        tries += 1;
+        assert!(tries <= 5, "the guard put the chain back before every try");
+        let flush = std::process::Command::new("iptables")
+            .args(["-w", "-t", "nat", "-F", &nat])
+            .status()
+            .expect("iptables runs");
+        assert!(flush.success());
+        let (code, out) = sh(
+            &c,
+            "eg-4",
+            &format!(
+                "curl -sS --max-time 1 --resolve denied.test:80:{allowed} http://denied.test/"
+            ),
+        )
+        .await;
+        if rules(&nat) != 0 {
+            continue;
+        }
+        assert_ne!(
+            code, 0,
+            "a connection without the redirect went through: {out}"
+        );
+        break Instant::now();
+    };
+    assert_eq!(
+        net.connections().len(),
+        before,
+        "the test internet saw a connection: {:?}",
+        net.connections()
+    );
+    // The guard puts the redirects back within its period.
+    loop {
+        let (code, out) = sh(&c, "eg-4", &format!("{CURL} http://allowed.test/")).await;
+        if code == 0 {
+            assert_eq!(out, net.body("allowed.test").expect("a body"));
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(10),
+            "the redirect did not come back: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("a body");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sandboxd_firewall_repairs_total ") && !l.ends_with(" 0")),
+        "the repair is counted: {metrics}"
+    );
+}
