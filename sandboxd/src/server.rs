@@ -156,7 +156,7 @@ async fn start_with(
     crate::service::pool::spawn(&core);
     let served_metrics = metrics.clone();
     let state = AppState {
-        core,
+        core: core.clone(),
         admin,
         metrics,
     };
@@ -174,6 +174,9 @@ async fn start_with(
             .await
             .context("a runtime of the allowlist has the egress mode allowlist")?;
     }
+    // A runtime whose egress mode changed while sandboxd was away takes its sandboxes along
+    // (after the networks' firewalls know sandboxd's port).
+    core.follow_egress_modes().await;
     let egress_flusher = egress.gate.log.spawn_flusher();
     let egress_guard = crate::container::network::spawn_guard(
         egress.network.clone(),

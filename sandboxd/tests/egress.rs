@@ -449,3 +449,101 @@ async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
         "the repair is counted: {metrics}"
     );
 }
+
+/// Polls `command` in `session` until its exit code is `want` is true of it, for at most 5 s.
+async fn within_5_s(
+    c: &Client,
+    session: &str,
+    command: &str,
+    want: impl Fn(i64) -> bool,
+    what: &str,
+) {
+    let started = Instant::now();
+    loop {
+        let (code, out) = sh(c, session, command).await;
+        if want(code) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what} within 5 s: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_and_back() {
+    let net = internet();
+    let image = sandboxd_testkit::tools_image();
+    let open_catalog = catalog(&image, r#"{"mode": "open"}"#);
+    let resolver = net.dns().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", open_catalog.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+    ]);
+    let c = open(&d, "eg-5").await;
+    let container = common::container_of(&d, "eg-5");
+    let denied = net.addr("denied.test").expect("denied.test");
+    // Open: any address (curl resolves itself here: the open network's DNS is Docker's).
+    let direct =
+        format!("curl -fsS --max-time 2 --resolve denied.test:80:{denied} http://denied.test/");
+    assert_eq!(
+        sh(&c, "eg-5", &direct).await,
+        (0, net.body("denied.test").expect("a body"))
+    );
+    let admin = d.admin();
+    let set =
+        |egress: &str| sandboxd_catalog::parse(&catalog(&image, egress)).expect("a valid catalog");
+
+    // To allowlist: the same sandbox now reaches allowed.test only.
+    admin
+        .put_runtimes(&set(POLICY))
+        .await
+        .expect("to allowlist");
+    within_5_s(&c, "eg-5", &direct, |code| code != 0, "denied.test refused").await;
+    within_5_s(
+        &c,
+        "eg-5",
+        "curl -sS --max-time 2 http://allowed.test/",
+        |code| code == 0,
+        "allowed.test reached",
+    )
+    .await;
+    // To none: nothing.
+    admin
+        .put_runtimes(&set(r#"{"mode": "none"}"#))
+        .await
+        .expect("to none");
+    within_5_s(
+        &c,
+        "eg-5",
+        "curl -sS --max-time 2 http://allowed.test/",
+        |code| code != 0,
+        "allowed.test refused",
+    )
+    .await;
+    let (_, links) = sh(&c, "eg-5", "cat /proc/net/dev").await;
+    assert!(
+        !links.contains("eth0"),
+        "no interface but loopback: {links}"
+    );
+    // Back to open.
+    admin
+        .put_runtimes(&set(r#"{"mode": "open"}"#))
+        .await
+        .expect("to open");
+    within_5_s(
+        &c,
+        "eg-5",
+        &direct,
+        |code| code == 0,
+        "denied.test reached again",
+    )
+    .await;
+    assert_eq!(
+        common::container_of(&d, "eg-5"),
+        container,
+        "the same container throughout"
+    );
+}

@@ -231,7 +231,6 @@ impl Containers for DockerEngine {
                 working_dir: Some(WORKSPACE_MOUNT.to_owned()),
                 env: Some(env),
                 labels: Some(labels),
-                network_disabled: Some(spec.network_mode == "none"),
                 host_config: Some(host),
                 ..Default::default()
             };

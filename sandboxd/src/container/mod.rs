@@ -251,6 +251,11 @@ impl Engine {
         self.containers().ping(timeout).await
     }
 
+    /// The instance it belongs to.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
     /// The container name of a session.
     pub fn container_name(&self, session: &str) -> String {
         format!("sandboxd-{}-{session}", self.instance)

@@ -10,6 +10,7 @@ pub mod auth;
 mod error;
 mod health;
 pub mod memory;
+mod networks;
 mod open;
 pub mod policy;
 pub mod pool;

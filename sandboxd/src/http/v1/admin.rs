@@ -51,6 +51,8 @@ pub(crate) async fn put_runtimes(
         .await;
     // A changed or removed runtime's warm pool is drained, a new one filled.
     state.core.pool().changed();
+    // A runtime whose egress mode changed takes its running sandboxes to its new network.
+    state.core.follow_egress_modes().await;
     Ok(Json(crate::service::pool::runtime_list(&state.core)).into_response())
 }
 
