@@ -142,6 +142,8 @@ app.kubernetes.io/component: sandboxd
   value: {{ .Values.sandboxd.iptables | quote }}
 - name: SANDBOXD_NETWORK_DENY
   value: {{ .Values.sandboxd.networkDeny | quote }}
+- name: SANDBOXD_EGRESS_RESOLVER
+  value: {{ .Values.sandboxd.egressResolver | quote }}
 - name: RUST_LOG
   value: {{ .Values.sandboxd.logLevel | quote }}
 {{- end -}}
