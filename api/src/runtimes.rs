@@ -53,6 +53,9 @@ pub struct RuntimeStatus {
     pub log_tail: Option<String>,
     /// Whether its sessions get a network.
     pub needs_network: bool,
+    /// Its egress policy as it is enforced (its `egress`, or what `needs_network` means).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<sandboxd_catalog::egress::Egress>,
     /// Its memory limit, if it names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<String>,

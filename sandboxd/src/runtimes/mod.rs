@@ -369,6 +369,7 @@ impl Runtimes {
                         last_error: s.last_error,
                         log_tail: s.log_tail,
                         needs_network: e.needs_network,
+                        egress: Some(Egress::effective(e.needs_network, e.egress.as_ref())),
                         mem_limit: e.mem_limit.clone(),
                         warm_pool: sandboxd_api::runtimes::WarmPool {
                             size: e.warm_pool,
