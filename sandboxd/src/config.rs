@@ -328,6 +328,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_EGRESS_DNS_PORT", default_value_t = 0)]
     pub egress_dns_port: u16,
 
+    /// Connections one sandbox of an `allowlist` runtime may hold through the egress proxy at
+    /// once (each holds two of sandboxd's descriptors); more are closed at once and logged.
+    #[arg(long, env = "SANDBOXD_EGRESS_MAX_CONNECTIONS", default_value_t = crate::egress::DEFAULT_MAX_CONNECTIONS)]
+    pub egress_max_connections: usize,
+
     /// Seconds between two checks of the sandbox network's firewall (its chains as installed,
     /// each jump first in its chain, the node's addresses denied); it is also checked after
     /// each Docker network event. Whatever is missing is installed again and counted in
@@ -736,6 +741,11 @@ impl Config {
             ));
         }
         self.network_plan()?;
+        if self.egress_max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_EGRESS_MAX_CONNECTIONS must be at least 1".into(),
+            ));
+        }
         if !self.egress_resolver.trim().is_empty() {
             self.egress_upstream()?;
         }

@@ -351,14 +351,17 @@ fn egress(
         // Asked again of a runtime handed over later: its opens fail with the reason.
         Err(_) => std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 53)),
     };
-    let gate = Arc::new(Gate::new(
-        engine.clone(),
-        runtimes.clone(),
-        metrics.clone(),
-        &network.plan().network,
-        &config.instance,
-        EgressLog::new(audit.store().cloned()),
-    ));
+    let gate = Arc::new(
+        Gate::new(
+            engine.clone(),
+            runtimes.clone(),
+            metrics.clone(),
+            &network.plan().network,
+            &config.instance,
+            EgressLog::new(audit.store().cloned()),
+        )
+        .with_max_connections(config.egress_max_connections),
+    );
     Ok(Arc::new(EgressNetwork::new(
         network,
         gate,

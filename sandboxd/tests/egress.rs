@@ -547,3 +547,50 @@ async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_an
         "the same container throughout"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_holding_connections_open_takes_only_its_own_share_of_the_proxy() {
+    let net = internet();
+    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
+    let resolver = net.dns().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+        ("SANDBOXD_EGRESS_MAX_CONNECTIONS", "50"),
+    ]);
+    let hog = open(&d, "eg-hog").await;
+    let other = open(&d, "eg-other").await;
+    let allowed = net.addr("allowed.test").expect("allowed.test");
+    // 120 connections opened and held silent (the proxy waits for their first bytes): the
+    // 50 it holds wait, the other 70 are closed at once.
+    let script = format!(
+        "python3 - <<'EOF'\nimport socket, time\nheld = []\nfor _ in range(120):\n    s = socket.create_connection(('{allowed}', 80), timeout=5)\n    held.append(s)\ntime.sleep(1)\nclosed = 0\nfor s in held:\n    s.setblocking(False)\n    try:\n        if s.recv(1) == b'':\n            closed += 1\n    except BlockingIOError:\n        pass\n    except OSError:\n        closed += 1\nprint(closed)\nEOF"
+    );
+    let hogging = tokio::spawn(async move { sh(&hog, "eg-hog", &script).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Meanwhile the other session is served as before.
+    assert_eq!(
+        sh(&other, "eg-other", &format!("{CURL} http://allowed.test/")).await,
+        (0, net.body("allowed.test").expect("a body"))
+    );
+    let (code, closed) = hogging.await.expect("the hog's run");
+    assert_eq!(
+        (code, closed.trim()),
+        (0, "70"),
+        "the connections past the cap are closed"
+    );
+    let log = d
+        .admin()
+        .egress("eg-hog", 60)
+        .await
+        .expect("the egress log");
+    // Every one was refused in the end (the 50 held named no server before they closed): one
+    // row, with the last reason of the minute.
+    let refused: u64 = log
+        .records
+        .iter()
+        .filter(|r| r.verdict == "denied" && r.name == allowed.to_string())
+        .map(|r| r.count)
+        .sum();
+    assert_eq!(refused, 120, "{log:?}");
+}

@@ -88,8 +88,13 @@ pub async fn serve_udp(socket: UdpSocket, gate: Arc<Gate>, upstream: Arc<Upstrea
             continue;
         };
         let query = buf[..n].to_vec();
+        // A sandbox with its cap of queries in flight loses this one, as a lost datagram.
+        let Some(held) = gate.hold(peer.ip(), Kind::Query) else {
+            continue;
+        };
         let (socket, gate, upstream) = (socket.clone(), gate.clone(), upstream.clone());
         tokio::spawn(async move {
+            let _held = held;
             if let Some(answer) = answer(&gate, &upstream, peer, &query).await {
                 let _ = socket.send_to(&answer, peer).await;
             }
@@ -104,8 +109,12 @@ pub async fn serve_tcp(listener: TcpListener, gate: Arc<Gate>, upstream: Arc<Ups
         let Ok((mut stream, peer)) = listener.accept().await else {
             continue;
         };
+        let Some(held) = gate.hold(peer.ip(), Kind::Query) else {
+            continue;
+        };
         let (gate, upstream) = (gate.clone(), upstream.clone());
         tokio::spawn(async move {
+            let _held = held;
             loop {
                 let read =
                     tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_u16())

@@ -96,6 +96,38 @@ pub struct Gate {
     addresses: RwLock<HashMap<Ipv4Addr, String>>,
     /// The refusal and allowance log.
     pub log: log::EgressLog,
+    /// What each address holds now: proxied connections and DNS queries in flight.
+    held: Arc<std::sync::Mutex<HashMap<(IpAddr, Kind), usize>>>,
+    /// Proxied connections one sandbox may hold at once.
+    max_connections: usize,
+}
+
+/// DNS queries one sandbox may have in flight at once (each holds a socket to the upstream
+/// for up to [`resolve::UPSTREAM_TIMEOUT`]); more are dropped, as a lost datagram.
+pub const MAX_QUERIES_IN_FLIGHT: usize = 64;
+/// Proxied connections one sandbox may hold at once by default
+/// (`SANDBOXD_EGRESS_MAX_CONNECTIONS`): each holds two of sandboxd's descriptors.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// One connection or query of one address, counted while it lives.
+pub struct Held {
+    held: Arc<std::sync::Mutex<HashMap<(IpAddr, Kind), usize>>>,
+    key: (IpAddr, Kind),
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut h = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = h.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl Gate {
@@ -117,7 +149,43 @@ impl Gate {
             sessions: RwLock::default(),
             addresses: RwLock::default(),
             log,
+            held: Arc::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
+    }
+
+    /// The gate with another cap on proxied connections per sandbox.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Takes one of `addr`'s slots of `kind` (a proxied connection, a DNS query in flight);
+    /// `None` when it holds its cap already, so one sandbox cannot take sandboxd's
+    /// descriptors from the others.
+    pub fn hold(&self, addr: IpAddr, kind: Kind) -> Option<Held> {
+        let cap = match kind {
+            Kind::Connection => self.max_connections,
+            Kind::Query => MAX_QUERIES_IN_FLIGHT,
+        };
+        let mut h = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = h.entry((addr, kind)).or_default();
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(Held {
+            held: self.held.clone(),
+            key: (addr, kind),
+        })
+    }
+
+    /// The cap on proxied connections per sandbox.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// Records a session's runtime and the further policies its open named.
@@ -241,7 +309,7 @@ impl Gate {
 }
 
 /// What a verdict was about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A TCP connection through the proxy.
     Connection,

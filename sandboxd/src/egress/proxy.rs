@@ -154,6 +154,22 @@ impl Proxy {
             debug!(%peer, %dst, "a connection from an address of no session: closed");
             return;
         };
+        let Some(_held) = self.gate.hold(peer.ip(), Kind::Connection) else {
+            let reason = format!(
+                "the sandbox holds {} connections through the egress proxy already (SANDBOXD_EGRESS_MAX_CONNECTIONS)",
+                self.gate.max_connections()
+            );
+            self.refuse(
+                &who,
+                &mut client,
+                &dst.ip().to_string(),
+                dst.port(),
+                None,
+                &reason,
+            )
+            .await;
+            return;
+        };
         let policies = self.gate.policies(&who);
         if policies.is_closed() {
             self.refuse(
