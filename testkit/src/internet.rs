@@ -18,6 +18,10 @@
 //! `a+1/30` the root side of the veth, `a+2/30` its namespace side, `a+4` the DNS server (UDP and
 //! TCP 53), `a+5 ..= a+30` the hosts in [`Range::TestNet2`], `b+1 ..= b+30` those in
 //! [`Range::TestNet3`]. The hosts' addresses are on `lo` in the namespace.
+//!
+//! Every HTTP and HTTPS server answers any request with [`Internet::body`], but the path
+//! `/bytes/N` with N zero bytes (`content-length: N`, streamed): a download of any size for a
+//! benchmark ([`Internet::bytes_path`]).
 
 use std::fs::{File, TryLockError};
 use std::io::{self, BufRead, BufReader, Write};
@@ -440,11 +444,18 @@ impl Internet {
     }
 
     /// The body every HTTP and HTTPS server of host `name` (or an alias of it) answers with:
-    /// `hello from <host> (<address>)` and a newline.
+    /// `hello from <host> (<address>)` and a newline (to any path but
+    /// [`Internet::bytes_path`]'s).
     pub fn body(&self, name: &str) -> Option<String> {
         let ip = self.addr(name)?;
         let (host, _) = self.servers.iter().find(|(_, a)| *a == ip)?;
         Some(format!("hello from {host} ({ip})\n"))
+    }
+
+    /// The path whose GET every HTTP and HTTPS server answers with `n` zero bytes
+    /// (`/bytes/<n>`, with `content-length: <n>`), streamed without holding them.
+    pub fn bytes_path(n: u64) -> String {
+        format!("/bytes/{n}")
     }
 
     /// The test CA that signed the HTTPS servers' certificate, PEM.

@@ -234,6 +234,30 @@ fn serves_dns_http_https_echo_and_udp_then_cleans_up() {
         "{response}"
     );
 
+    // /bytes/N: N zeros with their content-length, streamed (the benchmarks' downloads).
+    let n: usize = 3 * 1024 * 1024 + 5;
+    let mut zeros =
+        TcpStream::connect_timeout(&(allowed, 80).into(), TIMEOUT).expect("connect :80");
+    zeros.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    write!(
+        zeros,
+        "GET {} HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n",
+        Internet::bytes_path(n as u64)
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    zeros.read_to_end(&mut response).expect("the response");
+    let end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&response[..end]).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains(&format!("content-length: {n}")), "{head}");
+    let zeros = &response[end + 4..];
+    assert_eq!(zeros.len(), n, "{head}");
+    assert!(zeros.iter().all(|b| *b == 0));
+
     // HTTPS, verified against the internet's CA, for the name.
     let ca = CertificateDer::from_pem_slice(internet.ca_pem().as_bytes()).expect("the CA");
     let ca_file = std::fs::read_to_string(internet.ca_file()).expect("the CA file");

@@ -12,7 +12,10 @@
 //!   `--txt`, no data (NOERROR, empty) for another type of a known name, NXDOMAIN for any other
 //!   name. Each query is a line `transport<TAB>from<TAB>name<TAB>type` of the queries log.
 //! - HTTP and HTTPS: any request gets 200 and `hello from LABEL (ADDR)` and a newline; each is a
-//!   line `scheme<TAB>to<TAB>method<TAB>host<TAB>path` of the HTTP log.
+//!   line `scheme<TAB>to<TAB>method<TAB>host<TAB>path` of the HTTP log. But a request of the path
+//!   `/bytes/N` (N a decimal count of bytes, no query) gets 200 and N zero bytes with
+//!   `content-length: N`, streamed in 1 MiB chunks of one static buffer (nothing is
+//!   allocated per chunk): a download as big as a benchmark needs (`/bytes/1073741824`, 1 GiB).
 //! - TCP echo; UDP ports where each datagram is a line `to<TAB>from<TAB>length` of the UDP log.
 //! - Each accepted connection is a line `service<TAB>to<TAB>from` of the TCP log.
 //!
@@ -26,13 +29,15 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, TXT};
 use hickory_proto::rr::{RData, Record, RecordType};
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use http_body_util::{Either, Full};
+use hyper::body::{Bytes, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -43,6 +48,52 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 /// The TTL of every answer: short, the tests change nothing though.
 const TTL: u32 = 5;
+
+/// The path prefix of the zeros download: `/bytes/N` answers N zero bytes.
+const BYTES_PATH: &str = "/bytes/";
+
+/// The chunk the zeros download is sent in: one static buffer of zeros (1 MiB).
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// The body of `/bytes/N`: N zero bytes, [`ZEROS`] at a time, its length known up front.
+struct Zeros {
+    /// The bytes still to send.
+    left: u64,
+}
+
+impl hyper::body::Body for Zeros {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = usize::try_from(self.left).map_or(ZEROS.len(), |left| left.min(ZEROS.len()));
+        self.left -= n as u64;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&ZEROS[..n])))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+/// The count N of a path `/bytes/N` (decimal digits only), or `None` for any other path.
+fn zeros_asked(path: &str) -> Option<u64> {
+    let n = path.strip_prefix(BYTES_PATH)?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
 
 /// An append-only log file, one write per line; none when not asked for.
 #[derive(Clone, Default)]
@@ -257,7 +308,8 @@ async fn dns_tcp(mut stream: TcpStream, from: SocketAddr, zone: Arc<Zone>, log: 
     }
 }
 
-/// Serves HTTP/1.1 on one connection (plain or TLS): 200 and the server's body to any request.
+/// Serves HTTP/1.1 on one connection (plain or TLS): 200 and the server's body to any request,
+/// or N zeros to `/bytes/N`.
 async fn http<S>(io: S, scheme: &'static str, to: SocketAddr, body: Arc<str>, log: Log)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -275,15 +327,18 @@ where
             .map(ToString::to_string)
             .unwrap_or_default();
         log.line(&[scheme, &to.to_string(), req.method().as_str(), &host, &path]);
-        let body = body.clone();
-        async move {
-            Ok::<_, Infallible>(
-                hyper::Response::builder()
-                    .header(hyper::header::CONTENT_TYPE, "text/plain")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .unwrap_or_default(),
-            )
-        }
+        let response = match zeros_asked(&path) {
+            Some(n) => hyper::Response::builder()
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                .header(hyper::header::CONTENT_LENGTH, n)
+                .body(Either::Right(Zeros { left: n })),
+            None => hyper::Response::builder()
+                .header(hyper::header::CONTENT_TYPE, "text/plain")
+                .body(Either::Left(Full::new(Bytes::from(body.to_string())))),
+        };
+        let response =
+            response.unwrap_or_else(|_| hyper::Response::new(Either::Left(Full::default())));
+        async move { Ok::<_, Infallible>(response) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), service)
@@ -312,7 +367,9 @@ fn tls(args: &Args) -> Result<tokio_rustls::TlsAcceptor, String> {
 }
 
 /// Accepts connections on `listener` forever, logging each as `service`, and runs `serve` on
-/// each.
+/// each. Every connection is `TCP_NODELAY`, as a real server's is: a short write (a TLS 1.3
+/// session ticket, then the response) is not held back by Nagle's algorithm until the client's
+/// delayed ACK, 40 ms later, which a benchmark's time to first byte would measure.
 fn accept<F, Fut>(listener: TcpListener, service: &'static str, log: Log, serve: F)
 where
     F: Fn(TcpStream, SocketAddr, SocketAddr) -> Fut + Send + 'static,
@@ -323,6 +380,7 @@ where
             let Ok((stream, from)) = listener.accept().await else {
                 continue;
             };
+            let _ = stream.set_nodelay(true);
             let to = stream.local_addr().unwrap_or(from);
             log.line(&[service, &to.to_string(), &from.to_string()]);
             tokio::spawn(serve(stream, to, from));
