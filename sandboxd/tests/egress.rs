@@ -594,3 +594,53 @@ async fn a_sandbox_holding_connections_open_takes_only_its_own_share_of_the_prox
         .sum();
     assert_eq!(refused, 120, "{log:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_of_an_open_runtime_that_narrows_is_put_where_its_policy_holds() {
+    let net = internet();
+    let image = sandboxd_testkit::tools_image();
+    let runtimes = catalog(&image, r#"{"mode": "open"}"#);
+    let resolver = net.dns().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+    ]);
+    let narrow: sandboxd_catalog::egress::Egress = serde_json::from_str(POLICY).expect("a policy");
+    let mut req = sandboxd_api::session::OpenRequest {
+        name: "eg-6".into(),
+        tenant: "org-a".into(),
+        runtime: Some("egress".into()),
+        limits: None,
+        owner: None,
+        egress: vec![narrow],
+    };
+    let opened = d.admin().open_request(&req).await.expect("open narrowed");
+    let c = d.client(&opened.token.expect("a token"));
+    let denied = net.addr("denied.test").expect("denied.test");
+    let direct =
+        format!("curl -fsS --max-time 2 --resolve denied.test:80:{denied} http://denied.test/");
+    // On the egress network: its own policy holds, not its runtime's open one.
+    assert_eq!(
+        sh(&c, "eg-6", "curl -sS --max-time 2 http://allowed.test/").await,
+        (0, net.body("allowed.test").expect("a body"))
+    );
+    let (code, out) = sh(&c, "eg-6", &direct).await;
+    assert_ne!(
+        code, 0,
+        "denied.test through an open runtime narrowed to an allowlist: {out}"
+    );
+    // The narrowing dropped (the operator sends `open`): back on the open network.
+    req.egress = vec![serde_json::from_str(r#"{"mode": "open"}"#).expect("a policy")];
+    d.admin()
+        .open_request(&req)
+        .await
+        .expect("found, widened back to its runtime");
+    within_5_s(
+        &c,
+        "eg-6",
+        &direct,
+        |code| code == 0,
+        "denied.test reached again",
+    )
+    .await;
+}

@@ -196,6 +196,15 @@ impl Gate {
             .insert(session.to_owned(), (runtime.to_owned(), extra));
     }
 
+    /// The further policies a session's open named, if it is registered.
+    pub fn extra_of(&self, session: &str) -> Option<Vec<Egress>> {
+        self.sessions
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session)
+            .map(|(_, extra)| extra.clone())
+    }
+
     /// Forgets a destroyed session.
     pub fn forget(&self, session: &str) {
         self.sessions

@@ -51,11 +51,34 @@ pub(crate) fn moves(
         .collect()
 }
 
+/// The narrowest of two modes: none, then allowlist, then open.
+pub(crate) fn narrowest(a: EgressMode, b: EgressMode) -> EgressMode {
+    let rank = |m: EgressMode| match m {
+        EgressMode::None => 0,
+        EgressMode::Allowlist => 1,
+        EgressMode::Open => 2,
+    };
+    if rank(a) <= rank(b) { a } else { b }
+}
+
 impl Core {
-    /// The network a sandbox of `runtime` belongs on now (made when it is not yet);
-    /// `None` when the runtime is not allowlisted.
-    async fn network_for(&self, runtime: &str) -> Option<Result<String, ServiceError>> {
-        let mode = self.runtimes.egress_of(runtime)?.mode;
+    /// The mode a sandbox of a runtime of `runtime_mode` runs in: the narrowest of its
+    /// runtime's and of every further policy session `session`'s open named. A session of an
+    /// `open` runtime that narrows to an allowlist is put on the egress network, where its
+    /// policies are enforced.
+    pub(crate) fn mode_of(&self, runtime_mode: EgressMode, session: &str) -> EgressMode {
+        let extra = self
+            .egress
+            .as_ref()
+            .and_then(|e| e.gate.extra_of(session))
+            .unwrap_or_default();
+        extra.iter().fold(runtime_mode, |m, p| narrowest(m, p.mode))
+    }
+
+    /// The network a sandbox of `runtime` (session or warm container `name`) belongs on now
+    /// (made when it is not yet); `None` when the runtime is not allowlisted.
+    async fn network_for(&self, runtime: &str, name: &str) -> Option<Result<String, ServiceError>> {
+        let mode = self.mode_of(self.runtimes.egress_of(runtime)?.mode, name);
         let unavailable = |source| ServiceError::NetworkUnavailable {
             runtime: runtime.to_owned(),
             source,
@@ -123,23 +146,18 @@ impl Core {
             containers.push((id, name, on));
         }
         let mut wanted = HashMap::new();
-        for runtime in runtime_of.values() {
-            if wanted.contains_key(runtime) {
-                continue;
-            }
-            match self.network_for(runtime).await {
+        for (name, runtime) in &runtime_of {
+            match self.network_for(runtime, name).await {
                 Some(Ok(net)) => {
-                    wanted.insert(runtime.clone(), net);
+                    wanted.insert(name.clone(), net);
                 }
                 Some(Err(e)) => {
-                    warn!(%runtime, error = %e, "the network of the runtime's egress mode cannot be set up; its sandboxes stay where they are")
+                    warn!(%runtime, sandbox = %name, error = %e, "the network of the sandbox's egress mode cannot be set up; it stays where it is")
                 }
                 None => {}
             }
         }
-        let moves = moves(&containers, |name| {
-            runtime_of.get(name).and_then(|r| wanted.get(r)).cloned()
-        });
+        let moves = moves(&containers, |name| wanted.get(name).cloned());
         let mut moved = 0;
         for m in moves {
             let mut done = true;

@@ -162,14 +162,19 @@ impl Core {
                 .await?;
         }
         match claim {
-            Claim::Inserted => self
-                .launch(&req, &runtime, &limits, started, slot)
-                .await
-                .map(|session| Opened {
+            Claim::Inserted => {
+                let session = self.launch(&req, &runtime, &limits, started, slot).await?;
+                // A warm container was made on its runtime's network; a session that narrows
+                // to another mode is moved to its own.
+                if !req.egress.is_empty() {
+                    self.follow_egress_modes().await;
+                }
+                Ok(Opened {
                     created: true,
                     session,
                     token: Some(token),
-                }),
+                })
+            }
             Claim::Exists(row) => {
                 drop(slot);
                 let row = *row;
@@ -188,6 +193,8 @@ impl Core {
                 // changes); one that names none leaves them as they were.
                 if !req.egress.is_empty() {
                     self.note_egress(&row.id, &row.runtime, &req.egress).await?;
+                    // Narrowed to another mode (or widened back): its sandbox moves.
+                    self.follow_egress_modes().await;
                 }
                 self.metrics
                     .opens
@@ -426,7 +433,7 @@ impl Core {
         workspace: &Workspace,
     ) -> Result<SandboxSpec, ServiceError> {
         let s = &self.settings;
-        let network_mode = match (&self.network, runtime.egress.mode) {
+        let network_mode = match (&self.network, self.mode_of(runtime.egress.mode, name)) {
             (_, EgressMode::None) => s.network_mode.clone(),
             (_, EgressMode::Allowlist) => {
                 match &self.egress {
