@@ -1,12 +1,13 @@
 //! `kubectl sandbox`, a kubectl plugin for people: open a sandbox session and wait until it
 //! runs, run commands in it, copy files in and out, list and walk its workspace, read its audit
-//! log (or follow its activity feed) and briefing, list sessions and what their sandboxes use,
-//! and check every SandboxHost.
+//! log (or follow its activity feed) and briefing, see what its sandbox reached on the network
+//! and what was refused, list sessions and what their sandboxes use, and check every SandboxHost.
 //!
 //! It talks to the API server for the `SandboxSession` and `SandboxHost` objects and the session
 //! token Secret, and to the session's sandboxd with that token (sandboxd's typed client).
 
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod operators;
 pub mod render;
@@ -93,6 +94,21 @@ pub enum Command {
         /// Order by cpu, memory (the default) or name.
         #[arg(long, value_enum, default_value = "memory")]
         sort_by: top::SortBy,
+    },
+    /// What the session's sandbox reached on the network and what was refused, over the last
+    /// minutes: one row per name, port and verdict (allowed or denied for a connection,
+    /// resolved or refused for a DNS query), summed over the window, with connections, bytes
+    /// out and in, the last minute seen and the last refusal's reason. Only sandboxes of an
+    /// allowlist egress policy go through the host's egress proxy and resolver.
+    Egress {
+        /// The session.
+        name: String,
+        /// How many minutes back, 1 to 1440.
+        #[arg(long, default_value_t = 60)]
+        minutes: u32,
+        /// One row per minute instead of sums over the window.
+        #[arg(long)]
+        by_minute: bool,
     },
     /// The paragraph for an agent's instructions: what the session's runtime holds.
     Briefing {
@@ -235,6 +251,13 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Ops(args) if args.follow => workspace::follow(&target, &args).await.map(|()| 0),
         Command::Ops(args) => workspace::ops(&target, &args).await.map(|()| 0),
         Command::Top { name, sort_by } => top::top(&target, name.as_deref(), sort_by)
+            .await
+            .map(|()| 0),
+        Command::Egress {
+            name,
+            minutes,
+            by_minute,
+        } => egress::egress(&target, &name, minutes, by_minute)
             .await
             .map(|()| 0),
         Command::Briefing { name } => session::briefing(&target, &name).await.map(|()| 0),

@@ -155,6 +155,27 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         "kubectl sandbox: SandboxSession s1 belongs to tenant org-1, not org-2: a session never moves to another tenant; open another name\n"
     );
 
+    // egress: a sandbox without network has reached nothing; a session that is not there, or
+    // a window sandboxd does not keep, is told in words.
+    let (out, _) = ok(&ns, &["egress", "s1", "--minutes", "5"]);
+    assert_eq!(
+        out,
+        "No egress in the last 5 minutes (only sandboxes of an allowlist policy go through the egress proxy and resolver).\n"
+    );
+    let missing = plugin(&ns, &["egress", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(
+        text(&missing).1,
+        format!(
+            "kubectl sandbox: no SandboxSession nope in namespace {ns}: open it with `kubectl sandbox open nope --tenant <organization id> -n {ns}`\n"
+        )
+    );
+    let wide = plugin(&ns, &["egress", "s1", "--minutes", "2000"]);
+    assert_eq!(
+        text(&wide).1,
+        "kubectl sandbox: --minutes 2000: use 1 to 1440\n"
+    );
+
     // exec: output streamed to the right stream, the command's status is the exit status.
     let run = plugin(
         &ns,

@@ -139,6 +139,39 @@ pub fn decide(f: &EgressFacts<'_>) -> Result<Vec<Egress>, EgressRefusal> {
         .collect())
 }
 
+/// What the operator does about an open session's egress policies, decided by [`change`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Its host already enforces what the session should have: nothing is sent.
+    Keep,
+    /// The host is sent these policies with an open of the session (which replaces the ones
+    /// it had, live).
+    Send(Vec<Egress>),
+    /// The session's current policy is refused (why): the one sent before stays in force.
+    Refuse(EgressRefusal),
+}
+
+/// What to do about an open session's egress policies: `decided` is [`decide`]'s answer now,
+/// `sent` what its host was last sent (`None`: not known, a session opened before the operator
+/// recorded it). A refusal keeps the old policies in force. A session left with nothing to add
+/// (it dropped its `spec.egress`, its namespace has no ceiling) after its host was sent
+/// something is sent `open` alone: an open naming no policy leaves the host's as they were, and
+/// `open` narrows nothing under any Runtime's policy, now or after the Runtime is edited.
+pub fn change(decided: Result<Vec<Egress>, EgressRefusal>, sent: Option<&[Egress]>) -> Change {
+    let want = match decided {
+        Err(refusal) => return Change::Refuse(refusal),
+        Ok(want) => want,
+    };
+    match sent {
+        Some(sent) if sent == want.as_slice() => Change::Keep,
+        Some(sent) if want.is_empty() && (sent.is_empty() || sent == [Egress::open()]) => {
+            Change::Keep
+        }
+        _ if want.is_empty() => Change::Send(vec![Egress::open()]),
+        _ => Change::Send(want),
+    }
+}
+
 /// A policy's problems in a line (`allow[1].domain: …; allow[2].cidr: …`), if it has any.
 fn problems(policy: &Egress) -> Option<String> {
     let problems = policy.validate();
@@ -184,6 +217,81 @@ mod tests {
             session_egress: session,
             namespace: "team-a",
             ceiling,
+        }
+    }
+
+    #[test]
+    fn what_is_sent_to_an_open_session_on_a_change() {
+        let pypi = allowlist(&["pypi.org"]);
+        let docs = allowlist(&["docs.python.org"]);
+        let open = Egress::open();
+        let widened = EgressRefusal {
+            reason: SessionReason::EgressWidened,
+            message: "spec.egress widens the runtime's policy".to_owned(),
+        };
+        for (what, decided, sent, expected) in [
+            (
+                "the same as sent",
+                Ok(vec![pypi.clone()]),
+                Some(vec![pypi.clone()]),
+                Change::Keep,
+            ),
+            (
+                "nothing to add, nothing sent",
+                Ok(vec![]),
+                Some(vec![]),
+                Change::Keep,
+            ),
+            (
+                "a new narrowing",
+                Ok(vec![docs.clone()]),
+                Some(vec![pypi.clone()]),
+                Change::Send(vec![docs.clone()]),
+            ),
+            (
+                "a first narrowing of a session opened without one",
+                Ok(vec![pypi.clone()]),
+                Some(vec![]),
+                Change::Send(vec![pypi.clone()]),
+            ),
+            (
+                "a ceiling added after the session's own",
+                Ok(vec![pypi.clone(), docs.clone()]),
+                Some(vec![pypi.clone()]),
+                Change::Send(vec![pypi.clone(), docs.clone()]),
+            ),
+            (
+                "the narrowing dropped: open replaces it",
+                Ok(vec![]),
+                Some(vec![pypi.clone()]),
+                Change::Send(vec![open.clone()]),
+            ),
+            (
+                "dropped before, open sent: kept",
+                Ok(vec![]),
+                Some(vec![open.clone()]),
+                Change::Keep,
+            ),
+            (
+                "not known what was sent: sent once",
+                Ok(vec![]),
+                None,
+                Change::Send(vec![open.clone()]),
+            ),
+            (
+                "not known, a narrowing: sent once",
+                Ok(vec![pypi.clone()]),
+                None,
+                Change::Send(vec![pypi.clone()]),
+            ),
+            (
+                "refused: the old policy stays",
+                Err(widened.clone()),
+                Some(vec![pypi.clone()]),
+                Change::Refuse(widened.clone()),
+            ),
+        ] {
+            assert_eq!(change(decided, sent.as_deref()), expected, "{what}");
         }
     }
 

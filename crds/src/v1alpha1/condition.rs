@@ -36,6 +36,10 @@ pub enum ConditionType {
     RebuildNeeded,
     /// `Rebuilt`: how the session's last rebuild went (False: it failed, and the message says why).
     Rebuilt,
+    /// `EgressApplied`: whether the session's current egress policy (its `spec.egress` and its
+    /// namespace's ceiling) is what its host enforces (False: a change was refused, the message
+    /// says why, and the policy sent before stays in force).
+    EgressApplied,
 }
 
 impl ConditionType {
@@ -53,6 +57,7 @@ impl ConditionType {
             Self::Lost => "Lost",
             Self::RebuildNeeded => "RebuildNeeded",
             Self::Rebuilt => "Rebuilt",
+            Self::EgressApplied => "EgressApplied",
         }
     }
 }
@@ -103,6 +108,8 @@ pub enum SessionReason {
     /// (annotation `sandboxd.dev/egress-ceiling`), or that annotation is not a valid policy;
     /// the session is Failed until one of them changes.
     EgressCeiling,
+    /// `EgressApplied=True`: the host enforces the session's current egress policy.
+    EgressApplied,
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
     OpenFailed,
@@ -167,6 +174,7 @@ impl SessionReason {
             Self::EgressInvalid => "EgressInvalid",
             Self::EgressWidened => "EgressWidened",
             Self::EgressCeiling => "EgressCeiling",
+            Self::EgressApplied => "EgressApplied",
             Self::OpenFailed => "OpenFailed",
             Self::TokenSecretNotWritten => "TokenSecretNotWritten",
             Self::NotOnHost => "NotOnHost",

@@ -159,9 +159,10 @@ pub struct SandboxSessionSpec {
     /// Narrows where the sandbox may connect: within its Runtime's egress policy (and its
     /// namespace's ceiling, annotation sandboxd.dev/egress-ceiling), never wider; a wider one
     /// is refused (the session is Failed, saying which entry widens it). Unset: the Runtime's.
-    /// Read when the session opens. Immutable.
+    /// May be changed while the session runs: the operator sends the new policy to its host,
+    /// where it counts from the next connection, without a restart; a change that would widen
+    /// is refused (condition EgressApplied False) and the policy sent before stays in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.egress is immutable: create a new SandboxSession for another egress policy"))]
     pub egress: Option<Egress>,
 }
 
@@ -280,10 +281,48 @@ pub struct SandboxSessionStatus {
     /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub briefing: Option<String>,
-    /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt.
+    /// The egress policies last sent to the host with the session's open, beyond its Runtime's
+    /// own: what its host enforces now. Set once the session is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<SessionEgress>,
+    /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt,
+    /// EgressApplied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The egress policies a session's host was last sent (`status.egress`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionEgress {
+    /// The further policies the host was sent, each of which a connection must also satisfy
+    /// besides its Runtime's policy: the session's spec.egress, then its namespace's ceiling
+    /// (annotation sandboxd.dev/egress-ceiling), each when there is one. `open` alone once a
+    /// narrowing was lifted (it narrows nothing). Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // Written by the operator alone, from policies it validated: the schema keeps their
+    // shape without the spec's CEL rules, whose cost the API server would count again.
+    #[schemars(schema_with = "sent_policies")]
+    pub policies: Vec<Egress>,
+    /// When the host acknowledged them (the open that carried them returned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<Time>,
+    /// The metadata.generation of the session whose spec.egress they carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The schema of `status.egress.policies`: a list of egress policies (objects whose fields the
+/// operator wrote), without validation rules.
+fn sent_policies(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        },
+    })
 }

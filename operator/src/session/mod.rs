@@ -5,13 +5,15 @@
 //!
 //! A reconcile runs the steps in order, each in its module, and stops at the first that has
 //! nothing more to do now: [`place`] (the Runtime, a host, the claim), [`open`] (the open on the
-//! host and the token Secret), [`follow`] (the session's life, decided by a pure function);
+//! host and the token Secret), [`egress`] (an open session's egress policies kept current on
+//! its host), [`follow`] (the session's life, decided by a pure function);
 //! [`cleanup`] runs when the object is deleted. Before them, [`orphan`] deletes a session its
 //! namespace left behind.
 //!
 //! Over 600 lines with its tests; the controller's own code is under 450.
 
 mod cleanup;
+mod egress;
 pub mod follow;
 mod open;
 pub mod orphan;
@@ -400,6 +402,11 @@ async fn advance(
         Flow::Next(opened) => opened,
         Flow::Done(requeue) => return Ok(Step { status, requeue }),
     };
+    // 2b. Its egress policies, sent again when its spec.egress or its namespace's ceiling
+    // changed since its host was last sent them.
+    egress::keep_current(s, ctx, &mut status, &placed, &id, uid.as_deref())
+        .instrument(tracing::info_span!("egress"))
+        .await?;
     // 3. Follow the session on the host (just opened: the open answered with it).
     follow::follow(
         s,

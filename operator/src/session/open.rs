@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, ResourceExt};
 use sandboxd_api::ErrorCode;
 use sandboxd_api::client::ClientError;
 use sandboxd_api::session::{OpenRequest, SessionView};
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
-use sandboxd_crds::v1alpha1::session::SessionPhase;
+use sandboxd_crds::v1alpha1::session::{SessionEgress, SessionPhase};
 use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
 use tracing::{Instrument as _, info, warn};
 
@@ -130,6 +131,12 @@ pub(super) async fn open(
                 ctx.token_seen(&key(s));
                 status.session_id = Some(opened.session.id.clone());
                 status.runtime = Some(opened.session.runtime.clone());
+                // What the host enforces beyond the runtime's policy ([`super::egress`]).
+                status.egress = Some(SessionEgress {
+                    policies: placed.egress.iter().map(Into::into).collect(),
+                    sent_at: Some(Time(Timestamp::now())),
+                    observed_generation: generation,
+                });
                 opened_view = Some(opened.session);
                 status.credentials_secret = Some(secret.clone());
                 conditions::set(

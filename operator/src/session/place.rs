@@ -198,7 +198,7 @@ pub(super) async fn place(
 
 /// The egress policies a session's open sends, or why it is refused ([`crate::egress::decide`]
 /// on its Runtime, its spec and its namespace's ceiling).
-async fn egress_policies(
+pub(super) async fn egress_policies(
     s: &SandboxSession,
     ctx: &Context,
     runtime: Option<&Runtime>,
