@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV = eval "$$(hack/env.sh)"
 
-.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv sdk-venv sdk-test faults
+.PHONY: up down env demo images generate lint test unit e2e wire-venv schemathesis-venv sdk-venv sdk-test faults bench
 
 up: ## build (once) and start the control plane, dockerd and the base image
 	hack/up.sh
@@ -17,6 +17,9 @@ env: ## print the export lines for KUBECONFIG, DOCKER_HOST, SANDBOXD_BASE_IMAGE
 
 demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session opened with kubectl sandbox
 	hack/demo.sh
+
+bench: up ## the benchmarks, release builds, each against its own baseline (docs/benchmarks.md); BENCH=sandboxd|open|operator|egress|wire runs one
+	hack/bench.sh $(BENCH)
 
 images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)
 	hack/images.sh

@@ -14,7 +14,7 @@ build of sandboxd) as docs/benchmarks.md says:
 
     eval "$(make -s env)"
     cargo build --release -p sandboxd --bin sandboxd
-    "$(hack/wire-venv.sh)" sandboxd/bench/wire_bench.py --sandboxd target/release/sandboxd
+    "$(hack/wire-venv.sh)" tests/bench/wire_bench.py --sandboxd target/release/sandboxd
 """
 
 from __future__ import annotations
