@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Starts a dockerd of the project's own: socket .dev/docker.sock, data root in the cache (so
-# images survive between checkouts), exec root and pid file in .dev. Installs Debian's docker.io
-# when dockerd is missing. Idempotent: an answering daemon is left alone.
-#   hack/dockerd.sh start|stop
+# images survive between checkouts), exec root and pid file in .dev, its configuration (the OCI
+# runtimes beside runc, gVisor's runsc among them) in .dev/dockerd.json. Installs Debian's
+# docker.io when dockerd is missing. Idempotent: an answering daemon started with the same
+# configuration is left alone; one started with another (or by an older version of this script)
+# is restarted, which ends its containers.
+#   hack/dockerd.sh start|stop|config
 source "$(dirname "$0")/lib.sh"
 
 SOCK="$DEV_DIR/docker.sock"
@@ -10,6 +13,7 @@ PIDFILE="$DEV_DIR/dockerd.pid"
 DATA_ROOT="$CACHE_DIR/docker"
 # exec-root holds unix sockets: keep its path short, and distinct per checkout.
 EXEC_ROOT="/run/sandboxd-docker-$(printf '%s' "$ROOT_DIR" | sha256sum | cut -c1-8)"
+CONFIG="$DEV_DIR/dockerd.json"
 
 answering() { DOCKER_HOST="unix://$SOCK" docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
@@ -21,27 +25,72 @@ install_docker() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io crun >/dev/null
 }
 
+# config: the daemon.json this script starts dockerd with, on stdout. Its OCI runtimes beside
+# Docker's default runc, each a name for SANDBOXD_OCI_RUNTIME:
+#   runc-alt  runc under a second name, which works everywhere;
+#   crun      where installed (it refuses hybrid v1/v2 cgroup hierarchies, such as this machine's);
+#   runsc     gVisor (hack/runsc.sh) on its systrap platform (kvm needs vmx/svm, which VMs
+#             without nested virtualisation lack, and hangs there); --host-uds=create lets a
+#             program in the sandbox bind a Unix socket in a bind-mounted folder that host
+#             programs connect to (the resident agent's socket in /run/sandboxd; without it the
+#             socket exists only inside the sandbox). Its network is gVisor's own (the default
+#             --network=sandbox): on a user-defined network Docker's resolver at 127.0.0.11 is
+#             out of its reach, so names do not resolve there (addresses do).
+# experimental: for `docker checkpoint` (later work of issue #34); nothing else changes with it.
+config() {
+  local runsc; runsc=$("$HACK_DIR/runsc.sh" path)
+  printf '{\n  "experimental": true,\n  "runtimes": {\n'
+  printf '    "runc-alt": {"path": "%s"},\n' "$(command -v runc)"
+  if command -v crun >/dev/null; then printf '    "crun": {"path": "%s"},\n' "$(command -v crun)"; fi
+  printf '    "runsc": {"path": "%s", "runtimeArgs": ["--platform=systrap", "--host-uds=create"]}\n' "$runsc"
+  printf '  }\n}\n'
+}
+
+# other_daemons: pids of the dockerds other than ours with our data root (another checkout's
+# `make up`, a CI run): a second daemon on the same data root would fight the first over it.
+other_daemons() {
+  local pid ours="" root
+  [[ -f $PIDFILE ]] && ours=$(cat "$PIDFILE")
+  for pid in $(pgrep -x dockerd || true); do
+    [[ $pid == "$ours" ]] && continue
+    root=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | sed -n '/^--data-root$/{n;p;q};s/^--data-root=//p' | head -1)
+    [[ $root == "$DATA_ROOT" ]] && echo "$pid"
+  done
+  return 0
+}
+
 start() {
   mkdir -p "$DEV_DIR" "$DATA_ROOT"
-  if answering; then return 0; fi
   install_docker
+  "$HACK_DIR/runsc.sh" build >/dev/null
+  local want; want=$(config)
+  if answering; then
+    [[ -f $CONFIG && $(cat "$CONFIG") == "$want" ]] && return 0
+    if ! [[ -f $PIDFILE ]] || ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      log "warning: a dockerd answers on $SOCK without its pid in $PIDFILE; left alone though its configuration is not $CONFIG's"
+      return 0
+    fi
+  fi
   [[ $(id -u) == 0 ]] || die "dockerd needs root to start containers; run make up as root"
+  local others; others=$(other_daemons)
+  [[ -z $others ]] || die "dockerd $(echo $others) (another checkout, or a CI run) uses the data root $DATA_ROOT; stop it first (its checkout's make down): two daemons cannot share it"
   if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    log "dockerd (pid $(cat "$PIDFILE")) is running but not answering; restarting it"
+    if answering; then
+      log "dockerd (pid $(cat "$PIDFILE")) runs with another configuration than $CONFIG's; restarting it"
+    else
+      log "dockerd (pid $(cat "$PIDFILE")) is running but not answering; restarting it"
+    fi
     stop
   fi
   rm -f "$SOCK" "$PIDFILE"
-  log "starting dockerd on $SOCK (data root $DATA_ROOT)"
-  # A second OCI runtime name for SANDBOXD_OCI_RUNTIME: crun where the host's cgroups allow it
-  # (it refuses hybrid v1/v2 hierarchies), and runc under its own name, which works everywhere.
-  local runtimes=(--add-runtime "runc-alt=$(command -v runc)")
-  command -v crun >/dev/null && runtimes+=(--add-runtime "crun=$(command -v crun)")
+  printf '%s\n' "$want" >"$CONFIG"
+  log "starting dockerd on $SOCK (data root $DATA_ROOT, runtimes: $(sed -n 's/^    "\([^"]*\)".*/\1/p' "$CONFIG" | tr '\n' ' ' | sed 's/ $//'))"
   setsid dockerd \
+    --config-file "$CONFIG" \
     --host "unix://$SOCK" \
     --data-root "$DATA_ROOT" \
     --exec-root "$EXEC_ROOT" \
     --pidfile "$PIDFILE" \
-    "${runtimes[@]}" \
     >"$DEV_DIR/dockerd.log" 2>&1 </dev/null &
   wait_for "dockerd (log: $DEV_DIR/dockerd.log)" 60 answering
   log "dockerd $(DOCKER_HOST="unix://$SOCK" docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})') is up"
@@ -63,5 +112,6 @@ stop() {
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
-  *) die "usage: $0 start|stop" ;;
+  config) config ;;
+  *) die "usage: $0 start|stop|config" ;;
 esac

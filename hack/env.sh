@@ -8,6 +8,7 @@ export SANDBOXD_BASE_IMAGE=$BASE_IMAGE_TAG
 export SANDBOXD_TOOLS_IMAGE=$TOOLS_IMAGE_TAG
 export SANDBOXD_KUBECTL=$KUBE_BIN/kubectl
 export SANDBOXD_HELM=$HELM_BIN/helm
+export SANDBOXD_RUNSC=$("$HACK_DIR/runsc.sh" path)
 export SANDBOXD_TEST_POSTGRES_URL=$("$HACK_DIR/postgres.sh" url)
 ENV
 # Runtime builds trust the host's CA bundle, so they reach PyPI where TLS is intercepted by a

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make up`: everything a developer or a test run needs, started once and reused.
 #   1. kube-apiserver, kube-controller-manager, kubectl, etcd, helm and promtool built at the pins (cached)
-#   2. dockerd of the project's own (.dev/docker.sock), installing docker.io if missing
+#   2. dockerd of the project's own (.dev/docker.sock), installing docker.io if missing, with
+#      gVisor's runsc (built at its pin, cached; hack/runsc.sh) among its OCI runtimes
 #   3. the local base image ($BASE_IMAGE_TAG), built with debootstrap (cached in dockerd's data root),
 #      the busybox-only test image (hack/busybox-image.sh) and the tests' tools image
 #      ($TOOLS_IMAGE_TAG: curl, dig, python3; hack/tools-image.sh)
@@ -13,6 +14,7 @@ source "$(dirname "$0")/lib.sh"
 mkdir -p "$DEV_DIR"
 "$HACK_DIR/build-control-plane.sh" all
 "$HACK_DIR/build-node.sh" all
+"$HACK_DIR/runsc.sh" >/dev/null
 "$HACK_DIR/dockerd.sh" start
 "$HACK_DIR/base-image.sh"
 "$HACK_DIR/busybox-image.sh" >/dev/null
