@@ -54,6 +54,8 @@ pub enum ErrorCode {
     RuntimePreparing,
     /// The runtime's image could not be built (503).
     RuntimeFailed,
+    /// The runtime's isolation (gvisor) is not offered by this host's dockerd (503).
+    IsolationUnavailable,
     /// The tenant's cap of sessions is reached (429).
     TenantCap,
     /// The host's cap of sessions is reached (429).
@@ -126,7 +128,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 50] = [
+    pub const ALL: [ErrorCode; 51] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -145,6 +147,7 @@ impl ErrorCode {
         Self::UnknownRuntime,
         Self::RuntimePreparing,
         Self::RuntimeFailed,
+        Self::IsolationUnavailable,
         Self::TenantCap,
         Self::HostCap,
         Self::TenantWorkspaces,
@@ -200,6 +203,7 @@ impl ErrorCode {
             Self::UnknownRuntime => "unknown_runtime",
             Self::RuntimePreparing => "runtime_preparing",
             Self::RuntimeFailed => "runtime_failed",
+            Self::IsolationUnavailable => "isolation_unavailable",
             Self::TenantCap => "tenant_cap",
             Self::HostCap => "host_cap",
             Self::TenantWorkspaces => "tenant_workspaces",
@@ -258,6 +262,7 @@ impl From<&str> for ErrorCode {
             "unknown_runtime" => Self::UnknownRuntime,
             "runtime_preparing" => Self::RuntimePreparing,
             "runtime_failed" => Self::RuntimeFailed,
+            "isolation_unavailable" => Self::IsolationUnavailable,
             "tenant_cap" => Self::TenantCap,
             "host_cap" => Self::HostCap,
             "tenant_workspaces" => Self::TenantWorkspaces,

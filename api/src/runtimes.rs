@@ -53,6 +53,9 @@ pub struct RuntimeStatus {
     pub log_tail: Option<String>,
     /// Whether its sessions get a network.
     pub needs_network: bool,
+    /// What stands between its sandboxes and the node's kernel (runc or gvisor).
+    #[serde(default, skip_serializing_if = "sandboxd_catalog::Isolation::is_runc")]
+    pub isolation: sandboxd_catalog::Isolation,
     /// Its egress policy as it is enforced (its `egress`, or what `needs_network` means).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<sandboxd_catalog::egress::Egress>,
@@ -83,4 +86,8 @@ pub struct RuntimeList {
     pub catalog: bool,
     /// The runtimes, in allowlist order; the first is the default.
     pub runtimes: Vec<RuntimeStatus>,
+    /// The isolation levels this host's dockerd offers (runc always; gvisor when it has the
+    /// OCI runtime SANDBOXD_GVISOR_RUNTIME names).
+    #[serde(default)]
+    pub isolation: Vec<sandboxd_catalog::Isolation>,
 }

@@ -61,6 +61,52 @@ pub struct CatalogEntry {
     /// `needs_network` (true: mode open, false: mode none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<egress::Egress>,
+    /// What stands between its sandboxes and the node's kernel: runc (the default: the
+    /// node's kernel, namespaces and seccomp) or gvisor (gVisor's own kernel, runsc).
+    #[serde(default, skip_serializing_if = "Isolation::is_runc")]
+    pub isolation: Isolation,
+}
+
+/// What stands between a runtime's sandboxes and the node's kernel.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// runc: the node's kernel, with namespaces, cgroups and seccomp.
+    #[default]
+    Runc,
+    /// gVisor (runsc): a kernel of its own in user space between the sandbox and the node's.
+    Gvisor,
+}
+
+impl Isolation {
+    /// Every level, as the catalog names them.
+    pub const ALL: [Isolation; 2] = [Isolation::Runc, Isolation::Gvisor];
+
+    /// The name in the catalog and on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Gvisor => "gvisor",
+        }
+    }
+
+    /// Whether it is runc (the default, left out when written).
+    pub fn is_runc(&self) -> bool {
+        *self == Self::Runc
+    }
+
+    /// The level a name gives, if it is one.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|i| i.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for Isolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl CatalogEntry {
@@ -78,7 +124,7 @@ fn is_zero(n: &u32) -> bool {
 pub const MAX_WARM_POOL: u32 = 1000;
 
 /// The fields an entry may have.
-pub const FIELDS: [&str; 13] = [
+pub const FIELDS: [&str; 14] = [
     "alias",
     "description",
     "image",
@@ -92,6 +138,7 @@ pub const FIELDS: [&str; 13] = [
     "needs_network",
     "warm_pool",
     "egress",
+    "isolation",
 ];
 
 /// One thing wrong with a catalog.
@@ -334,6 +381,14 @@ fn check_entry(item: &Value, label: &str, errors: &mut Vec<CatalogError>) {
     if let Some(v) = map.get("egress") {
         check_egress(v, map.get("needs_network"), &mut err);
     }
+    if let Some(v) = map.get("isolation")
+        && v.as_str().and_then(Isolation::parse).is_none()
+    {
+        err(
+            "isolation",
+            format!("must be runc (the node's kernel) or gvisor (gVisor's runsc), not {v}"),
+        );
+    }
     if let Some(v) = map.get("warm_pool")
         && v.as_u64().is_none_or(|n| n > u64::from(MAX_WARM_POOL))
     {
@@ -418,12 +473,35 @@ mod tests {
                 "entry 1 (Bad_Alias): packages: is allowed only with base_image: an image entry installs nothing",
                 "entry 2 (both): image: image and base_image exclude each other: image is used as is, base_image is built",
                 "entry 2 (both): mem_limit: '2 gigs' is not a number with an optional unit b, k, m, g, t or p in Docker's syntax (for example 512m or 2g)",
-                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress",
+                "entry 3 (none): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress, isolation",
                 "entry 3 (none): image: one of image (a ready image) and base_image (built on the host) is required",
                 "entry 3 (none): needs_network: must be true or false",
                 "entry 4 (both): env_vars: '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",
                 "entry 4 (both): env_vars: the value of 'OK' must be a string",
                 "entry 4 (both): alias: 'both' is already used by an earlier entry; aliases must be unique",
+            ]
+        );
+    }
+
+    #[test]
+    fn isolation_is_runc_or_gvisor() {
+        let ok = parse(
+            r#"[{"alias": "a", "image": "i", "isolation": "gvisor"}, {"alias": "b", "image": "i"}]"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            (ok[0].isolation, ok[1].isolation),
+            (Isolation::Gvisor, Isolation::Runc)
+        );
+        // Written back only when it is not the default.
+        assert_eq!(to_json(&ok).matches("isolation").count(), 1);
+        assert_eq!(
+            messages(
+                r#"[{"alias": "a", "image": "i", "isolation": "kata"}, {"alias": "b", "image": "i", "isolation": true}]"#
+            ),
+            vec![
+                "entry 1 (a): isolation: must be runc (the node's kernel) or gvisor (gVisor's runsc), not \"kata\"",
+                "entry 2 (b): isolation: must be runc (the node's kernel) or gvisor (gVisor's runsc), not true",
             ]
         );
     }

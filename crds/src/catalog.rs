@@ -23,6 +23,7 @@ pub fn to_runtime(entry: &CatalogEntry, default: bool) -> Runtime {
             workspace_size: entry.workspace_size.clone(),
             needs_network: entry.needs_network,
             egress: entry.egress.as_ref().map(Into::into),
+            isolation: (!entry.isolation.is_runc()).then(|| entry.isolation.into()),
             default,
             rebuild_policy: None,
             max_unavailable: None,

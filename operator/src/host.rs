@@ -337,6 +337,11 @@ async fn observe(
         .count();
     status.sessions = Some(i32::try_from(held).unwrap_or(i32::MAX));
     let runtimes = client.runtimes().await?;
+    status.isolation = runtimes
+        .isolation
+        .iter()
+        .map(|i| i.as_str().to_owned())
+        .collect();
     status.runtimes_ready = runtimes
         .runtimes
         .into_iter()

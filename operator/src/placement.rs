@@ -22,6 +22,9 @@ pub struct Candidate {
     /// where workspaces are not limited. A host whose budget has no room for one more
     /// workspace is not chosen: sandboxd would refuse the open.
     pub workspaces: Option<(u64, u64, u64)>,
+    /// The isolation level the session's runtime needs that this host's dockerd does not offer
+    /// (`None`: it offers what is needed). Such a host is never chosen.
+    pub lacks_isolation: Option<String>,
 }
 
 /// Why no host was chosen.
@@ -46,6 +49,10 @@ pub enum PlacementError {
 fn why_not(c: &Candidate) -> Option<String> {
     if c.disabled {
         Some("it is disabled".into())
+    } else if let Some(level) = &c.lacks_isolation {
+        Some(format!(
+            "its dockerd does not offer isolation {level} (runsc for gvisor: see the SandboxHost's status.isolation)"
+        ))
     } else if !c.ready {
         Some("it is not ready".into())
     } else if c.max_sessions > 0 && c.sessions >= c.max_sessions {
@@ -134,6 +141,7 @@ mod tests {
             max_sessions: max,
             runtime_ready: None,
             workspaces: None,
+            lacks_isolation: None,
         }
     }
 
@@ -205,6 +213,29 @@ mod tests {
             place(&hosts[..1], None),
             Err(PlacementError::NoHost(
                 "a: its workspaces hold 92.0 GiB of its 95.0 GiB budget, no room for one of 4.0 GiB"
+                    .into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_gvisor_session_goes_only_where_dockerd_offers_gvisor() {
+        let hosts = [
+            Candidate {
+                lacks_isolation: Some("gvisor".into()),
+                ..host("a", 0, 20)
+            },
+            host("b", 9, 20),
+        ];
+        assert_eq!(
+            place(&hosts, None),
+            Ok("b".into()),
+            "the idle host lacks gvisor"
+        );
+        assert_eq!(
+            place(&hosts[..1], None),
+            Err(PlacementError::NoHost(
+                "a: its dockerd does not offer isolation gvisor (runsc for gvisor: see the SandboxHost's status.isolation)"
                     .into()
             ))
         );

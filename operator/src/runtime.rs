@@ -62,6 +62,7 @@ pub fn entry(rt: &Runtime) -> CatalogEntry {
             .as_ref()
             .map_or(rt.spec.needs_network, |e| e.mode != EgressMode::None),
         egress,
+        isolation: rt.spec.isolation.map(Into::into).unwrap_or_default(),
         // The API server keeps it within 0..=1000.
         warm_pool: rt
             .spec
@@ -299,6 +300,7 @@ mod tests {
                 workspace_size: None,
                 needs_network,
                 egress: egress.map(|e| serde_json::from_str(e).expect("CRD shape")),
+                isolation: None,
                 default: false,
                 rebuild_policy: None,
                 max_unavailable: None,

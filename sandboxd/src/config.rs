@@ -399,6 +399,12 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_OCI_RUNTIME")]
     pub oci_runtime: Option<String>,
 
+    /// The name of gVisor's OCI runtime in dockerd's configuration (its `runtimes` setting):
+    /// sandboxes of runtimes with `isolation: gvisor` run on it. The host offers gvisor when
+    /// dockerd has it.
+    #[arg(long, env = "SANDBOXD_GVISOR_RUNTIME", default_value = "runsc")]
+    pub gvisor_runtime: String,
+
     /// How runs reach a sandbox: `agent` (the resident agent as every new sandbox's PID 1,
     /// over a Unix socket; Docker exec for a container that has none) or `exec` (Docker exec
     /// only, Docker's init as PID 1).
@@ -832,6 +838,7 @@ impl crate::service::Settings {
             tmpfs_size: c.tmpfs_size.clone(),
             home_size: c.home_size.clone(),
             oci_runtime: c.oci_runtime.clone(),
+            gvisor_runtime: c.gvisor_runtime.clone(),
             persist_containers: c.persist_containers,
             file_work: crate::service::work::FileWorkLimits {
                 workers: c.file_workers,
@@ -967,7 +974,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
+                "SANDBOXD_RUNTIMES_FILE {}: the runtime catalog is invalid (3 errors):\n  - entry 1 (a): colour: unknown field; allowed are alias, description, image, base_image, setup_commands, packages, env_vars, briefing, mem_limit, workspace_size, needs_network, warm_pool, egress, isolation\n  - entry 2 (B): alias: 'B' must match [a-z][a-z0-9-]* (a lowercase letter, then lowercase letters, digits or '-')\n  - entry 2 (B): image: one of image (a ready image) and base_image (built on the host) is required",
                 path.display()
             )
         );

@@ -148,6 +148,8 @@ async fn start_with(
     // here waits for it.
     core.trash().spawn_sweeper();
     let trash = core.trash().clone();
+    let offered = core.detect_isolation().await;
+    info!(isolation = ?offered, "isolation levels this host's dockerd offers");
     let reconciled = core
         .reconcile()
         .await

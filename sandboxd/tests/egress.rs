@@ -23,6 +23,12 @@ fn catalog(image: &str, egress: &str) -> String {
     format!(r#"[{{"alias": "egress", "image": "{image}", "egress": {egress}}}]"#)
 }
 
+/// The catalog of [`catalog`], as `PUT /v1/runtimes` takes it.
+fn entries(egress: &str) -> Vec<sandboxd_catalog::CatalogEntry> {
+    sandboxd_catalog::parse(&catalog(&sandboxd_testkit::tools_image(), egress))
+        .expect("a valid catalog")
+}
+
 fn internet() -> Internet {
     Internet::start(
         Spec::new()
@@ -39,12 +45,20 @@ fn internet() -> Internet {
 }
 
 fn daemon(net: &Internet) -> Daemon {
-    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
+    daemon_with(net, POLICY, &[])
+}
+
+/// A sandboxd whose one runtime, `egress`, has the policy `egress`, resolving through the
+/// test internet, with `extra` settings.
+fn daemon_with(net: &Internet, egress: &str, extra: &[(&str, &str)]) -> Daemon {
+    let runtimes = catalog(&sandboxd_testkit::tools_image(), egress);
     let resolver = net.dns().to_string();
-    Daemon::start(&[
+    let mut env = vec![
         ("SANDBOXD_RUNTIMES", runtimes.as_str()),
         ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
-    ])
+    ];
+    env.extend_from_slice(extra);
+    Daemon::start(&env)
 }
 
 async fn open(d: &Daemon, name: &str) -> Client {
@@ -257,14 +271,8 @@ async fn a_loop_of_refusals_is_one_row_and_an_edited_runtime_counts_within_5_s()
     // The runtime edited to none: the running sandbox reaches nothing within 5 s; back to
     // the allowlist: it reaches allowed.test again. Its container is never restarted.
     let container = common::container_of(&d, "eg-2");
-    let mut entries = admin.runtimes().await.expect("runtimes");
-    let _ = &mut entries;
-    let set = |egress: &str| {
-        let text = catalog(&sandboxd_testkit::tools_image(), egress);
-        sandboxd_catalog::parse(&text).expect("a valid catalog")
-    };
     admin
-        .put_runtimes(&set(r#"{"mode": "none"}"#))
+        .put_runtimes(&entries(r#"{"mode": "none"}"#))
         .await
         .expect("runtime to none");
     let started = Instant::now();
@@ -285,7 +293,7 @@ async fn a_loop_of_refusals_is_one_row_and_an_edited_runtime_counts_within_5_s()
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     admin
-        .put_runtimes(&set(POLICY))
+        .put_runtimes(&entries(POLICY))
         .await
         .expect("runtime back to allowlist");
     let started = Instant::now();
@@ -360,13 +368,7 @@ async fn a_session_narrowed_at_open_reaches_less_and_keeps_it_across_a_restart()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
     let net = internet();
-    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
-    let resolver = net.dns().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
-        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
-        ("SANDBOXD_FIREWALL_CHECK", "3"),
-    ]);
+    let d = daemon_with(&net, POLICY, &[("SANDBOXD_FIREWALL_CHECK", "3")]);
     let c = open(&d, "eg-4").await;
     let allowed = net.addr("allowed.test").expect("allowed.test");
     let plan = sandboxd::container::network::Plan::egress(
@@ -475,13 +477,7 @@ async fn within_5_s(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_and_back() {
     let net = internet();
-    let image = sandboxd_testkit::tools_image();
-    let open_catalog = catalog(&image, r#"{"mode": "open"}"#);
-    let resolver = net.dns().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOXD_RUNTIMES", open_catalog.as_str()),
-        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
-    ]);
+    let d = daemon_with(&net, r#"{"mode": "open"}"#, &[]);
     let c = open(&d, "eg-5").await;
     let container = common::container_of(&d, "eg-5");
     let denied = net.addr("denied.test").expect("denied.test");
@@ -493,12 +489,10 @@ async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_an
         (0, net.body("denied.test").expect("a body"))
     );
     let admin = d.admin();
-    let set =
-        |egress: &str| sandboxd_catalog::parse(&catalog(&image, egress)).expect("a valid catalog");
 
     // To allowlist: the same sandbox now reaches allowed.test only.
     admin
-        .put_runtimes(&set(POLICY))
+        .put_runtimes(&entries(POLICY))
         .await
         .expect("to allowlist");
     within_5_s(&c, "eg-5", &direct, |code| code != 0, "denied.test refused").await;
@@ -512,7 +506,7 @@ async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_an
     .await;
     // To none: nothing.
     admin
-        .put_runtimes(&set(r#"{"mode": "none"}"#))
+        .put_runtimes(&entries(r#"{"mode": "none"}"#))
         .await
         .expect("to none");
     within_5_s(
@@ -530,7 +524,7 @@ async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_an
     );
     // Back to open.
     admin
-        .put_runtimes(&set(r#"{"mode": "open"}"#))
+        .put_runtimes(&entries(r#"{"mode": "open"}"#))
         .await
         .expect("to open");
     within_5_s(
@@ -551,13 +545,7 @@ async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_holding_connections_open_takes_only_its_own_share_of_the_proxy() {
     let net = internet();
-    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
-    let resolver = net.dns().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
-        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
-        ("SANDBOXD_EGRESS_MAX_CONNECTIONS", "50"),
-    ]);
+    let d = daemon_with(&net, POLICY, &[("SANDBOXD_EGRESS_MAX_CONNECTIONS", "50")]);
     let hog = open(&d, "eg-hog").await;
     let other = open(&d, "eg-other").await;
     let allowed = net.addr("allowed.test").expect("allowed.test");
@@ -598,13 +586,7 @@ async fn a_sandbox_holding_connections_open_takes_only_its_own_share_of_the_prox
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_of_an_open_runtime_that_narrows_is_put_where_its_policy_holds() {
     let net = internet();
-    let image = sandboxd_testkit::tools_image();
-    let runtimes = catalog(&image, r#"{"mode": "open"}"#);
-    let resolver = net.dns().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
-        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
-    ]);
+    let d = daemon_with(&net, r#"{"mode": "open"}"#, &[]);
     let narrow: sandboxd_catalog::egress::Egress = serde_json::from_str(POLICY).expect("a policy");
     let mut req = sandboxd_api::session::OpenRequest {
         name: "eg-6".into(),

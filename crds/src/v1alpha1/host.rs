@@ -137,6 +137,10 @@ pub struct SandboxHostStatus {
     /// Runtime aliases built and ready on the host.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtimes_ready: Vec<String>,
+    /// The isolation levels the host's dockerd offers (runc, and gvisor where it has runsc): a
+    /// session of a gvisor runtime is placed only where this lists gvisor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation: Vec<String>,
     /// When the host was last probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_at: Option<Time>,

@@ -31,6 +31,7 @@ use super::egress::Egress;
     printcolumn(name = "Base Image", type_ = "string", json_path = ".spec.baseImage"),
     printcolumn(name = "Network", type_ = "boolean", json_path = ".spec.needsNetwork"),
     printcolumn(name = "Egress", type_ = "string", json_path = ".spec.egress.mode", priority = "1"),
+    printcolumn(name = "Isolation", type_ = "string", json_path = ".spec.isolation", priority = "1"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
@@ -95,6 +96,13 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Egress>,
 
+    /// What stands between its sandboxes and the node's kernel: runc (unset: the node's
+    /// kernel, with namespaces, cgroups and seccomp) or gvisor (gVisor's runsc: a kernel of its
+    /// own in user space). A gvisor session is placed only on a host whose dockerd offers
+    /// runsc (its SandboxHost's status.isolation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+
     /// Whether this is the runtime of a session that names none. Exactly one Runtime should be.
     #[serde(default)]
     pub default: bool,
@@ -119,6 +127,35 @@ pub struct RuntimeSpec {
     /// can too. Each pooled container counts against its host's session capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<WarmPool>,
+}
+
+/// What stands between a runtime's sandboxes and the node's kernel.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// The node's kernel, with namespaces, cgroups and seccomp (runc).
+    #[default]
+    Runc,
+    /// gVisor's own kernel in user space (runsc).
+    Gvisor,
+}
+
+impl From<sandboxd_catalog::Isolation> for Isolation {
+    fn from(i: sandboxd_catalog::Isolation) -> Self {
+        match i {
+            sandboxd_catalog::Isolation::Runc => Self::Runc,
+            sandboxd_catalog::Isolation::Gvisor => Self::Gvisor,
+        }
+    }
+}
+
+impl From<Isolation> for sandboxd_catalog::Isolation {
+    fn from(i: Isolation) -> Self {
+        match i {
+            Isolation::Runc => Self::Runc,
+            Isolation::Gvisor => Self::Gvisor,
+        }
+    }
 }
 
 /// When the sessions of a runtime are rebuilt onto its current image.

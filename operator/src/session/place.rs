@@ -129,6 +129,12 @@ pub(super) async fn place(
                             .as_ref()
                             .map_or(0, |c| u32::try_from(c.max_sessions).unwrap_or(0)),
                         runtime_ready,
+                        lacks_isolation: runtime
+                            .as_ref()
+                            .and_then(|r| r.spec.isolation)
+                            .filter(|i| *i != sandboxd_crds::v1alpha1::runtime::Isolation::Runc)
+                            .map(|i| sandboxd_catalog::Isolation::from(i).as_str().to_owned())
+                            .filter(|level| !st.isolation.iter().any(|o| o == level)),
                         workspaces: st.capacity.as_ref().and_then(|c| {
                             let budget = u64::try_from(c.workspace_budget?).ok()?;
                             let size = u64::try_from(c.workspace_size?).ok()?;

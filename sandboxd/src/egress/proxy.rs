@@ -159,28 +159,13 @@ impl Proxy {
                 "the sandbox holds {} connections through the egress proxy already (SANDBOXD_EGRESS_MAX_CONNECTIONS)",
                 self.gate.max_connections()
             );
-            self.refuse(
-                &who,
-                &mut client,
-                &dst.ip().to_string(),
-                dst.port(),
-                None,
-                &reason,
-            )
-            .await;
+            self.refuse_address(&who, &mut client, dst, &reason).await;
             return;
         };
         let policies = self.gate.policies(&who);
         if policies.is_closed() {
-            self.refuse(
-                &who,
-                &mut client,
-                &dst.ip().to_string(),
-                dst.port(),
-                None,
-                "the policy is none: no network",
-            )
-            .await;
+            self.refuse_address(&who, &mut client, dst, "the policy is none: no network")
+                .await;
             return;
         }
         if policies.allows_addr(dst.ip(), dst.port()) {
@@ -313,6 +298,18 @@ impl Proxy {
             }
         }
         Err(refusal(format!("{name} did not answer ({last})")))
+    }
+
+    /// Refuses a connection before anything was read from it, by the address it dialled.
+    async fn refuse_address(
+        &self,
+        who: &Principal,
+        client: &mut TcpStream,
+        dst: SocketAddr,
+        reason: &str,
+    ) {
+        self.refuse(who, client, &dst.ip().to_string(), dst.port(), None, reason)
+            .await;
     }
 
     /// Refuses a connection in the words its protocol has: `tls` Some(false) is plain HTTP

@@ -114,6 +114,7 @@ impl RuntimeError {
             Self::Unknown { .. } => (400, ErrorCode::UnknownRuntime),
             Self::Preparing { .. } => (409, ErrorCode::RuntimePreparing),
             Self::Failed { .. } => (503, ErrorCode::RuntimeFailed),
+            Self::IsolationUnavailable { .. } => (503, ErrorCode::IsolationUnavailable),
             Self::InvalidCatalog(_) => (422, ErrorCode::InvalidCatalog),
             Self::NoneAllowlisted | Self::NoState { .. } => (500, ErrorCode::Internal),
         }
@@ -255,6 +256,15 @@ mod tests {
                 503,
                 ErrorCode::RuntimeFailed,
                 "Runtime 'python' could not be built after 3 attempts: pip failed\nLast lines of the build log:\na\nb".to_owned(),
+            ),
+            (
+                RuntimeError::IsolationUnavailable {
+                    alias: "secure".to_owned(),
+                    oci_runtime: "runsc".to_owned(),
+                },
+                503,
+                ErrorCode::IsolationUnavailable,
+                "Runtime 'secure' has isolation gvisor, and this host's dockerd offers no OCI runtime 'runsc' (SANDBOXD_GVISOR_RUNTIME): give dockerd the runtime (its \"runtimes\" setting, runsc on the node) or open the session on a host that has it".to_owned(),
             ),
             (
                 RuntimeError::InvalidCatalog(catalog),

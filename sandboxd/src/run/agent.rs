@@ -235,11 +235,16 @@ impl AgentRunner {
                 return Ok(None);
             }
         };
+        // Under gVisor the PID 1 Docker reports is the sandbox's kernel (runsc-sandbox), and a
+        // socket bound in a bind-mounted folder is made on the host by the container's gofer:
+        // the agent's socket is the gofer's. Inside, gVisor's own permission checks keep the
+        // root-owned run folder the agent's alone, as the node's kernel does under runc.
+        let served_by = gvisor_gofer(pid1).unwrap_or(pid1);
         self.pids
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(session.to_owned(), (pid1, agent_session.clone()));
-        Ok(Some((pid1, agent_session)))
+            .insert(session.to_owned(), (served_by, agent_session.clone()));
+        Ok(Some((served_by, agent_session)))
     }
 
     /// Connects to the session's socket without following anything the path may have been
@@ -825,6 +830,33 @@ impl Runner for AgentRunner {
             }
         })
     }
+}
+
+/// The first word of a process's command line (`/proc/<pid>/cmdline`), if it can be read.
+fn command_of(pid: i32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let first = raw.split(|b| *b == 0).next()?;
+    Some(String::from_utf8_lossy(first).into_owned())
+}
+
+/// The parent of a process (`/proc/<pid>/stat`'s fourth field, after the command in brackets).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// When `pid1` is a gVisor sandbox (`runsc-sandbox`), its gofer: the `runsc-gofer` process
+/// beside it under the same containerd shim (one shim per container). `None` otherwise.
+fn gvisor_gofer(pid1: i32) -> Option<i32> {
+    if command_of(pid1)? != "runsc-sandbox" {
+        return None;
+    }
+    let shim = parent_of(pid1)?;
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| parent_of(*p) == Some(shim) && command_of(*p).as_deref() == Some("runsc-gofer"))
 }
 
 #[cfg(test)]

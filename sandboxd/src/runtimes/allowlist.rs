@@ -55,6 +55,7 @@ impl Allowlist {
                     needs_network: false,
                     warm_pool: 0,
                     egress: None,
+                    isolation: sandboxd_catalog::Isolation::Runc,
                 })
                 .collect(),
             catalog: false,
@@ -73,6 +74,8 @@ pub struct RuntimeImage {
     pub needs_network: bool,
     /// Its egress policy (`egress`, or what `needs_network` means).
     pub egress: Egress,
+    /// What stands between its sandboxes and the node's kernel.
+    pub isolation: sandboxd_catalog::Isolation,
     /// Its memory limit, if it names one.
     pub mem_limit: Option<String>,
     /// Its workspace size, if it names one (at most the host's).
@@ -110,6 +113,7 @@ pub fn parse_runtimes(text: &str) -> Result<Vec<RuntimeImage>, String> {
             image: image.to_owned(),
             needs_network: false,
             egress: Egress::none(),
+            isolation: sandboxd_catalog::Isolation::Runc,
             mem_limit: None,
             workspace_size: None,
             env: BTreeMap::new(),

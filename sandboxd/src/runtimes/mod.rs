@@ -80,6 +80,16 @@ pub enum RuntimeError {
         /// The last lines of its log.
         log_tail: String,
     },
+    /// The runtime asks for gVisor and this host's dockerd does not offer it.
+    #[error(
+        "Runtime '{alias}' has isolation gvisor, and this host's dockerd offers no OCI runtime '{oci_runtime}' (SANDBOXD_GVISOR_RUNTIME): give dockerd the runtime (its \"runtimes\" setting, runsc on the node) or open the session on a host that has it"
+    )]
+    IsolationUnavailable {
+        /// The runtime.
+        alias: String,
+        /// The OCI runtime gVisor is in Docker's configuration.
+        oci_runtime: String,
+    },
     /// A catalog that is not valid, with every error.
     #[error(transparent)]
     InvalidCatalog(#[from] sandboxd_catalog::CatalogErrors),
@@ -337,6 +347,7 @@ impl Runtimes {
         let inner = self.lock();
         let catalog = inner.allowlist.catalog;
         RuntimeList {
+            isolation: Vec::new(),
             catalog,
             runtimes: inner
                 .allowlist
@@ -370,6 +381,7 @@ impl Runtimes {
                         log_tail: s.log_tail,
                         needs_network: e.needs_network,
                         egress: Some(Egress::effective(e.needs_network, e.egress.as_ref())),
+                        isolation: e.isolation,
                         mem_limit: e.mem_limit.clone(),
                         warm_pool: sandboxd_api::runtimes::WarmPool {
                             size: e.warm_pool,
@@ -403,6 +415,7 @@ impl Runtimes {
             image: tag,
             needs_network: egress.mode == EgressMode::Open,
             egress,
+            isolation: entry.isolation,
             mem_limit: entry.mem_limit.clone(),
             workspace_size: entry.workspace_size.clone(),
             env,

@@ -91,6 +91,8 @@ pub struct Settings {
     pub home_size: String,
     /// OCI runtime.
     pub oci_runtime: Option<String>,
+    /// gVisor's OCI runtime in dockerd's configuration.
+    pub gvisor_runtime: String,
     /// Keep closed containers.
     pub persist_containers: bool,
     /// Workspace size (default and ceiling), bytes; `None`: workspaces are not limited
@@ -151,6 +153,8 @@ pub struct Core {
     /// The egress network of `allowlist` runtimes, with its proxy and resolver; `None`: such a
     /// runtime's sessions cannot open (unit tests only).
     egress: Option<Arc<crate::egress::EgressNetwork>>,
+    /// The isolation levels this host's dockerd offers, as it last said.
+    isolation: RwLock<Vec<sandboxd_catalog::Isolation>>,
     trash: Trash,
     disks: Disks,
     /// The warm pools of the runtimes (see [`pool`]).
@@ -267,6 +271,7 @@ impl Core {
             metrics,
             network: None,
             egress: None,
+            isolation: RwLock::new(vec![sandboxd_catalog::Isolation::Runc]),
             trash: Trash::new(&settings.workspace_root),
             looks: health::Looks::default(),
             file_work: work::FileWork::new(settings.file_work),
@@ -285,6 +290,65 @@ impl Core {
     pub fn with_egress(mut self, egress: Arc<crate::egress::EgressNetwork>) -> Self {
         self.egress = Some(egress);
         self
+    }
+
+    /// The isolation levels this host's dockerd offers: runc always, gvisor when `docker info`
+    /// lists the OCI runtime SANDBOXD_GVISOR_RUNTIME names. Asked again each time (at start,
+    /// and by an open of a gvisor runtime that found it missing).
+    pub async fn detect_isolation(&self) -> Vec<sandboxd_catalog::Isolation> {
+        use sandboxd_catalog::Isolation;
+        let mut offered = vec![Isolation::Runc];
+        if let Ok(docker) = self.engine.docker() {
+            match docker.client().info().await {
+                Ok(info) => {
+                    if info
+                        .runtimes
+                        .unwrap_or_default()
+                        .contains_key(&self.settings.gvisor_runtime)
+                    {
+                        offered.push(Isolation::Gvisor);
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot ask dockerd which OCI runtimes it offers"),
+            }
+        }
+        *self
+            .isolation
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = offered.clone();
+        offered
+    }
+
+    /// The isolation levels this host offers, as last detected.
+    pub fn isolation(&self) -> Vec<sandboxd_catalog::Isolation> {
+        self.isolation
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The OCI runtime a sandbox of `runtime` runs on: SANDBOXD_OCI_RUNTIME's for runc, gVisor's
+    /// for gvisor, refused when this host's dockerd does not offer it.
+    pub(crate) async fn oci_runtime_of(
+        &self,
+        runtime: &crate::runtimes::RuntimeImage,
+    ) -> Result<Option<String>, ServiceError> {
+        use sandboxd_catalog::Isolation;
+        match runtime.isolation {
+            Isolation::Runc => Ok(self.settings.oci_runtime.clone()),
+            Isolation::Gvisor => {
+                if !self.isolation().contains(&Isolation::Gvisor)
+                    && !self.detect_isolation().await.contains(&Isolation::Gvisor)
+                {
+                    return Err(crate::runtimes::RuntimeError::IsolationUnavailable {
+                        alias: runtime.alias.clone(),
+                        oci_runtime: self.settings.gvisor_runtime.clone(),
+                    }
+                    .into());
+                }
+                Ok(Some(self.settings.gvisor_runtime.clone()))
+            }
+        }
     }
 
     /// Tells the egress gate a session's runtime and the further policies its open named,

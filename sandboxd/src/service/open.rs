@@ -475,7 +475,7 @@ impl Core {
             pids_limit,
             tmpfs_size: s.tmpfs_size.clone(),
             home_size: s.home_size.clone(),
-            oci_runtime: s.oci_runtime.clone(),
+            oci_runtime: self.oci_runtime_of(runtime).await?,
             env: runtime
                 .env
                 .iter()

@@ -226,6 +226,7 @@ impl Pool {
 /// The allowlist as `GET /v1/runtimes` shows it, with each runtime's warm pool.
 pub fn runtime_list(core: &Core) -> RuntimeList {
     let mut list = core.runtimes().list();
+    list.isolation = core.isolation();
     for rt in &mut list.runtimes {
         rt.warm_pool.ready = core
             .runtimes()

@@ -277,6 +277,7 @@ impl Core {
                         image: row.image.clone(),
                         needs_network: false,
                         egress: sandboxd_catalog::egress::Egress::none(),
+                        isolation: sandboxd_catalog::Isolation::Runc,
                         mem_limit: None,
                         workspace_size: None,
                         env,

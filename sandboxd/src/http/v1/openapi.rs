@@ -114,7 +114,14 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             ),
             INTERNAL,
             (502, &["docker_error", "open_failed"]),
-            (503, &["network_unavailable", "runtime_failed"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
             (507, &["host_disk_full"]),
         ],
     ),
@@ -172,7 +179,14 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (429, &["host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["docker_error"]),
-            (503, &["network_unavailable", "runtime_failed"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
             (507, &["host_disk_full"]),
         ],
     ),
@@ -217,7 +231,14 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (410, &["session_lost"]),
             INTERNAL,
             (502, &["docker_error", "rebuild_failed"]),
-            (503, &["network_unavailable", "runtime_failed"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
             (507, &["host_disk_full"]),
         ],
     ),
@@ -260,7 +281,12 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (502, &["docker_error"]),
             (
                 503,
-                &["network_unavailable", "runtime_failed", "memory_busy"],
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                    "memory_busy",
+                ],
             ),
             (507, &["host_disk_full"]),
         ],
