@@ -120,6 +120,32 @@ fn host_name(value: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// The addresses of a name the proxy may dial: none in a denied range (`deny`: private,
+/// link-local, shared), on the node (`node`), loopback, unspecified, multicast or broadcast,
+/// unless `cidr_allows` it (a cidr entry of every policy holds it).
+fn dialable(
+    addrs: &[Ipv4Addr],
+    deny: &[String],
+    node: &[Ipv4Addr],
+    cidr_allows: impl Fn(Ipv4Addr) -> bool,
+) -> Vec<Ipv4Addr> {
+    addrs
+        .iter()
+        .copied()
+        .filter(|a| {
+            let special = a.is_loopback()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || a.is_broadcast()
+                || node.contains(a)
+                || deny
+                    .iter()
+                    .any(|r| crate::container::network::range_holds(r, *a));
+            !special || cidr_allows(*a)
+        })
+        .collect()
+}
+
 /// The destination a redirected connection was first addressed to.
 fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
     let raw = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::OriginalDst).ok()?;
@@ -263,22 +289,9 @@ impl Proxy {
             .await
             .map_err(|e| refusal(format!("{name} does not resolve: {e}")))?;
         let node = crate::container::network::node_addresses(&[]);
-        let usable: Vec<Ipv4Addr> = addrs
-            .iter()
-            .copied()
-            .filter(|a| {
-                let special = a.is_loopback()
-                    || a.is_unspecified()
-                    || a.is_multicast()
-                    || a.is_broadcast()
-                    || node.contains(a)
-                    || self
-                        .deny
-                        .iter()
-                        .any(|r| crate::container::network::range_holds(r, *a));
-                !special || policies.cidr_allows(IpAddr::V4(*a), port)
-            })
-            .collect();
+        let usable = dialable(&addrs, &self.deny, &node, |a| {
+            policies.cidr_allows(IpAddr::V4(a), port)
+        });
         if usable.is_empty() {
             return Err(refusal(format!(
                 "{name} resolves only to addresses a sandbox may not reach ({}); a cidr entry would allow them",
@@ -387,6 +400,39 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_never_leads_to_the_node_the_metadata_address_or_a_private_range() {
+        let deny: Vec<String> = crate::container::network::DEFAULT_DENY
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        let node = [Ipv4Addr::new(198, 18, 0, 7)];
+        let ip = |s: &str| s.parse::<Ipv4Addr>().expect("an address");
+        let resolved = [
+            ip("169.254.169.254"),
+            ip("10.0.0.5"),
+            ip("172.20.1.1"),
+            ip("192.168.1.1"),
+            ip("100.64.0.1"),
+            ip("127.0.0.1"),
+            ip("0.0.0.0"),
+            ip("224.0.0.1"),
+            ip("255.255.255.255"),
+            ip("198.18.0.7"),
+            ip("203.0.113.10"),
+        ];
+        assert_eq!(
+            dialable(&resolved, &deny, &node, |_| false),
+            [ip("203.0.113.10")],
+            "only the public address"
+        );
+        // A cidr entry lets a private address through, that one only.
+        assert_eq!(
+            dialable(&resolved, &deny, &node, |a| a == ip("10.0.0.5")),
+            [ip("10.0.0.5"), ip("203.0.113.10")]
+        );
+    }
 
     #[test]
     fn an_http_head_names_its_host_without_the_port() {
