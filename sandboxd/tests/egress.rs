@@ -275,44 +275,27 @@ async fn a_loop_of_refusals_is_one_row_and_an_edited_runtime_counts_within_5_s()
         .put_runtimes(&entries(r#"{"mode": "none"}"#))
         .await
         .expect("runtime to none");
-    let started = Instant::now();
-    loop {
-        let (code, _) = sh(
-            &c,
-            "eg-2",
-            &format!("{CURL} -o /dev/null http://allowed.test/"),
-        )
-        .await;
-        if code != 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "still reaching allowed.test 5 s after the runtime went to none"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let reach = format!("{CURL} -o /dev/null http://allowed.test/");
+    within_5_s(
+        &c,
+        "eg-2",
+        &reach,
+        |code| code != 0,
+        "allowed.test refused after the runtime went to none",
+    )
+    .await;
     admin
         .put_runtimes(&entries(POLICY))
         .await
         .expect("runtime back to allowlist");
-    let started = Instant::now();
-    loop {
-        let (code, _) = sh(
-            &c,
-            "eg-2",
-            &format!("{CURL} -o /dev/null http://allowed.test/"),
-        )
-        .await;
-        if code == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "not reaching allowed.test 5 s after the runtime went back"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    within_5_s(
+        &c,
+        "eg-2",
+        &reach,
+        |code| code == 0,
+        "allowed.test reached after the runtime went back",
+    )
+    .await;
     assert_eq!(
         common::container_of(&d, "eg-2"),
         container,

@@ -153,7 +153,7 @@ impl EgressLog {
 
     /// Writes what was added up since the last flush.
     pub async fn flush(&self) {
-        let (tallies, minute) = {
+        let tallies = {
             let mut p = self
                 .pending
                 .lock()
@@ -161,9 +161,8 @@ impl EgressLog {
             let minute = now_ms() / 60_000 * 60_000;
             // The per-minute counts of past minutes are done with.
             p.seen.retain(|(_, m), _| *m >= minute);
-            (std::mem::take(&mut p.tallies), minute)
+            std::mem::take(&mut p.tallies)
         };
-        let _ = minute;
         let Some(store) = &self.store else {
             return;
         };
