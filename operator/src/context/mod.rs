@@ -33,7 +33,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::{ControllerLabel, FailureLabel, Metrics};
 
-/// How long a reconcile waits for the watch to bring the status this replica wrote at an open.
+/// How long a reconcile waits at most for the watch to bring a session this replica wrote.
 pub const CACHE_CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
 
 /// The namespaces as the operator caches them (metadata only): filled by the session
@@ -61,9 +61,9 @@ pub struct Context {
     token_seen: Mutex<HashMap<String, Instant>>,
     /// Refusals in a row of the open of a session (key -> count), until it opens.
     waits: Mutex<HashMap<String, u32>>,
-    /// Sessions this replica opened and wrote the status of, until its cache shows that status:
-    /// key -> the object's uid and when.
-    opened_unseen: Mutex<HashMap<String, (String, Instant)>>,
+    /// Sessions this replica wrote, until its cache shows that write: key -> the object's uid,
+    /// the resourceVersion the write made, and when.
+    written_unseen: Mutex<HashMap<String, (String, String, Instant)>>,
     phases: Mutex<HashMap<String, String>>,
     /// Sessions whose container runs an older image than their Runtime's: key -> runtime.
     outdated: Mutex<HashMap<String, String>>,
@@ -134,7 +134,7 @@ impl Context {
             cpu: Mutex::default(),
             token_seen: Mutex::default(),
             waits: Mutex::default(),
-            opened_unseen: Mutex::default(),
+            written_unseen: Mutex::default(),
             phases: Mutex::default(),
             outdated: Mutex::default(),
             rebuilt: Mutex::default(),

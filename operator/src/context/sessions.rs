@@ -156,13 +156,13 @@ impl Context {
             .is_some_and(|at| at.elapsed() < period)
     }
 
-    /// Forgets when the token Secret of a session was found, and that it was opened.
+    /// Forgets when the token Secret of a session was found, and this replica's last write of it.
     pub fn forget_token(&self, key: &str) {
         self.token_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
-        self.opened_unseen
+        self.written_unseen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
@@ -182,24 +182,30 @@ impl Context {
             .remove(key);
     }
 
-    /// Records that this replica wrote the status of session `key` (object `uid`) as opened.
-    pub fn opened(&self, key: &str, uid: &str) {
-        self.opened_unseen
+    /// Records that this replica wrote session `key` (object `uid`), making `resource_version`.
+    pub fn wrote(&self, key: &str, uid: &str, resource_version: &str) {
+        self.written_unseen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_owned(), (uid.to_owned(), Instant::now()));
+            .insert(
+                key.to_owned(),
+                (uid.to_owned(), resource_version.to_owned(), Instant::now()),
+            );
     }
 
-    /// Whether the copy of session `key` (object `uid`) a reconcile was handed is older than the
-    /// status this replica wrote when it opened it: the watch has not brought that write yet.
-    /// A copy that shows the session opened ends the wait, and so does [`CACHE_CATCH_UP_LIMIT`]
-    /// (someone else may have rewritten the status meanwhile).
-    pub fn behind_own_open(&self, key: &str, uid: &str, shows_opened: bool) -> bool {
-        let mut unseen = self.opened_unseen.lock().unwrap_or_else(|p| p.into_inner());
-        let waiting = !shows_opened
-            && unseen
-                .get(key)
-                .is_some_and(|(u, at)| u == uid && at.elapsed() < CACHE_CATCH_UP_LIMIT);
+    /// Whether the copy of session `key` (object `uid`, at `resource_version`) a reconcile was
+    /// handed is older than this replica's last write of it: the watch has not brought that
+    /// write yet, and acting on the copy would undo it (a status written from it drops what the
+    /// write added, an open is made twice). A copy as new as the write, or newer (someone else
+    /// wrote since), ends the wait, and so does [`CACHE_CATCH_UP_LIMIT`].
+    pub fn behind_own_write(&self, key: &str, uid: &str, resource_version: &str) -> bool {
+        let mut unseen = self
+            .written_unseen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let waiting = unseen.get(key).is_some_and(|(u, written, at)| {
+            u == uid && at.elapsed() < CACHE_CATCH_UP_LIMIT && older(resource_version, written)
+        });
         if !waiting {
             unseen.remove(key);
         }
@@ -212,5 +218,29 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
+    }
+}
+
+/// Whether resourceVersion `a` is older than `b`. The API server's resourceVersions are etcd
+/// revisions, decimal and increasing (comparable since Kubernetes 1.34, KEP-5504); two that are
+/// not numbers are taken as equal, so nothing waits on them.
+fn older(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a < b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod read_your_writes {
+    use super::older;
+
+    #[test]
+    fn a_copy_is_behind_only_when_its_version_is_lower() {
+        assert!(older("99", "100"));
+        assert!(!older("100", "100"));
+        assert!(!older("101", "100"));
+        assert!(!older("", "100"));
+        assert!(!older("abc", "100"));
     }
 }

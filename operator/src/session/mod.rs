@@ -263,13 +263,16 @@ async fn claim(s: &SandboxSession, host: &str, ctx: &Context) -> Result<(), Erro
     } else {
         ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", HOST_ANNOTATION.replace('/', "~1")), "value": host}));
     }
-    session_api(s, ctx)
+    let claimed = session_api(s, ctx)
         .patch(
             &s.name_any(),
             &PatchParams::default(),
             &json_patch(serde_json::Value::Array(ops))?,
         )
         .await?;
+    if let Some(rv) = claimed.resource_version() {
+        ctx.wrote(&key(s), &s.uid().unwrap_or_default(), &rv);
+    }
     Ok(())
 }
 
@@ -294,16 +297,18 @@ async fn release(s: &SandboxSession, ctx: &Context) -> Result<(), Error> {
     }
 }
 
-/// How soon a session whose cached copy is older than this replica's own open is looked at again.
+/// How soon a session whose cached copy is older than this replica's own last write of it is
+/// looked at again.
 const CACHE_CATCH_UP: Duration = Duration::from_millis(100);
 
 async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     let old = s.status.clone().unwrap_or_default();
-    // A reconcile queued while the open's status was being written is handed the copy from
-    // before it: acting on that copy would open the session again, find it open, and rotate the
-    // token a client may just have read. It waits for the watch to bring the write instead.
+    // A reconcile queued while a status was being written is handed the copy from before it:
+    // acting on that copy would undo the write (open the session again and rotate the token a
+    // client may just have read; write a status without the rebuild it records). It waits for
+    // the watch to bring the write instead.
     let uid = s.uid().unwrap_or_default();
-    if ctx.behind_own_open(&key(s), &uid, old.session_id.is_some()) {
+    if ctx.behind_own_write(&key(s), &uid, &s.resource_version().unwrap_or_default()) {
         return Ok(Action::requeue(CACHE_CATCH_UP));
     }
     let step = settle(
@@ -316,7 +321,6 @@ async fn apply(s: &SandboxSession, ctx: &Context) -> Result<Action, Error> {
     if status_changed(&old, &status) {
         write(s, &status, ctx).await?;
         if old.session_id.is_none() && status.session_id.is_some() {
-            ctx.opened(&key(s), &uid);
             ctx.forget_waits(&key(s));
         }
         if old.phase != status.phase
@@ -360,13 +364,16 @@ async fn write(
 ) -> Result<(), Error> {
     let patch =
         json!({"apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession", "status": status});
-    session_api(s, ctx)
+    let written = session_api(s, ctx)
         .patch_status(
             &s.name_any(),
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await?;
+    if let Some(rv) = written.resource_version() {
+        ctx.wrote(&key(s), &s.uid().unwrap_or_default(), &rv);
+    }
     Ok(())
 }
 
