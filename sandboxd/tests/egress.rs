@@ -362,8 +362,6 @@ async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
     .expect("the plan");
     let nat = plan.nat_chain.expect("a nat chain");
     let before = net.connections().len();
-    // Without its redirects a sandbox's connection is forwarded, and the forward chain drops
-    // it: it reaches nothing (a direct address, with curl's own resolve).
     let rules = |chain: &str| {
         let out = std::process::Command::new("iptables")
             .args(["-w", "-t", "nat", "-S", chain])
@@ -374,65 +372,85 @@ async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
             .filter(|l| l.starts_with("-A "))
             .count()
     };
-    // A try counts only when the chain was still empty after it: the guard may put it back
-    // at any moment (its period is 3 s here).
-    let mut tries = 0;
-    let healed = loop {
-        tries += 1;
-        assert!(tries <= 5, "the guard put the chain back before every try");
-        let flush = std::process::Command::new("iptables")
-            .args(["-w", "-t", "nat", "-F", &nat])
-            .status()
-            .expect("iptables runs");
-        assert!(flush.success());
-        let (code, out) = sh(
-            &c,
-            "eg-4",
-            &format!(
-                "curl -sS --max-time 1 --resolve denied.test:80:{allowed} http://denied.test/"
-            ),
-        )
-        .await;
-        if rules(&nat) != 0 {
-            continue;
-        }
-        assert_ne!(
-            code, 0,
-            "a connection without the redirect went through: {out}"
-        );
-        break Instant::now();
-    };
+    // Without its redirects a sandbox's connection is forwarded, and the forward chain drops
+    // it. sandboxd is stopped (SIGSTOP) meanwhile, so its guard cannot put the chain back
+    // under the try; the try goes in through Docker, as the sandbox's own user.
+    let cid = common::container_of(&d, "eg-4");
+    d.process.signal("STOP").expect("kill -STOP sandboxd");
+    let flush = std::process::Command::new("iptables")
+        .args(["-w", "-t", "nat", "-F", &nat])
+        .status()
+        .expect("iptables runs");
+    let tried = std::process::Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "10001",
+            &cid,
+            "curl",
+            "-sS",
+            "--max-time",
+            "2",
+            "--resolve",
+        ])
+        .arg(format!("denied.test:80:{allowed}"))
+        .arg("http://denied.test/")
+        .output()
+        .expect("docker exec runs");
+    let left = rules(&nat);
+    d.process.signal("CONT").expect("kill -CONT sandboxd");
+    assert!(flush.success());
+    assert_eq!(left, 0, "the chain stayed empty while sandboxd was stopped");
+    assert!(
+        !tried.status.success(),
+        "a connection without the redirect went through: {}",
+        String::from_utf8_lossy(&tried.stdout)
+    );
     assert_eq!(
         net.connections().len(),
         before,
         "the test internet saw a connection: {:?}",
         net.connections()
     );
-    // The guard puts the redirects back within its period.
+    // The guard puts the redirects back within its period: a new connection goes through the
+    // proxy again. (Given its address: a DNS flow the kernel tracked while the chain was empty
+    // stays unredirected, and dropped, until it is idle for conntrack's UDP timeout.)
+    let resumed = Instant::now();
     loop {
-        let (code, out) = sh(&c, "eg-4", &format!("{CURL} http://allowed.test/")).await;
+        let (code, out) = sh(
+            &c,
+            "eg-4",
+            &format!("{CURL} --resolve allowed.test:80:{allowed} http://allowed.test/"),
+        )
+        .await;
         if code == 0 {
             assert_eq!(out, net.body("allowed.test").expect("a body"));
             break;
         }
         assert!(
-            healed.elapsed() < Duration::from_secs(10),
+            resumed.elapsed() < Duration::from_secs(20),
             "the redirect did not come back: {out}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let metrics = reqwest::get(format!("{}/metrics", d.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("a body");
-    assert!(
-        metrics
+    // The repair is counted once the guard is done with it (its other chains come after nat).
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = reqwest::get(format!("{}/metrics", d.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("a body");
+        if metrics
             .lines()
-            .any(|l| l.starts_with("sandboxd_firewall_repairs_total ") && !l.ends_with(" 0")),
-        "the repair is counted: {metrics}"
-    );
+            .any(|l| l.starts_with("sandboxd_firewall_repairs_total ") && !l.ends_with(" 0"))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the repair is counted: {metrics}");
 }
 
 /// Polls `command` in `session` until its exit code is `want` is true of it, for at most 5 s.

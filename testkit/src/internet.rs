@@ -738,9 +738,16 @@ impl Slot {
     /// routes, the veth, the namespace, the state folder.
     fn clear(&self) {
         let ns = self.netns();
+        // Only processes in another network namespace than this one: a namespace file that
+        // is not (or no longer) a namespace of its own never takes the test down with it.
+        let own = std::fs::read_link("/proc/self/ns/net").ok();
         if let Ok(out) = Command::new("ip").args(["netns", "pids", &ns]).output() {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                if let Ok(pid) = pid.parse::<u32>() {
+                let Ok(pid) = pid.parse::<u32>() else {
+                    continue;
+                };
+                let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+                if theirs.is_some() && theirs != own && pid != std::process::id() {
                     let _ = crate::process::signal(pid, "KILL");
                     let deadline = Instant::now() + Duration::from_secs(2);
                     while !crate::process::is_dead(pid) && Instant::now() < deadline {
