@@ -378,6 +378,23 @@ fn parallel_internets_take_other_slots_and_a_stale_slot_is_reclaimed() {
         .args(["netns", "exec", &ns, "sleep", "600"])
         .spawn()
         .expect("a process in the stale namespace");
+    // It is in the namespace once `ip netns pids` lists it (ip enters it, then runs sleep).
+    let listed = std::time::Instant::now();
+    while !Command::new("ip")
+        .args(["netns", "pids", &ns])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .any(|p| p == orphan.id().to_string())
+        })
+    {
+        assert!(
+            listed.elapsed() < Duration::from_secs(5),
+            "the process entered the stale namespace"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let three = Internet::start(spec()).expect("a stale slot is taken again");
     assert_eq!(three.slot(), slot);
     let dns = three.dns();
