@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the tools image of the tests ($TOOLS_IMAGE_TAG): the local base image ($BASE_IMAGE_TAG)
-# with curl, dig (dnsutils), python3 and ca-certificates, the clients a test runs in a sandbox
+# with curl, dig (dnsutils), python3 (with requests and httpx), openssl and ca-certificates, the clients a test runs in a sandbox
 # against the test internet (testkit's internet module). Nothing is pulled and the build has no
 # network: the packages and their dependencies the base image lacks are fetched with this
 # machine's apt (same suite as the base image) and installed with dpkg in a classic build, as
@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 export DOCKER_HOST="${DOCKER_HOST:-unix://$DEV_DIR/docker.sock}"
 export DOCKER_BUILDKIT=0 # the classic builder: no buildx here, and nothing to pull
 BUILD_LOG="$CACHE_DIR/tools-image.log"
-PACKAGES=(curl dnsutils python3 ca-certificates)
+PACKAGES=(curl dnsutils python3 ca-certificates python3-requests python3-httpx openssl)
 
 if docker image inspect "$TOOLS_IMAGE_TAG" >/dev/null 2>&1; then echo "$TOOLS_IMAGE_TAG"; exit 0; fi
 docker image inspect "$BASE_IMAGE_TAG" >/dev/null 2>&1 || die "base image $BASE_IMAGE_TAG is missing: run \`make up\`"
@@ -60,7 +60,7 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 COPY debs/ /tmp/debs/
 RUN DEBIAN_FRONTEND=noninteractive sh /tmp/debs/install.sh && rm -rf /tmp/debs \
-    && curl --version && dig -v && python3 -c "import urllib.request, ssl, socket"
+    && curl --version && dig -v && python3 -c "import urllib.request, ssl, socket, requests, httpx"
 DOCKERFILE
 step "docker build $TOOLS_IMAGE_TAG (${#debs[@]} packages)" \
   docker build --force-rm --network none --build-arg "BASE_IMAGE=$BASE_IMAGE_TAG" -t "$TOOLS_IMAGE_TAG" "$stage"

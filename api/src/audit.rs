@@ -29,6 +29,10 @@ pub enum Op {
     /// The session's container recreated from its runtime's current image (the workspace
     /// kept); the target is the image.
     Rebuild,
+    /// The session's egress credentials replaced (`PUT /v1/sessions/{id}/credentials`); the
+    /// target names the set's version and each credential's host, ports, header and source,
+    /// never a value.
+    Credentials,
 }
 
 impl Op {
@@ -42,6 +46,7 @@ impl Op {
             Op::Remove => "remove",
             Op::Execute => "execute",
             Op::Rebuild => "rebuild",
+            Op::Credentials => "credentials",
         }
     }
 
@@ -55,6 +60,7 @@ impl Op {
             "remove" => Op::Remove,
             "execute" => Op::Execute,
             "rebuild" => Op::Rebuild,
+            "credentials" => Op::Credentials,
             _ => return None,
         })
     }
@@ -77,7 +83,7 @@ pub struct Operation {
     /// The run id, if the request named one.
     #[serde(default)]
     pub run: Option<String>,
-    /// read, write, ls, mkdir, remove, execute or rebuild.
+    /// read, write, ls, mkdir, remove, execute, rebuild or credentials.
     pub op: Op,
     /// The path or the command.
     pub target: String,

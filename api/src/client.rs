@@ -845,6 +845,24 @@ impl Client {
         .await
     }
 
+    /// Hands the host the egress credentials of a session, replacing those it held (admin
+    /// token; `PUT /v1/sessions/{id}/credentials`): kept in sandboxd's memory only. A host
+    /// that holds them shows `set.version` as the session's `credentials_version`.
+    pub async fn put_credentials(
+        &self,
+        id: &str,
+        set: &crate::egress::CredentialSet,
+    ) -> Result<SessionView, ClientError> {
+        let body = serde_json::to_value(set).map_err(|e| self.transport(e))?;
+        self.json(
+            Method::PUT,
+            "PUT /v1/sessions/{id}/credentials",
+            &format!("/v1/sessions/{}/credentials", enc(id)),
+            Some(body),
+        )
+        .await
+    }
+
     /// The allowlist and each runtime's build state (`GET /v1/runtimes`).
     pub async fn runtimes(&self) -> Result<RuntimeList, ClientError> {
         self.json(Method::GET, "GET /v1/runtimes", "/v1/runtimes", None)

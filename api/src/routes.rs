@@ -32,6 +32,7 @@ pub const ROUTES: &[&str] = &[
     "GET /v1/sessions/{id}/tree",
     "GET /v1/sessions/{id}/events",
     "GET /v1/sessions/{id}/egress",
+    "PUT /v1/sessions/{id}/credentials",
     "GET /v1/runtimes",
     "PUT /v1/runtimes",
     "GET /v1/policy",

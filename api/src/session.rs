@@ -137,6 +137,11 @@ pub struct SessionView {
     /// every 2 s); `null` when it is not running (asleep, reclaimed, opening).
     #[serde(default)]
     pub usage: Option<SessionUsage>,
+    /// The `version` of the egress credentials this host holds for the session (`PUT
+    /// /v1/sessions/{id}/credentials`); absent when it holds none (never handed, or sandboxd
+    /// restarted: they live in its memory only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_version: Option<String>,
 }
 
 /// What a running sandbox uses at one moment (the wire protocol's `SessionUsage`). Each figure

@@ -328,6 +328,27 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_EGRESS_DNS_PORT", default_value_t = 0)]
     pub egress_dns_port: u16,
 
+    /// The node's egress CA certificate (PEM), with `SANDBOXD_EGRESS_CA_KEY`: what the egress
+    /// proxy signs its leaves with where it adds a credential. Empty: sandboxd makes one in
+    /// `<state>/egress-ca/` at its first start and keeps it.
+    #[arg(long, env = "SANDBOXD_EGRESS_CA_CERT", default_value = "")]
+    pub egress_ca_cert: String,
+
+    /// The key (PEM) of `SANDBOXD_EGRESS_CA_CERT`; never given to a sandbox.
+    #[arg(long, env = "SANDBOXD_EGRESS_CA_KEY", default_value = "")]
+    pub egress_ca_key: String,
+
+    /// The node's system roots (PEM bundle): put with the egress CA into the trust bundle
+    /// every sandbox gets, and trusted on the upstream side of an intercepted connection. The
+    /// default is used when the file exists; empty: none.
+    #[arg(long, env = "SANDBOXD_EGRESS_SYSTEM_ROOTS", default_value = crate::egress::ca::DEFAULT_SYSTEM_ROOTS)]
+    pub egress_system_roots: String,
+
+    /// More roots (a PEM bundle) the upstream side of an intercepted connection trusts,
+    /// beside the system roots. Empty: none.
+    #[arg(long, env = "SANDBOXD_EGRESS_UPSTREAM_CA", default_value = "")]
+    pub egress_upstream_ca: String,
+
     /// Connections one sandbox of an `allowlist` runtime may hold through the egress proxy at
     /// once (each holds two of sandboxd's descriptors); more are closed at once and logged.
     #[arg(long, env = "SANDBOXD_EGRESS_MAX_CONNECTIONS", default_value_t = crate::egress::DEFAULT_MAX_CONNECTIONS)]
@@ -520,6 +541,51 @@ impl Config {
     pub fn egress_plan(&self) -> Result<crate::container::network::Plan, ConfigError> {
         crate::container::network::Plan::egress(&self.instance, &self.iptables, &self.network_deny)
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// Where the node's egress CA comes from and what the trust bundle and the upstream side
+    /// hold (`SANDBOXD_EGRESS_CA_CERT`, `_CA_KEY`, `_SYSTEM_ROOTS`, `_UPSTREAM_CA`).
+    pub fn egress_ca(&self) -> Result<crate::egress::ca::CaSettings, ConfigError> {
+        let set = |v: &str| (!v.trim().is_empty()).then(|| PathBuf::from(v.trim()));
+        let given = match (set(&self.egress_ca_cert), set(&self.egress_ca_key)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Invalid(
+                    "SANDBOXD_EGRESS_CA_CERT is set but SANDBOXD_EGRESS_CA_KEY is not: the egress CA needs both (or neither: sandboxd makes one)".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "SANDBOXD_EGRESS_CA_KEY is set but SANDBOXD_EGRESS_CA_CERT is not: the egress CA needs both (or neither: sandboxd makes one)".into(),
+                ));
+            }
+        };
+        let system_roots = match set(&self.egress_system_roots) {
+            Some(p) if p.is_file() => Some(p),
+            Some(p) if p.as_os_str() != crate::egress::ca::DEFAULT_SYSTEM_ROOTS => {
+                return Err(ConfigError::Invalid(format!(
+                    "SANDBOXD_EGRESS_SYSTEM_ROOTS {} is not a file",
+                    p.display()
+                )));
+            }
+            _ => None,
+        };
+        let upstream_ca = set(&self.egress_upstream_ca);
+        if let Some(p) = &upstream_ca
+            && !p.is_file()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "SANDBOXD_EGRESS_UPSTREAM_CA {} is not a file",
+                p.display()
+            )));
+        }
+        Ok(crate::egress::ca::CaSettings {
+            state_dir: self.state_dir.clone(),
+            given,
+            system_roots,
+            upstream_ca,
+        })
     }
 
     /// The upstream resolver of the egress network: SANDBOXD_EGRESS_RESOLVER, or the first
@@ -755,6 +821,7 @@ impl Config {
         if !self.egress_resolver.trim().is_empty() {
             self.egress_upstream()?;
         }
+        self.egress_ca()?;
         if self.max_connections == 0 || self.max_connections_per_source == 0 {
             return Err(ConfigError::Invalid(
                 "SANDBOXD_MAX_CONNECTIONS and SANDBOXD_MAX_CONNECTIONS_PER_SOURCE must be at least 1".into(),
@@ -840,6 +907,7 @@ impl crate::service::Settings {
             oci_runtime: c.oci_runtime.clone(),
             gvisor_runtime: c.gvisor_runtime.clone(),
             persist_containers: c.persist_containers,
+            egress_trust: None,
             file_work: crate::service::work::FileWorkLimits {
                 workers: c.file_workers,
                 per_session: c.file_workers_per_session,

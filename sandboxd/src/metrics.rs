@@ -93,6 +93,15 @@ pub struct EgressBytesLabels {
     pub direction: String,
 }
 
+/// The labels of a credential the egress proxy added to a request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressCredentialLabels {
+    /// The runtime alias.
+    pub runtime: String,
+    /// Where the credential comes from, as its sender named it (never its value).
+    pub source: String,
+}
+
 /// The labels of an HTTP request: method, route and status.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -182,6 +191,8 @@ pub struct Metrics {
     pub egress_queries: Family<EgressLabels, Counter>,
     /// Bytes the egress proxy carried, by runtime and direction.
     pub egress_bytes: Family<EgressBytesLabels, Counter>,
+    /// Credentials the egress proxy added to requests, by runtime and source.
+    pub egress_credentials_added: Family<EgressCredentialLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -363,6 +374,12 @@ impl Default for Metrics {
             prometheus_client::registry::Unit::Bytes,
             egress_bytes.clone(),
         );
+        let egress_credentials_added = Family::<EgressCredentialLabels, Counter>::default();
+        registry.register(
+            "egress_credentials_added",
+            "Credentials the egress proxy added to requests of sandboxes of allowlist runtimes, by runtime and source (where the credential comes from, never its value)",
+            egress_credentials_added.clone(),
+        );
         // Every label value known beforehand has its series from the start, at 0: a rate is
         // right from the first event on, and a dashboard or alert finds what it queries.
         for outcome in ["created", "found", "refused", "failed"] {
@@ -407,6 +424,7 @@ impl Default for Metrics {
             egress_connections,
             egress_queries,
             egress_bytes,
+            egress_credentials_added,
             open_seconds,
             wake_seconds,
             run_start_seconds,

@@ -129,11 +129,16 @@ async fn start_with(
     let runner = runner(&config, &engine, &metrics)?;
     let needs_network = runtimes.list().runtimes.iter().any(|r| r.needs_network);
     let network = Arc::new(SandboxNetwork::new(engine.clone(), config.network_plan()?));
-    let egress = egress(&config, &engine, &runtimes, &metrics, &audit)?;
+    let ca = Arc::new(
+        crate::egress::ca::EgressCa::load(&config.egress_ca()?).context("the node's egress CA")?,
+    );
+    let egress = egress(&config, &engine, &runtimes, &metrics, &audit, ca.clone())?;
     let allowlist_runtime = runtimes.any_allowlist();
+    let mut settings = Settings::from_config(&config);
+    settings.egress_trust = Some(ca.trust().clone());
     let core = Arc::new(
         Core::new(
-            Settings::from_config(&config),
+            settings,
             store,
             engine,
             runner,
@@ -343,6 +348,7 @@ fn egress(
     runtimes: &Arc<Runtimes>,
     metrics: &Arc<Metrics>,
     audit: &crate::storage::audit::Audit,
+    ca: Arc<crate::egress::ca::EgressCa>,
 ) -> anyhow::Result<Arc<crate::egress::EgressNetwork>> {
     use crate::container::network::Redirect;
     use crate::egress::{EgressNetwork, Gate, log::EgressLog, resolve::Upstream};
@@ -362,7 +368,8 @@ fn egress(
             &config.instance,
             EgressLog::new(audit.store().cloned()),
         )
-        .with_max_connections(config.egress_max_connections),
+        .with_max_connections(config.egress_max_connections)
+        .with_ca(ca),
     );
     Ok(Arc::new(EgressNetwork::new(
         network,

@@ -58,9 +58,13 @@ async fn every_value(store: &AuditStore, state_dir: &std::path::Path) -> Vec<Str
             }
         }
     }
-    // SQLite: the raw bytes of every database file in the state folder (state, audit, WAL).
+    // SQLite: the raw bytes of every database file in the state folder (state, audit, WAL);
+    // its folders (the egress CA's) hold no database.
     for entry in std::fs::read_dir(state_dir).expect("state dir") {
         let path = entry.expect("entry").path();
+        if !path.is_file() {
+            continue;
+        }
         values.push(String::from_utf8_lossy(&std::fs::read(&path).expect("read")).into_owned());
     }
     values

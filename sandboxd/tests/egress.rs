@@ -11,6 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Daemon;
+use common::egress::{catalog, open, sh, within_5_s};
 use sandboxd_api::client::Client;
 use sandboxd_testkit::internet::{Internet, Range, Spec};
 
@@ -18,10 +19,6 @@ use sandboxd_testkit::internet::{Internet, Range, Spec};
 /// wild.test, and nothing else.
 const POLICY: &str =
     r#"{"mode": "allowlist", "allow": [{"domain": "allowed.test"}, {"domain": "*.wild.test"}]}"#;
-
-fn catalog(image: &str, egress: &str) -> String {
-    format!(r#"[{{"alias": "egress", "image": "{image}", "egress": {egress}}}]"#)
-}
 
 /// The catalog of [`catalog`], as `PUT /v1/runtimes` takes it.
 fn entries(egress: &str) -> Vec<sandboxd_catalog::CatalogEntry> {
@@ -59,24 +56,6 @@ fn daemon_with(net: &Internet, egress: &str, extra: &[(&str, &str)]) -> Daemon {
     ];
     env.extend_from_slice(extra);
     Daemon::start(&env)
-}
-
-async fn open(d: &Daemon, name: &str) -> Client {
-    let opened = d
-        .admin()
-        .open(name, "org-a", Some("egress"), None)
-        .await
-        .unwrap_or_else(|e| panic!("open {name}: {e}"));
-    d.client(opened.token.as_deref().expect("a token on create"))
-}
-
-/// Runs `command` in `session`; its exit code and output (stdout then stderr).
-async fn sh(c: &Client, session: &str, command: &str) -> (i64, String) {
-    let out = c
-        .run(session, command, Some(60), None, None)
-        .await
-        .unwrap_or_else(|e| panic!("run {command}: {e}"));
-    (out.exit_code, format!("{}{}", out.stdout, out.stderr))
 }
 
 /// `curl` with the test CA (written into the workspace), failing within 5 s.
@@ -225,7 +204,23 @@ async fn a_sandbox_reaches_what_its_policy_allows_and_nothing_else() {
             "{line} in\n{metrics}"
         );
     }
-    let log = c.egress("eg-1", 60).await.expect("the egress log");
+    // A connection's row is written when it closes and flushed every 2 s: waited for.
+    let count = |log: &sandboxd_api::egress::EgressLog, name: &str, verdict: &str| {
+        log.records
+            .iter()
+            .filter(|r| r.name == name && r.verdict == verdict)
+            .map(|r| r.count)
+            .sum::<u64>()
+    };
+    let log = common::until(
+        "the egress log's four allowed connections",
+        Duration::from_secs(10),
+        async || {
+            let log = c.egress("eg-1", 60).await.ok()?;
+            (count(&log, "allowed.test", "allowed") >= 4).then_some(log)
+        },
+    )
+    .await;
     let find = |name: &str, verdict: &str| {
         log.records
             .iter()
@@ -454,27 +449,6 @@ async fn a_flushed_redirect_fails_closed_and_is_installed_again() {
 }
 
 /// Polls `command` in `session` until its exit code is `want` is true of it, for at most 5 s.
-async fn within_5_s(
-    c: &Client,
-    session: &str,
-    command: &str,
-    want: impl Fn(i64) -> bool,
-    what: &str,
-) {
-    let started = Instant::now();
-    loop {
-        let (code, out) = sh(c, session, command).await;
-        if want(code) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{what} within 5 s: {out}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_sandbox_follows_its_runtime_from_open_to_allowlist_to_none_and_back() {
     let net = internet();

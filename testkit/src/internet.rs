@@ -85,6 +85,8 @@ pub struct Spec {
     /// The `test-internet` binary; by default the one next to the running test's target folder
     /// ([`crate::process::bin`]).
     pub binary: Option<PathBuf>,
+    /// Hosts whose HTTP and HTTPS servers demand a header: (host, header, file of its value).
+    pub auth: Vec<(String, String, PathBuf)>,
 }
 
 impl Default for Spec {
@@ -97,6 +99,7 @@ impl Default for Spec {
             echo_ports: vec![],
             udp_ports: vec![],
             binary: None,
+            auth: vec![],
         }
     }
 }
@@ -143,6 +146,15 @@ impl Spec {
     /// Adds a UDP port on every host, logging what arrives.
     pub fn udp(mut self, port: u16) -> Self {
         self.udp_ports.push(port);
+        self
+    }
+
+    /// Makes host `name`'s HTTP and HTTPS servers answer 200 only to a request that carries
+    /// `header` exactly once, equal to the content of `file` (read at each request, a trailing
+    /// newline trimmed); any other request gets `401` and `credential missing or wrong`.
+    pub fn auth(mut self, name: &str, header: &str, file: impl Into<PathBuf>) -> Self {
+        self.auth
+            .push((name.to_owned(), header.to_owned(), file.into()));
         self
     }
 
@@ -304,6 +316,10 @@ impl Internet {
                 .arg(&leaf.cert)
                 .arg("--key")
                 .arg(&leaf.key);
+        }
+        for (name, header, file) in &spec.auth {
+            cmd.arg("--auth")
+                .arg(format!("{name}={header}={}", file.display()));
         }
         for (name, ip) in &addrs {
             if let Some(port) = spec.http_port {

@@ -196,6 +196,9 @@ pub struct Sandboxd {
     pub env: Vec<(String, String)>,
     /// Standard input and error to /dev/null rather than the test's.
     pub quiet: bool,
+    /// A file its standard error (its log) is appended to rather than the test's, kept
+    /// across restarts: what a test reads back (`quiet` aside).
+    pub log_file: Option<PathBuf>,
     /// Its base URL, as it printed it when it last started.
     pub base: String,
     /// The process, once started.
@@ -221,6 +224,7 @@ impl Sandboxd {
             log: "warn,sandboxd::server=error".to_owned(),
             env: vec![],
             quiet: false,
+            log_file: None,
             base: String::new(),
             process: Process::default(),
         }
@@ -257,12 +261,17 @@ impl Sandboxd {
     /// Starts the process (again, after a `kill9` of [`Sandboxd::process`]) and waits until
     /// it listens: its first line on stdout, whose base URL becomes [`Sandboxd::base`].
     pub fn launch(&mut self) -> io::Result<()> {
-        let (process, base) = Process::start(
-            &mut self.command(),
-            self.quiet,
-            SANDBOXD_LISTENING,
-            "sandboxd",
-        )?;
+        let mut cmd = self.command();
+        if let Some(path) = &self.log_file
+            && !self.quiet
+        {
+            let file = std::fs::File::options()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            cmd.stderr(file);
+        }
+        let (process, base) = Process::start(&mut cmd, self.quiet, SANDBOXD_LISTENING, "sandboxd")?;
         if self.port != 0 && !base.ends_with(&format!(":{}", self.port)) {
             return Err(io::Error::other(format!(
                 "sandboxd listens on {base}, not on port {}",

@@ -185,6 +185,11 @@ impl Containers for DockerEngine {
             // layer.
             let mut env = vec!["HOME=/tmp".to_owned()];
             env.extend(spec.env.iter().cloned());
+            // The node's egress CA and the trust bundle holding it, read-only; the key stays
+            // with sandboxd.
+            if let Some(trust) = &spec.trust {
+                binds.extend(trust.binds());
+            }
             let mut tmpfs = HashMap::from([(
                 "/tmp".to_owned(),
                 format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),

@@ -62,6 +62,9 @@ pub struct SandboxSpec {
     pub env: Vec<String>,
     /// The resident agent as PID 1; `None`: Docker's init, and runs through Docker exec.
     pub agent: Option<AgentMount>,
+    /// The trust bundle and the node's egress CA, mounted read-only at
+    /// [`crate::egress::ca::BUNDLE_IN_SANDBOX`] and [`crate::egress::ca::CA_IN_SANDBOX`].
+    pub trust: Option<crate::egress::ca::Trust>,
 }
 
 /// A Docker failure, with what was being done.

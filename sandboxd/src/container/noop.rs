@@ -250,6 +250,7 @@ mod tests {
             oci_runtime: None,
             env: vec![],
             agent: None,
+            trust: None,
         }
     }
 

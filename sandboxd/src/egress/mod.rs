@@ -13,7 +13,14 @@
 //!
 //! What was allowed and refused is counted by runtime and verdict (`sandboxd_egress_*`) and
 //! kept per session, name and minute ([`log`]), so a loop of refused connections is one row.
+//!
+//! The gate also holds each session's credentials (`PUT /v1/sessions/{id}/credentials`, in
+//! memory only: never in the state database, the audit log or a log line): a header the proxy
+//! sets on every request to a host and port a credential names, terminating the sandbox's
+//! TLS there with a leaf of the node's egress CA ([`ca`]), which every sandbox trusts. A host
+//! without a credential is never intercepted.
 
+pub mod ca;
 pub mod dns;
 pub mod log;
 pub mod proxy;
@@ -23,6 +30,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, RwLock};
 
+use sandboxd_api::egress::{CredentialSet, CredentialValue};
 use sandboxd_catalog::egress::{Egress, EgressMode};
 
 use crate::container::Engine;
@@ -100,6 +108,12 @@ pub struct Gate {
     held: Arc<std::sync::Mutex<HashMap<(IpAddr, Kind), usize>>>,
     /// Proxied connections one sandbox may hold at once.
     max_connections: usize,
+    /// The credentials of each session (`PUT /v1/sessions/{id}/credentials`), by session id:
+    /// in memory only, replaced whole, forgotten with the session.
+    credentials: RwLock<HashMap<String, Arc<CredentialSet>>>,
+    /// The node's egress CA, which the proxy terminates a sandbox's TLS with where a
+    /// credential is added; `None`: nothing is intercepted (unit tests).
+    ca: Option<Arc<ca::EgressCa>>,
 }
 
 /// DNS queries one sandbox may have in flight at once (each holds a socket to the upstream
@@ -151,7 +165,58 @@ impl Gate {
             log,
             held: Arc::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            credentials: RwLock::default(),
+            ca: None,
         }
+    }
+
+    /// The gate with the node's egress CA: credentials can be added.
+    pub fn with_ca(mut self, ca: Arc<ca::EgressCa>) -> Self {
+        self.ca = Some(ca);
+        self
+    }
+
+    /// The node's egress CA, if it has one.
+    pub fn ca(&self) -> Option<&Arc<ca::EgressCa>> {
+        self.ca.as_ref()
+    }
+
+    /// Replaces the credentials of `session` with `set`.
+    pub fn set_credentials(&self, session: &str, set: CredentialSet) {
+        self.credentials
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session.to_owned(), Arc::new(set));
+    }
+
+    /// The credentials `session` holds now.
+    pub fn credentials_of(&self, session: &str) -> Option<Arc<CredentialSet>> {
+        self.credentials
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session)
+            .cloned()
+    }
+
+    /// The credential of `session` for `host` on `port` now (the first of its set that names
+    /// them), read at each request so a rotation reaches connections already open.
+    pub fn credential_for(&self, session: &str, host: &str, port: u16) -> Option<CredentialValue> {
+        self.credentials_of(session)?
+            .credentials
+            .iter()
+            .find(|c| c.host == host && c.effective_ports().contains(&port))
+            .cloned()
+    }
+
+    /// Counts a credential added to a request.
+    pub fn count_credential(&self, runtime: &str, source: &str) {
+        self.metrics
+            .egress_credentials_added
+            .get_or_create(&crate::metrics::EgressCredentialLabels {
+                runtime: runtime.to_owned(),
+                source: source.to_owned(),
+            })
+            .inc();
     }
 
     /// The gate with another cap on proxied connections per sandbox.
@@ -205,9 +270,13 @@ impl Gate {
             .map(|(_, extra)| extra.clone())
     }
 
-    /// Forgets a destroyed session.
+    /// Forgets a destroyed session, and its credentials.
     pub fn forget(&self, session: &str) {
         self.sessions
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session);
+        self.credentials
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(session);

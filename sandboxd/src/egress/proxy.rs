@@ -16,9 +16,24 @@
 //!   allowed address is refused: plain HTTP gets `403` with a body naming the policy, TLS a
 //!   fatal `access_denied` alert, anything else is closed. Nothing hangs.
 //!
-//! What a TLS connection carries after its ClientHello is not looked at (no interception):
-//! a client that sends an allowed SNI and then another Host inside the encryption reaches
-//! the allowed name's server, which answers for what it serves.
+//! What a TLS connection carries after its ClientHello is not looked at (no interception),
+//! but where the session holds a credential for the SNI's name on the original port: a
+//! client that sends an allowed SNI and then another Host inside the encryption reaches the
+//! allowed name's server, which answers for what it serves.
+//!
+//! Where the session holds a credential ([`super::Gate::credential_for`]) for the SNI's name
+//! on the original port, the proxy terminates the sandbox's TLS with a leaf for that name
+//! signed by the node's egress CA ([`super::ca`], which the sandbox trusts; ALPN `http/1.1`
+//! only), dials the name as above, opens TLS to it verifying its certificate against the
+//! system roots and `SANDBOXD_EGRESS_UPSTREAM_CA`, and carries HTTP/1.1 with hyper (kept
+//! alive both sides). On every request it removes each header of the credential's name and
+//! sets the credential's value, read from the gate at that request, so a rotated value
+//! reaches a kept-alive connection. A credential without a value (its Secret is gone) is
+//! answered `502` with `x-sandboxd-egress: credential-missing` and the sender's words; an
+//! upstream whose certificate does not verify is answered `502` with
+//! `x-sandboxd-egress: upstream-unverified`. Each credential added is counted
+//! (`sandboxd_egress_credentials_added_total{runtime,source}`) and the connection's allowed
+//! row of the egress log says `credential added: <source>`. The value is never logged.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -241,7 +256,17 @@ impl Proxy {
                 return;
             }
         };
+        let intercept = tls
+            && self.gate.ca().is_some()
+            && self
+                .gate
+                .credential_for(&who.session, &name, dst.port())
+                .is_some();
         match self.dial(&policies, &name, dst.port()).await {
+            Ok(upstream) if intercept => {
+                self.intercept(&who, &name, dst.port(), client, upstream, hello)
+                    .await
+            }
             Ok(upstream) => {
                 self.splice(&who, &name, dst.port(), client, upstream, &hello)
                     .await
@@ -394,6 +419,285 @@ impl Proxy {
         self.gate
             .log
             .record(who, name, port, Verdict::Allowed, out, inn);
+    }
+}
+
+/// A stream whose first bytes are those already read from it (the ClientHello), then the
+/// rest of it: what the TLS acceptor reads. It counts the bytes the sandbox sent (the
+/// ClientHello included) and received, as a spliced connection's are counted.
+struct Replayed {
+    first: Vec<u8>,
+    at: usize,
+    inner: TcpStream,
+    /// Bytes sent by the sandbox and received by it.
+    carried: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
+}
+
+impl tokio::io::AsyncRead for Replayed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.first.len() {
+            let n = buf.remaining().min(self.first.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.first[at..at + n]);
+            self.at += n;
+            self.carried
+                .0
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            if self.at == self.first.len() {
+                self.first = Vec::new();
+                self.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let read = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before);
+        self.carried
+            .0
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        read
+    }
+}
+
+impl tokio::io::AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &written {
+            self.carried
+                .1
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        written
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The proxy's own answer to a request it could not carry: `502` with `words` and a newline,
+/// and `x-sandboxd-egress: <tag>`.
+fn bad_gateway(tag: &'static str, words: &str) -> hyper::Response<axum::body::Body> {
+    let mut response = hyper::Response::new(axum::body::Body::from(format!("{words}\n")));
+    *response.status_mut() = hyper::StatusCode::BAD_GATEWAY;
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        "x-sandboxd-egress",
+        hyper::header::HeaderValue::from_static(tag),
+    );
+    response
+}
+
+/// How long the TLS handshakes of an intercepted connection are waited for.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Proxy {
+    /// Carries a TLS connection to `name` on `port` whose session holds a credential for it:
+    /// terminated with a leaf of the node's egress CA, HTTP/1.1 carried to `upstream` over
+    /// TLS verified against the upstream roots, the credential set on every request (see the
+    /// module's documentation). `hello` is what was read of the client already.
+    async fn intercept(
+        &self,
+        who: &Principal,
+        name: &str,
+        port: u16,
+        client: TcpStream,
+        upstream: TcpStream,
+        hello: Vec<u8>,
+    ) {
+        let Some(ca) = self.gate.ca().cloned() else {
+            return;
+        };
+        self.gate.count(Kind::Connection, &who.runtime, true);
+        let _ = upstream.set_nodelay(true);
+        let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config());
+        let carried = Arc::new((
+            std::sync::atomic::AtomicU64::new(0),
+            std::sync::atomic::AtomicU64::new(0),
+        ));
+        let replayed = Replayed {
+            first: hello,
+            at: 0,
+            inner: client,
+            carried: carried.clone(),
+        };
+        let sandbox_side =
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(replayed)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    self.gate.log.record_with(
+                        who,
+                        name,
+                        port,
+                        Verdict::Allowed,
+                        (0, 0),
+                        &format!("the sandbox's TLS handshake with the egress proxy failed: {e}"),
+                    );
+                    return;
+                }
+                Err(_) => return,
+            };
+        // The upstream side: its real certificate verified, or every request answered 502.
+        let server_name = rustls::pki_types::ServerName::try_from(name.to_owned());
+        let connector = tokio_rustls::TlsConnector::from(ca.client_config());
+        let upstream_side = match server_name {
+            Ok(sn) => {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(sn, upstream)).await
+                {
+                    Ok(Ok(s)) => Ok(s),
+                    Ok(Err(e)) => Err(format!(
+                        "sandboxd egress: {name}:{port} did not prove its identity to the egress proxy: {e}"
+                    )),
+                    Err(_) => Err(format!(
+                        "sandboxd egress: {name}:{port} did not finish its TLS handshake within {HANDSHAKE_TIMEOUT:?}"
+                    )),
+                }
+            }
+            Err(e) => Err(format!("sandboxd egress: {name} is not a server name: {e}")),
+        };
+        let sender = match upstream_side {
+            Ok(tls) => {
+                match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await
+                {
+                    Ok((sender, conn)) => {
+                        tokio::spawn(conn);
+                        Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+                    }
+                    Err(e) => Err(format!(
+                        "sandboxd egress: HTTP/1.1 to {name}:{port} failed: {e}"
+                    )),
+                }
+            }
+            Err(words) => Err(words),
+        };
+        if let Err(words) = &sender {
+            self.gate
+                .log
+                .record_with(who, name, port, Verdict::Allowed, (0, 0), words);
+        }
+        let gate = self.gate.clone();
+        let (session, runtime, host) = (who.session.clone(), who.runtime.clone(), name.to_owned());
+        let added = Arc::new(std::sync::Mutex::new(None::<String>));
+        let noted = added.clone();
+        let service = hyper::service::service_fn(
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
+                let (gate, session, runtime, host, sender, noted) = (
+                    gate.clone(),
+                    session.clone(),
+                    runtime.clone(),
+                    host.clone(),
+                    sender.clone(),
+                    noted.clone(),
+                );
+                async move {
+                    let sender = match sender {
+                        Ok(s) => s,
+                        Err(words) => {
+                            return Ok::<_, std::convert::Infallible>(bad_gateway(
+                                "upstream-unverified",
+                                &words,
+                            ));
+                        }
+                    };
+                    // Read now: a rotation reaches a connection kept alive.
+                    let credential = gate.credential_for(&session, &host, port);
+                    let (header, value, source) = match credential {
+                        Some(sandboxd_api::egress::CredentialValue {
+                            header,
+                            value: Some(value),
+                            source,
+                            ..
+                        }) => (header, value, source),
+                        Some(c) => {
+                            let why = c
+                                .missing
+                                .unwrap_or_else(|| "the credential has no value".to_owned());
+                            return Ok(bad_gateway(
+                                "credential-missing",
+                                &format!("sandboxd egress: no credential for {host}:{port}: {why}"),
+                            ));
+                        }
+                        None => {
+                            return Ok(bad_gateway(
+                                "credential-missing",
+                                &format!(
+                                    "sandboxd egress: no credential for {host}:{port}: the session holds none for it any more"
+                                ),
+                            ));
+                        }
+                    };
+                    let (Ok(header_name), Ok(header_value)) = (
+                        hyper::header::HeaderName::from_bytes(header.as_bytes()),
+                        hyper::header::HeaderValue::from_str(&value),
+                    ) else {
+                        return Ok(bad_gateway(
+                            "credential-missing",
+                            &format!(
+                                "sandboxd egress: the credential for {host}:{port} ({source}) is not a valid header"
+                            ),
+                        ));
+                    };
+                    let headers = req.headers_mut();
+                    while headers.remove(&header_name).is_some() {}
+                    let mut header_value = header_value;
+                    header_value.set_sensitive(true);
+                    headers.insert(header_name, header_value);
+                    gate.count_credential(&runtime, &source);
+                    if let Ok(mut n) = noted.lock() {
+                        *n = Some(source);
+                    }
+                    let mut sender = sender.lock().await;
+                    if sender.ready().await.is_err() {
+                        return Ok(bad_gateway(
+                            "upstream-closed",
+                            &format!("sandboxd egress: {host}:{port} closed the connection"),
+                        ));
+                    }
+                    match sender.send_request(req).await {
+                        Ok(response) => Ok(response.map(axum::body::Body::new)),
+                        Err(e) => Ok(bad_gateway(
+                            "upstream-failed",
+                            &format!("sandboxd egress: {host}:{port} did not answer: {e}"),
+                        )),
+                    }
+                }
+            },
+        );
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(sandbox_side), service)
+            .await;
+        let source = added.lock().ok().and_then(|mut a| a.take());
+        let reason = source.map_or_else(String::new, |s| format!("credential added: {s}"));
+        let (out, inn) = (
+            carried.0.load(std::sync::atomic::Ordering::Relaxed),
+            carried.1.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        self.gate.count_bytes(&who.runtime, out, inn);
+        self.gate
+            .log
+            .record_with(who, name, port, Verdict::Allowed, (out, inn), &reason);
     }
 }
 

@@ -7,6 +7,7 @@
 //! HTTP: the surfaces give it a status and a code (`crate::http::error`).
 
 pub mod auth;
+pub mod credentials;
 mod error;
 mod health;
 pub mod memory;
@@ -100,6 +101,9 @@ pub struct Settings {
     pub workspace_size: Option<u64>,
     /// The bounds of file work.
     pub file_work: work::FileWorkLimits,
+    /// The trust bundle and egress CA every sandbox is given, read-only (see
+    /// [`crate::egress::ca`]); `None`: none (unit tests).
+    pub egress_trust: Option<crate::egress::ca::Trust>,
 }
 
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.

@@ -476,11 +476,19 @@ impl Core {
             tmpfs_size: s.tmpfs_size.clone(),
             home_size: s.home_size.clone(),
             oci_runtime: self.oci_runtime_of(runtime).await?,
+            // The runtime's environment, then what points clients at the trust bundle (last:
+            // it holds the system roots too, and the egress CA that credentials need).
             env: runtime
                 .env
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
+                .chain(
+                    s.egress_trust
+                        .iter()
+                        .flat_map(|_| crate::egress::ca::Trust::env()),
+                )
                 .collect(),
+            trust: s.egress_trust.clone(),
             agent: self.runner.agent_mount(folder).map_err(|e| {
                 ServiceError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
             })?,

@@ -62,6 +62,11 @@ impl Core {
                 sandboxd_api::session::Launch::Cold
             },
             usage: None,
+            credentials_version: self.egress.as_ref().and_then(|e| {
+                e.gate
+                    .credentials_of(&row.id)
+                    .map(|set| set.version.clone())
+            }),
             runtime_image: self.runtimes.current_image(&row.runtime),
             limits: Self::limits_of(row),
         }

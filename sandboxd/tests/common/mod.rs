@@ -17,6 +17,8 @@ pub use sandboxd_testkit::{pki, poll, process, until};
 
 pub use process::Sandboxd;
 
+pub mod egress;
+
 fn need(what: &str) -> String {
     std::env::var(what).unwrap_or_else(|_| {
         panic!("{what} is not set: start the local dockerd with `make up` and `eval \"$(make -s env)\"`, or run `make test`")
@@ -92,23 +94,34 @@ impl Daemon {
 
     /// Starts a sandboxd with the defaults and `env` on top.
     pub fn start(env: &[(&str, &str)]) -> Self {
-        Self::start_with(&std::env::temp_dir(), env, None)
+        Self::start_with(&std::env::temp_dir(), env, None, false)
+    }
+
+    /// [`Daemon::start`] with its log (standard error) appended to [`Daemon::log_file`]
+    /// rather than the test's, across restarts: for a test that reads it back.
+    pub fn start_logged(env: &[(&str, &str)]) -> Self {
+        Self::start_with(&std::env::temp_dir(), env, None, true)
+    }
+
+    /// The file a [`Daemon::start_logged`] sandboxd logs to.
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.path().join("sandboxd.log")
     }
 
     /// [`Daemon::start`] with its state and workspaces in a temp dir under `parent` (a tmpfs
     /// for tests that make hundreds of thousands of folders).
     pub fn start_in(parent: &Path, env: &[(&str, &str)]) -> Self {
-        Self::start_with(parent, env, None)
+        Self::start_with(parent, env, None, false)
     }
 
     /// Starts a sandboxd whose workspace root is a tmpfs of its own (`mount -t tmpfs` with
     /// `options`, as root): for tests that make more files than a disk makes in good time.
     /// Fails (never skips) when the mount is refused.
     pub fn start_on_tmpfs(env: &[(&str, &str)], options: &str) -> Self {
-        Self::start_with(&std::env::temp_dir(), env, Some(options))
+        Self::start_with(&std::env::temp_dir(), env, Some(options), false)
     }
 
-    fn start_with(parent: &Path, env: &[(&str, &str)], tmpfs: Option<&str>) -> Self {
+    fn start_with(parent: &Path, env: &[(&str, &str)], tmpfs: Option<&str>, logged: bool) -> Self {
         need("DOCKER_HOST");
         // The tests' own reqwest clients find the crypto provider sandboxd's clients use.
         sandboxd::tls::install_provider();
@@ -124,6 +137,9 @@ impl Daemon {
         );
         sandboxd.runtimes = format!("base={},alt={}", base_image(), base_image());
         sandboxd.with_env(env);
+        if logged {
+            sandboxd.log_file = Some(dir.path().join("sandboxd.log"));
+        }
         let mut d = Self {
             sandboxd,
             dir,

@@ -6,6 +6,7 @@
 //! test-internet --dns ADDR:PORT --queries-log FILE [--record NAME=IPV4]... [--txt NAME=TEXT]...
 //!     [--http ADDR:PORT=LABEL]... [--https ADDR:PORT=LABEL]... [--cert PEM --key PEM]
 //!     [--echo ADDR:PORT]... [--udp ADDR:PORT]... [--udp-log FILE] [--tcp-log FILE] [--http-log FILE]
+//!     [--auth LABEL=HEADER=FILE]...
 //! ```
 //!
 //! - DNS over UDP and TCP: the A records given (any case), a TXT answer for a name given with
@@ -16,6 +17,10 @@
 //!   `/bytes/N` (N a decimal count of bytes, no query) gets 200 and N zero bytes with
 //!   `content-length: N`, streamed in 1 MiB chunks of one static buffer (nothing is
 //!   allocated per chunk): a download as big as a benchmark needs (`/bytes/1073741824`, 1 GiB).
+//! - `--auth LABEL=HEADER=FILE`: the HTTP and HTTPS servers of LABEL answer as above only a
+//!   request carrying HEADER exactly once, equal to FILE's content (read at each request, a
+//!   trailing newline trimmed); any other gets `401` and `credential missing or wrong`. What
+//!   arrived is never echoed nor logged.
 //! - TCP echo; UDP ports where each datagram is a line `to<TAB>from<TAB>length` of the UDP log.
 //! - Each accepted connection is a line `service<TAB>to<TAB>from` of the TCP log.
 //!
@@ -135,6 +140,8 @@ struct Args {
     udp_log: Option<PathBuf>,
     tcp_log: Option<PathBuf>,
     http_log: Option<PathBuf>,
+    /// By label: the header demanded and the file of its value.
+    auth: HashMap<String, (String, PathBuf)>,
 }
 
 /// The name as the server keys it: lowercase, no trailing dot.
@@ -184,6 +191,16 @@ fn parse_args() -> Result<Args, String> {
             "--udp-log" => args.udp_log = Some(value.into()),
             "--tcp-log" => args.tcp_log = Some(value.into()),
             "--http-log" => args.http_log = Some(value.into()),
+            "--auth" => {
+                let mut parts = value.splitn(3, '=');
+                let (Some(label), Some(header), Some(file)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    return Err(format!("{flag} {value}: expected LABEL=HEADER=FILE"));
+                };
+                args.auth
+                    .insert(label.to_owned(), (header.to_owned(), file.into()));
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -310,11 +327,23 @@ async fn dns_tcp(mut stream: TcpStream, from: SocketAddr, zone: Arc<Zone>, log: 
 
 /// Serves HTTP/1.1 on one connection (plain or TLS): 200 and the server's body to any request,
 /// or N zeros to `/bytes/N`.
-async fn http<S>(io: S, scheme: &'static str, to: SocketAddr, body: Arc<str>, log: Log)
-where
+async fn http<S>(
+    io: S,
+    scheme: &'static str,
+    to: SocketAddr,
+    body: Arc<str>,
+    log: Log,
+    auth: Option<(String, PathBuf)>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |req: hyper::Request<Incoming>| {
+        let authorised = auth.as_ref().is_none_or(|(header, file)| {
+            let want = std::fs::read_to_string(file).unwrap_or_default();
+            let want = want.trim_end_matches(['\n', '\r']);
+            let got: Vec<_> = req.headers().get_all(header.as_str()).iter().collect();
+            !want.is_empty() && got.len() == 1 && got[0].as_bytes() == want.as_bytes()
+        });
         let host = req
             .headers()
             .get(hyper::header::HOST)
@@ -328,6 +357,12 @@ where
             .unwrap_or_default();
         log.line(&[scheme, &to.to_string(), req.method().as_str(), &host, &path]);
         let response = match zeros_asked(&path) {
+            _ if !authorised => hyper::Response::builder()
+                .status(hyper::StatusCode::UNAUTHORIZED)
+                .header(hyper::header::CONTENT_TYPE, "text/plain")
+                .body(Either::Left(Full::new(Bytes::from_static(
+                    b"credential missing or wrong\n",
+                )))),
             Some(n) => hyper::Response::builder()
                 .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
                 .header(hyper::header::CONTENT_LENGTH, n)
@@ -414,8 +449,9 @@ async fn run(args: Args) -> Result<(), String> {
         let listener = TcpListener::bind(addr).await.map_err(|e| bind(addr, e))?;
         let body: Arc<str> = format!("hello from {label} ({})\n", addr.ip()).into();
         let log = logs.http.clone();
+        let auth = args.auth.get(label).cloned();
         accept(listener, "http", logs.tcp.clone(), move |s, to, _| {
-            http(s, "http", to, body.clone(), log.clone())
+            http(s, "http", to, body.clone(), log.clone(), auth.clone())
         });
     }
     if !args.https.is_empty() {
@@ -424,11 +460,13 @@ async fn run(args: Args) -> Result<(), String> {
             let listener = TcpListener::bind(addr).await.map_err(|e| bind(addr, e))?;
             let body: Arc<str> = format!("hello from {label} ({})\n", addr.ip()).into();
             let (log, acceptor) = (logs.http.clone(), acceptor.clone());
+            let auth = args.auth.get(label).cloned();
             accept(listener, "https", logs.tcp.clone(), move |s, to, _| {
-                let (acceptor, body, log) = (acceptor.clone(), body.clone(), log.clone());
+                let (acceptor, body, log, auth) =
+                    (acceptor.clone(), body.clone(), log.clone(), auth.clone());
                 async move {
                     if let Ok(tls) = acceptor.accept(s).await {
-                        http(tls, "https", to, body, log).await;
+                        http(tls, "https", to, body, log, auth).await;
                     }
                 }
             });

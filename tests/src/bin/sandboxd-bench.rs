@@ -169,6 +169,7 @@ async fn main() -> Result<()> {
             oci_runtime: None,
             env: vec![],
             agent: None,
+            trust: None,
         };
         let t = Instant::now();
         let id = engine.create(&spec).await?;

@@ -61,6 +61,10 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}/tree", get(tree)),
         ("/v1/sessions/{id}/events", get(events)),
         ("/v1/sessions/{id}/egress", get(egress)),
+        (
+            "/v1/sessions/{id}/credentials",
+            axum::routing::put(put_credentials),
+        ),
         ("/v1/runtimes", get(runtimes).put(put_runtimes)),
         ("/v1/policy", get(policy).put(put_policy)),
         ("/v1/operations", get(operations)),

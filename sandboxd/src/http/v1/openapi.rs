@@ -475,6 +475,17 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         ],
     ),
     (
+        "PUT /v1/sessions/{id}/credentials",
+        &[
+            BODY[0],
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            BODY[1],
+            INTERNAL,
+        ],
+    ),
+    (
         "GET /v1/sessions/{id}/events",
         &[
             (400, &["bad_request"]),
@@ -528,6 +539,7 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::tree,
         crate::http::v1::events,
         crate::http::v1::egress,
+        crate::http::v1::put_credentials,
         crate::http::v1::runtimes,
         crate::http::v1::put_runtimes,
         crate::http::v1::policy,

@@ -133,6 +133,39 @@ pub(crate) async fn egress(
     Ok(Json(state.core.egress_log(&id, minutes).await?).into_response())
 }
 
+/// Replaces the session's egress credentials (admin token): the headers the egress proxy sets
+/// on its sandbox's requests to the hosts they name, kept in sandboxd's memory only. Checked
+/// whole first (400 naming what is wrong, never a value): the session's egress policy must
+/// allow every host and port. The answer is the session, its `credentials_version` the set's.
+#[utoipa::path(
+    put, path = "/v1/sessions/{id}/credentials", tag = "sessions", params(SessionId),
+    request_body = sandboxd_api::egress::CredentialSet,
+    responses((status = 200, description = "The session, holding the credentials (`credentials_version`)", body = SessionView))
+)]
+pub(crate) async fn put_credentials(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    _: Admin,
+    who: Actor,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    // serde's words name a field and a position, never a value of the body.
+    let set: sandboxd_api::egress::CredentialSet = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid credential set: {} at line {} column {}",
+            match e.classify() {
+                serde_json::error::Category::Data => "a field is missing or of the wrong type",
+                serde_json::error::Category::Syntax | serde_json::error::Category::Eof =>
+                    "not JSON",
+                serde_json::error::Category::Io => "unreadable",
+            },
+            e.line(),
+            e.column()
+        ))
+    })?;
+    Ok(Json(state.core.put_credentials(&id, set, &who).await?).into_response())
+}
+
 /// `?owner=`: the object a destroy or token rotation acts for.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
