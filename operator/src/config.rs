@@ -235,6 +235,19 @@ pub struct Config {
     )]
     pub csr_certificate_days: u32,
 
+    /// Egress credentials (`spec.egress.credentials` of Runtimes and sessions): watch the Secrets
+    /// labelled sandboxd.dev/egress-credential=true cluster-wide (get, list and watch on
+    /// Secrets; the chart grants them with operator.egressCredentials.enabled) and hand their
+    /// values to the sessions' hosts. false: no Secret is watched, and a session naming
+    /// credentials says the operator runs without them.
+    #[arg(
+        long,
+        env = "SANDBOX_OPERATOR_EGRESS_CREDENTIALS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub egress_credentials: bool,
+
     /// Log as JSON.
     #[arg(long, env = "SANDBOX_OPERATOR_JSON_LOGS", default_value_t = false)]
     pub json_logs: bool,
@@ -314,6 +327,9 @@ mod tests {
             (120, 21600)
         );
         assert_eq!(c.prepare_seconds, 600);
+        assert!(c.egress_credentials);
+        let off = Config::parse_from(["sandbox-operator", "--egress-credentials", "false"]);
+        assert!(!off.egress_credentials);
     }
 
     #[test]

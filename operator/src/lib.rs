@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod conditions;
 pub mod config;
 pub mod context;
+pub mod credentials;
 pub mod discovery;
 pub mod egress;
 pub mod error;

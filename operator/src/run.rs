@@ -58,7 +58,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     metrics.leader.set(1);
-    info!(%identity, %namespace, "leading: starting controllers (Secrets are read only in this namespace)");
+    info!(%identity, %namespace, egress_credentials = config.egress_credentials, "leading: starting controllers (admin-token Secrets are read only in this namespace)");
     let ctx = Arc::new(Context::new(client.clone(), config.clone(), metrics));
     let caches = crate::context::Caches {
         hosts: cache::<sandboxd_crds::v1alpha1::SandboxHost>(&client, &ctx).await,

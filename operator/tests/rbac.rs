@@ -77,6 +77,10 @@ impl ChartRbac {
                     "--set",
                     "adminToken.value=render-only-admin-token-0123456789abcdef",
                 ])
+                // Without egress credentials: their label-selected Secret watch needs list and
+                // watch on Secrets cluster-wide, and this test holds the operator to none
+                // (operator/tests/credentials.rs runs it with them).
+                .args(["--set", "operator.egressCredentials.enabled=false"])
                 .args(["--show-only", "templates/operator-rbac.yaml"])
                 .args(["--show-only", "templates/secret-policy.yaml"])
                 .args(["--show-only", "templates/node-token-hashes.yaml"]),
@@ -210,7 +214,12 @@ async fn the_operator_runs_sessions_with_the_charts_rbac_alone() {
     // for 300 s), so the one deleted below is missed at the next.
     scope.start_operator_with(
         kubeconfig.to_str().expect("a UTF-8 path"),
-        &["--token-check-seconds", "0"],
+        &[
+            "--token-check-seconds",
+            "0",
+            "--egress-credentials",
+            "false",
+        ],
     );
 
     // A Secret of the token's name is there already (left by an earlier session of that name):
@@ -454,6 +463,8 @@ async fn a_node_given_only_its_hash_takes_its_token_once_the_operator_writes_it(
     scope.start_operator_with(
         kubeconfig.to_str().expect("a UTF-8 path"),
         &[
+            "--egress-credentials",
+            "false",
             "--host-token-secret",
             &format!("{}/{admin_secret}", scope.ns),
             "--node-token-hashes",
@@ -566,7 +577,10 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = impersonating(&service_account, dir.path());
     let host = chart_host(&scope, &release, "orphan-host").await;
-    let first = scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
+    let first = scope.start_operator_with(
+        kubeconfig.to_str().expect("a UTF-8 path"),
+        &["--egress-credentials", "false"],
+    );
 
     // One session in each of two namespaces, running, with a file in its workspace.
     let namespaces = Api::<Namespace>::all(scope.client.clone());
@@ -643,7 +657,10 @@ async fn sessions_their_namespace_left_behind_are_destroyed_and_a_remade_namespa
         .expect("the namespace made again");
 
     // The operator deletes both sessions; their Tombstones destroy container and workspace.
-    scope.start_operator_with(kubeconfig.to_str().expect("a UTF-8 path"), &[]);
+    scope.start_operator_with(
+        kubeconfig.to_str().expect("a UTF-8 path"),
+        &["--egress-credentials", "false"],
+    );
     for (name, id, uid) in &left {
         wait_gone(
             Api::<SandboxSession>::namespaced(scope.client.clone(), name),

@@ -1001,6 +1001,47 @@ fn the_tenant_binding_binds_labelled_namespaces_unless_turned_off() {
     );
 }
 
+#[test]
+fn the_secret_watch_of_egress_credentials_is_granted_only_when_enabled() {
+    let secret_reads = |args: &[&str]| -> Vec<serde_yaml::Value> {
+        let mut all = vec!["--show-only", "templates/operator-rbac.yaml"];
+        all.extend_from_slice(args);
+        let docs = documents(&template(&all));
+        of_kind(&docs, "ClusterRole")["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["resources"][0] == "secrets")
+            .map(|r| r["verbs"].clone())
+            .collect()
+    };
+    let env = |args: &[&str]| -> Option<String> {
+        let mut all = vec!["--show-only", "templates/operator-deployment.yaml"];
+        all.extend_from_slice(args);
+        let docs = documents(&template(&all));
+        of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == "SANDBOX_OPERATOR_EGRESS_CREDENTIALS")
+            .and_then(|e| e["value"].as_str().map(str::to_owned))
+    };
+    let verbs = |v: &[&str]| serde_yaml::to_value(v).expect("YAML");
+    // The default: the label-selected watch of egress credentials' Secrets, cluster-wide.
+    assert_eq!(
+        secret_reads(&[]),
+        [
+            verbs(&["create", "update"]),
+            verbs(&["get", "list", "watch"])
+        ]
+    );
+    assert_eq!(env(&[]).as_deref(), Some("true"));
+    // Off: no Secret is listed, watched or read cluster-wide, and the operator is told.
+    let off = ["--set", "operator.egressCredentials.enabled=false"];
+    assert_eq!(secret_reads(&off), [verbs(&["create", "update"])]);
+    assert_eq!(env(&off).as_deref(), Some("false"));
+}
+
 /// Whether ServiceAccount `user` may `verb` (approve, sign) for `signer`: a SubjectAccessReview,
 /// as the API server asks when a request is approved or signed (`kubectl auth can-i` does not
 /// know the group of the `signers` resource, which has no API of its own).
@@ -1055,6 +1096,9 @@ async fn the_service_accounts_may_do_only_what_they_need() {
         .arg(chart())
         .args(["-n", &ns.name, "--set", "runtimes.install=false"])
         .args(["--set", "operator.adminTokenSecrets={gpu-box-admin}"])
+        // Egress credentials off: their label-selected Secret watch needs get, list and watch
+        // on Secrets cluster-wide (see the_secret_watch_of_egress_credentials_is_granted_only_when_enabled).
+        .args(["--set", "operator.egressCredentials.enabled=false"])
         .args(["--set", "tls.enabled=false"]));
     assert!(out.contains("STATUS: deployed"), "{out}");
     let sa = |name: &str| format!("system:serviceaccount:{}:{full}-{name}", ns.name);

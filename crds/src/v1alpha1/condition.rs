@@ -40,6 +40,10 @@ pub enum ConditionType {
     /// namespace's ceiling) is what its host enforces (False: a change was refused, the message
     /// says why, and the policy sent before stays in force).
     EgressApplied,
+    /// `CredentialsApplied`: whether the host holds the session's current egress credentials
+    /// (its Runtime's and its own `spec.egress.credentials`); False says why: one refused, a
+    /// Secret missing, a host that does not support them.
+    CredentialsApplied,
 }
 
 impl ConditionType {
@@ -58,6 +62,7 @@ impl ConditionType {
             Self::RebuildNeeded => "RebuildNeeded",
             Self::Rebuilt => "Rebuilt",
             Self::EgressApplied => "EgressApplied",
+            Self::CredentialsApplied => "CredentialsApplied",
         }
     }
 }
@@ -110,6 +115,18 @@ pub enum SessionReason {
     EgressCeiling,
     /// `EgressApplied=True`: the host enforces the session's current egress policy.
     EgressApplied,
+    /// `CredentialsApplied=True`: the host holds the session's egress credentials, each with
+    /// its value.
+    CredentialsApplied,
+    /// `CredentialsApplied=False`: a credential is refused (its host not allowed on one of its
+    /// ports by a policy the session is bound by, too many); the host keeps those it held.
+    CredentialInvalid,
+    /// `CredentialsApplied=False`: a credential's Secret (or its key) is missing or not usable:
+    /// the host holds the others, and requests to its host are answered 502 naming the Secret.
+    CredentialSecretMissing,
+    /// `CredentialsApplied=False`: the session's host does not serve the credentials route (an
+    /// older sandboxd), or this operator runs without egress credentials.
+    CredentialsUnsupported,
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
     OpenFailed,
@@ -175,6 +192,10 @@ impl SessionReason {
             Self::EgressWidened => "EgressWidened",
             Self::EgressCeiling => "EgressCeiling",
             Self::EgressApplied => "EgressApplied",
+            Self::CredentialsApplied => "CredentialsApplied",
+            Self::CredentialInvalid => "CredentialInvalid",
+            Self::CredentialSecretMissing => "CredentialSecretMissing",
+            Self::CredentialsUnsupported => "CredentialsUnsupported",
             Self::OpenFailed => "OpenFailed",
             Self::TokenSecretNotWritten => "TokenSecretNotWritten",
             Self::NotOnHost => "NotOnHost",

@@ -285,13 +285,40 @@ pub struct SandboxSessionStatus {
     /// own: what its host enforces now. Set once the session is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<SessionEgress>,
+    /// The egress credentials handed to the host (its Runtime's, then its own): where each
+    /// comes from and whether it has a value; never a value. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialStatus>,
     /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt,
-    /// EgressApplied.
+    /// EgressApplied, CredentialsApplied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// One egress credential as handed to the session's host (`status.credentials[]`): never its
+/// value.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialStatus {
+    /// The host the header is set for.
+    pub host: String,
+    /// The ports it is set on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<i32>")]
+    pub ports: Vec<u16>,
+    /// The header set.
+    pub header: String,
+    /// Where the value comes from: `Secret <namespace>/<name>, key <key>`.
+    pub source: String,
+    /// Whether the host holds a value for it (false: its requests are answered 502, see
+    /// message).
+    pub ready: bool,
+    /// Why it has no value, or how it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// The egress policies a session's host was last sent (`status.egress`).

@@ -89,6 +89,9 @@ pub struct Context {
     >,
     /// The session controller's cache of namespaces (metadata only).
     pub namespaces: std::sync::OnceLock<NamespaceCache>,
+    /// The Secrets labelled [`crate::credentials::LABEL`]`=true`, cluster-wide: the only
+    /// Secrets cached, and only with `--egress-credentials` (set while the controller runs).
+    pub credential_secrets: std::sync::OnceLock<kube::runtime::reflector::Store<Secret>>,
     /// The sessions the session cache shows placed on each host (set while the controller
     /// runs).
     pub placements: Mutex<placements::Placements>,
@@ -148,6 +151,7 @@ impl Context {
             sessions: std::sync::OnceLock::new(),
             placements: Mutex::default(),
             namespaces: std::sync::OnceLock::new(),
+            credential_secrets: std::sync::OnceLock::new(),
         }
     }
 

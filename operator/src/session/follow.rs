@@ -18,7 +18,7 @@ use sandboxd_api::session::SessionView;
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession, SandboxSessionStatus};
-use tracing::debug;
+use tracing::{Instrument as _, debug};
 
 use super::rebuild;
 use super::step::{Step, add, host_err, lost_at, parse_time, set_phase, start_over, until};
@@ -540,6 +540,26 @@ pub(super) async fn follow(
             now,
         );
     }
+    // Its egress credentials, handed over again when the host holds another set (or none,
+    // after a restart) than the one wanted now.
+    if let Some(view) = &shown
+        && decision.status.phase != Some(SessionPhase::Lost)
+        && decision.status.session_id.is_some()
+        && let Some(wait) = super::credentials::keep_current(
+            s,
+            ctx,
+            &mut decision.status,
+            client,
+            host,
+            runtime,
+            id,
+            view,
+        )
+        .instrument(tracing::info_span!("credentials"))
+        .await
+    {
+        decision.requeue = decision.requeue.min(wait);
+    }
     if let Some(wait) = later {
         decision.requeue = decision.requeue.min(wait);
     }
@@ -695,6 +715,7 @@ mod tests {
             owner: None,
             launch: Default::default(),
             usage: None,
+            credentials_version: None,
             runtime_image: None,
             limits: Default::default(),
         }

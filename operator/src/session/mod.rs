@@ -6,13 +6,15 @@
 //! A reconcile runs the steps in order, each in its module, and stops at the first that has
 //! nothing more to do now: [`place`] (the Runtime, a host, the claim), [`open`] (the open on the
 //! host and the token Secret), [`egress`] (an open session's egress policies kept current on
-//! its host), [`follow`] (the session's life, decided by a pure function);
+//! its host), [`follow`] (the session's life, decided by a pure function, and through
+//! [`credentials`] its egress credentials kept current on its host);
 //! [`cleanup`] runs when the object is deleted. Before them, [`orphan`] deletes a session its
 //! namespace left behind.
 //!
-//! Over 600 lines with its tests; the controller's own code is under 450.
+//! Over 600 lines with its tests; the controller's own code is under 480.
 
 mod cleanup;
+mod credentials;
 mod egress;
 pub mod follow;
 mod open;
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -127,10 +129,12 @@ fn definition_changed(
 
 /// Runs the controller until the stream ends.
 ///
-/// Its cache keeps sessions without their managed fields. No Secret is watched or cached: the
-/// operator may not list or read Secrets outside its own namespace, so a token Secret deleted by
-/// someone is noticed at its session's next reconcile once `--token-check-seconds` have passed
-/// since it was last found ([`open`]).
+/// Its cache keeps sessions without their managed fields. The only Secrets watched and cached
+/// are those labelled `sandboxd.dev/egress-credential=true` (with `--egress-credentials`): a
+/// change of one brings the open sessions whose credentials name it to a reconcile, which hands
+/// their hosts the new set within seconds. Token Secrets are not watched: one deleted by someone
+/// is noticed at its session's next reconcile once `--token-check-seconds` have passed since it
+/// was last found ([`open`]).
 pub async fn run(ctx: Arc<Context>) {
     let api = Api::<SandboxSession>::all(ctx.client.clone());
     let (sessions, writer) = reflector::store();
@@ -167,7 +171,8 @@ pub async fn run(ctx: Arc<Context>) {
     .touched_objects();
     let _ = ctx.namespaces.set(namespaces);
     let in_namespace = sessions.clone();
-    Controller::for_stream(session_stream, sessions)
+    let naming_secret = sessions.clone();
+    let mut controller = Controller::for_stream(session_stream, sessions)
         .with_config(ctx.controller_config())
         .watches(
             Api::<Runtime>::all(ctx.client.clone()),
@@ -188,7 +193,43 @@ pub async fn run(ctx: Arc<Context>) {
                 .filter(|s| s.namespace().as_deref() == Some(name.as_str()))
                 .map(|s| ObjectRef::from_obj(s.as_ref()))
                 .collect::<Vec<_>>()
-        })
+        });
+    if ctx.config.egress_credentials {
+        // Egress credentials' Secrets, by their label only: no other Secret is cached. The
+        // annotation kubectl apply leaves (a copy of the data) is dropped from the cache.
+        let (secrets, secret_writer) = reflector::store();
+        let secret_stream = reflector(
+            secret_writer,
+            watcher(
+                Api::<Secret>::all(ctx.client.clone()),
+                watcher::Config::default().labels(&crate::credentials::selector()),
+            )
+            .default_backoff()
+            .modify(|s| {
+                s.managed_fields_mut().clear();
+                s.annotations_mut()
+                    .remove("kubectl.kubernetes.io/last-applied-configuration");
+            }),
+        )
+        .touched_objects();
+        let _ = ctx.credential_secrets.set(secrets);
+        let mapper_ctx = ctx.clone();
+        controller = controller.watches_stream(secret_stream, move |secret: Secret| {
+            let runtimes = mapper_ctx
+                .caches
+                .get()
+                .map(|c| c.runtimes.state())
+                .unwrap_or_default();
+            crate::credentials::sessions_referencing(
+                &secret.namespace().unwrap_or_default(),
+                &secret.name_any(),
+                &mapper_ctx.namespace,
+                &naming_secret.state(),
+                &runtimes,
+            )
+        });
+    }
+    controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

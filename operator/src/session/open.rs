@@ -1,6 +1,7 @@
 //! Step 2, open: the session is opened on its host by name (idempotent), after any destroy a
 //! deleted object of the same name still owes there, and its token is kept in a Secret the
-//! session owns. No Secret is watched: a token Secret deleted by someone is noticed at the
+//! session owns. No token Secret is watched (the only Secrets watched are egress credentials',
+//! by their label): a token Secret deleted by someone is noticed at the
 //! session's next reconcile once `--token-check-seconds` have passed since it was last found
 //! ([`token_secret_exists`](super::token)); an opened session then gets a new token, and is never opened
 //! again (one destroyed on its host meanwhile is Lost, not made anew and empty).

@@ -436,6 +436,7 @@ mod tests {
                 ..Default::default()
             },
             usage: None,
+            credentials_version: None,
         }
     }
 
