@@ -24,14 +24,16 @@ fi
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 
-# sandboxd fences in the network of sandboxes with iptables: Debian's iptables and the libraries
-# the base image lacks, fetched with this machine's apt (same suite as the base image) and
+# sandboxd fences in the network of sandboxes with iptables, and its egress proxy verifies the
+# servers it reaches for a credential against the system roots (which sandboxes of allowlist
+# runtimes are given with the node's egress CA): Debian's iptables and ca-certificates and the
+# libraries the base image lacks, fetched with this machine's apt (same suite as the base image) and
 # installed with dpkg in the build, so nothing is pulled there.
 debs="$stage/sandboxd/debs"
 mkdir -p "$debs"
 present="$(docker run --rm --network none "$BASE_IMAGE_TAG" dpkg-query -W -f '${Package}\n')"
 wanted="$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-  --no-replaces --no-enhances --no-pre-depends iptables | grep -v '^[ <]' | sort -u)"
+  --no-replaces --no-enhances --no-pre-depends iptables ca-certificates | grep -v '^[ <]' | sort -u)"
 missing=()
 for pkg in $wanted; do grep -qx "$pkg" <<<"$present" || missing+=("$pkg"); done
 (cd "$debs" && apt-get download "${missing[@]}" >/dev/null 2>&1) || {

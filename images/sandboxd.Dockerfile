@@ -10,10 +10,12 @@ LABEL org.opencontainers.image.title="sandboxd" \
       org.opencontainers.image.description="The sandboxd node daemon: sandbox sessions in sibling containers with persistent workspaces" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-# iptables (and its libraries), downloaded on the host by hack/images.sh: sandboxd fences in the
-# network of sandboxes whose runtime needs one.
+# iptables and ca-certificates (and their libraries), downloaded on the host by hack/images.sh:
+# sandboxd fences in the network of sandboxes whose runtime needs one, and its egress proxy
+# verifies upstream servers against the system roots (SANDBOXD_EGRESS_SYSTEM_ROOTS).
 COPY debs/ /tmp/debs/
-RUN dpkg -i /tmp/debs/*.deb && rm -rf /tmp/debs && iptables -V
+RUN dpkg -i /tmp/debs/*.deb && rm -rf /tmp/debs && iptables -V \
+ && grep -q 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt
 COPY sandboxd /usr/local/bin/sandboxd
 ENV SANDBOXD_HOST=0.0.0.0 \
     DOCKER_HOST=unix:///var/run/docker.sock

@@ -136,6 +136,11 @@ async fn start_with(
     let allowlist_runtime = runtimes.any_allowlist();
     let mut settings = Settings::from_config(&config);
     settings.egress_trust = Some(ca.trust().clone());
+    if allowlist_runtime && ca.trust().bundle.is_none() {
+        tracing::warn!(
+            "no system roots (SANDBOXD_EGRESS_SYSTEM_ROOTS): sandboxes of allowlist runtimes keep their image's roots and get the egress CA at /etc/sandboxd/egress-ca.crt alone, so only Node trusts a credential's interception by itself; install ca-certificates on the node or point SANDBOXD_EGRESS_SYSTEM_ROOTS at a PEM bundle"
+        );
+    }
     let core = Arc::new(
         Core::new(
             settings,

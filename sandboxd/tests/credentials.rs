@@ -5,7 +5,8 @@
 //! httpx without ever holding the key, and nothing sandboxd keeps or says holds it either. A
 //! rotated key is used within 5 s, also on a connection kept alive; a missing one is a 502 in
 //! words; a host the policy does not allow is refused; a host without a credential is not
-//! intercepted; the set's version is shown until sandboxd restarts; each use is counted.
+//! intercepted; the set's version is shown until sandboxd restarts; each use is counted; a
+//! sandbox of a `none` runtime is given nothing of the egress CA.
 
 mod common;
 
@@ -67,7 +68,13 @@ fn internet(expected: &Path) -> Internet {
 /// A sandboxd whose runtime `egress` has [`POLICY`], resolving through the test internet and
 /// trusting its CA upstream, logging (sandboxd's own crate at debug) to its log file.
 fn daemon(net: &Internet) -> Daemon {
-    let runtimes = catalog(&sandboxd_testkit::tools_image(), POLICY);
+    // Beside it, `closed` (mode none) of the same image: a sandbox that gets no egress CA.
+    let image = sandboxd_testkit::tools_image();
+    let egress = catalog(&image, POLICY);
+    let runtimes = format!(
+        r#"{}, {{"alias": "closed", "image": "{image}", "egress": {{"mode": "none"}}}}]"#,
+        egress.trim_end().trim_end_matches(']')
+    );
     let resolver = net.dns().to_string();
     let upstream = net.ca_file().display().to_string();
     Daemon::start_logged(&[
@@ -537,4 +544,19 @@ async fn a_credential_outside_the_policy_is_refused_and_a_restart_forgets_them()
         ca,
         "the CA is reused"
     );
+
+    // A sandbox whose traffic never meets the proxy is given nothing of it: its image's own
+    // roots, no CA, no variables.
+    let opened = admin
+        .open("cr-closed", "org-a", Some("closed"), None)
+        .await
+        .expect("open a session of the none runtime");
+    let c = d.client(opened.token.as_deref().expect("a token on create"));
+    let (code, out) = sh(
+        &c,
+        "cr-closed",
+        "test -e /etc/sandboxd/egress-ca.crt && echo mounted; grep -c 'sandboxd node egress CA' /etc/ssl/certs/ca-certificates.crt; env | grep -E '^(SSL_CERT_FILE|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|NODE_EXTRA_CA_CERTS)='",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (1, "0\n"), "nothing of the egress CA");
 }

@@ -4,9 +4,10 @@
 //! It is made by sandboxd at its first start (an ECDSA P-256 key, `ca.key` mode 0600 and
 //! `ca.crt` 0644 in `<state>/egress-ca/`) and reused after a restart, or given by
 //! `SANDBOXD_EGRESS_CA_CERT` and `SANDBOXD_EGRESS_CA_KEY`. Beside it sandboxd writes the trust
-//! bundle every sandbox gets at `/etc/ssl/certs/ca-certificates.crt`: the node's system roots
-//! (`SANDBOXD_EGRESS_SYSTEM_ROOTS`) and the CA. The key never leaves sandboxd: only the
-//! certificate and the bundle are mounted into sandboxes.
+//! bundle a sandbox of an `allowlist` runtime gets at `/etc/ssl/certs/ca-certificates.crt`: the
+//! node's system roots (`SANDBOXD_EGRESS_SYSTEM_ROOTS`) and the CA. Without system roots there is
+//! no bundle (a sandbox keeps its image's roots and gets the CA alone, which only Node reads by
+//! itself). The key never leaves sandboxd: only the certificate and the bundle are mounted.
 //!
 //! A leaf certificate for a name is made when a sandbox first asks for it and kept for a day.
 //! The upstream side of an intercepted connection verifies the real server against the
@@ -67,11 +68,13 @@ pub struct CaSettings {
     pub upstream_ca: Option<PathBuf>,
 }
 
-/// The files a sandbox is given: the bundle and the CA alone (host paths).
+/// The files a sandbox of an `allowlist` runtime is given: the bundle and the CA alone (host
+/// paths).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trust {
-    /// The system roots and the CA, PEM, mounted at [`BUNDLE_IN_SANDBOX`].
-    pub bundle: PathBuf,
+    /// The system roots and the CA, PEM, mounted at [`BUNDLE_IN_SANDBOX`]; none when sandboxd
+    /// has no system roots (a bundle of the CA alone would take the public roots away).
+    pub bundle: Option<PathBuf>,
     /// The CA's certificate, PEM, mounted at [`CA_IN_SANDBOX`].
     pub ca: PathBuf,
 }
@@ -79,21 +82,24 @@ pub struct Trust {
 impl Trust {
     /// The read-only binds (`host:container:ro`) of a sandbox.
     pub fn binds(&self) -> Vec<String> {
-        vec![
-            format!("{}:{BUNDLE_IN_SANDBOX}:ro", self.bundle.display()),
-            format!("{}:{CA_IN_SANDBOX}:ro", self.ca.display()),
-        ]
+        let mut binds = vec![format!("{}:{CA_IN_SANDBOX}:ro", self.ca.display())];
+        if let Some(bundle) = &self.bundle {
+            binds.push(format!("{}:{BUNDLE_IN_SANDBOX}:ro", bundle.display()));
+        }
+        binds
     }
 
     /// The environment that points common clients (OpenSSL, Python requests, curl, Node) at
-    /// the files.
-    pub fn env() -> Vec<String> {
-        vec![
-            format!("SSL_CERT_FILE={BUNDLE_IN_SANDBOX}"),
-            format!("REQUESTS_CA_BUNDLE={BUNDLE_IN_SANDBOX}"),
-            format!("CURL_CA_BUNDLE={BUNDLE_IN_SANDBOX}"),
-            format!("NODE_EXTRA_CA_CERTS={CA_IN_SANDBOX}"),
-        ]
+    /// the files: Node at the CA alone (it adds it to its own roots), the others at the bundle
+    /// when there is one.
+    pub fn env(&self) -> Vec<String> {
+        let mut env = vec![format!("NODE_EXTRA_CA_CERTS={CA_IN_SANDBOX}")];
+        if self.bundle.is_some() {
+            for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+                env.push(format!("{var}={BUNDLE_IN_SANDBOX}"));
+            }
+        }
+        env
     }
 }
 
@@ -229,14 +235,20 @@ impl EgressCa {
             Some(path) => read("SANDBOXD_EGRESS_SYSTEM_ROOTS", path)?,
             None => String::new(),
         };
-        let mut bundle_text = system.clone();
-        if !bundle_text.is_empty() && !bundle_text.ends_with('\n') {
-            bundle_text.push('\n');
-        }
-        bundle_text.push_str("# sandboxd node egress CA\n");
-        bundle_text.push_str(&cert_pem);
         let bundle = dir.join("bundle.crt");
-        write("the egress trust bundle", &bundle, &bundle_text, 0o644)?;
+        let bundle = if certificates_of(&system).is_empty() {
+            let _ = std::fs::remove_file(&bundle);
+            None
+        } else {
+            let mut bundle_text = system.clone();
+            if !bundle_text.ends_with('\n') {
+                bundle_text.push('\n');
+            }
+            bundle_text.push_str("# sandboxd node egress CA\n");
+            bundle_text.push_str(&cert_pem);
+            write("the egress trust bundle", &bundle, &bundle_text, 0o644)?;
+            Some(bundle)
+        };
 
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(certificates_of(&system));
@@ -397,10 +409,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ca_is_made_once_kept_and_signs_leaves_a_client_of_the_bundle_trusts() {
+    fn without_system_roots_a_sandbox_keeps_its_own_bundle_and_gets_the_ca_alone() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let settings = CaSettings {
             state_dir: dir.path().to_owned(),
+            ..CaSettings::default()
+        };
+        let ca = EgressCa::load(&settings).expect("made");
+        assert_eq!(ca.trust().bundle, None);
+        assert!(!dir.path().join("egress-ca/bundle.crt").exists());
+        assert_eq!(
+            ca.trust().binds(),
+            vec![format!("{}:{CA_IN_SANDBOX}:ro", ca.trust().ca.display())]
+        );
+        assert_eq!(
+            ca.trust().env(),
+            vec![format!("NODE_EXTRA_CA_CERTS={CA_IN_SANDBOX}")]
+        );
+    }
+
+    #[test]
+    fn the_ca_is_made_once_kept_and_signs_leaves_a_client_of_the_bundle_trusts() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        // The node's roots: one certificate of another CA.
+        let (public_root, _) = EgressCa::make().expect("a root");
+        let system = dir.path().join("roots.crt");
+        std::fs::write(&system, &public_root).expect("the roots");
+        let settings = CaSettings {
+            state_dir: dir.path().to_owned(),
+            system_roots: Some(system),
             ..CaSettings::default()
         };
         let ca = EgressCa::load(&settings).expect("made");
@@ -414,11 +451,26 @@ mod tests {
             again.certificate(),
             "reused after a restart"
         );
-        let bundle = std::fs::read_to_string(&ca.trust().bundle).expect("the bundle");
+        let bundle_file = ca
+            .trust()
+            .bundle
+            .clone()
+            .expect("a bundle with system roots");
+        let bundle = std::fs::read_to_string(&bundle_file).expect("the bundle");
         assert!(
             !bundle.contains("PRIVATE KEY"),
             "the key is never in the bundle"
         );
+        assert!(bundle.starts_with(&public_root), "the node's roots first");
+        assert_eq!(certificates_of(&bundle).len(), 2, "the roots and the CA");
+        assert_eq!(
+            ca.trust().binds(),
+            vec![
+                format!("{}:{CA_IN_SANDBOX}:ro", ca.trust().ca.display()),
+                format!("{}:{BUNDLE_IN_SANDBOX}:ro", bundle_file.display()),
+            ]
+        );
+        assert_eq!(ca.trust().env().len(), 4);
 
         // A client trusting the bundle verifies a leaf for api.test.
         let mut roots = rustls::RootCertStore::empty();

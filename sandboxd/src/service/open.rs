@@ -433,7 +433,14 @@ impl Core {
         workspace: &Workspace,
     ) -> Result<SandboxSpec, ServiceError> {
         let s = &self.settings;
-        let network_mode = match (&self.network, self.mode_of(runtime.egress.mode, name)) {
+        let mode = self.mode_of(runtime.egress.mode, name);
+        // Only a sandbox whose traffic goes through the egress proxy is given its CA: the
+        // others keep their image's roots untouched.
+        let trust = s
+            .egress_trust
+            .as_ref()
+            .filter(|_| mode == EgressMode::Allowlist);
+        let network_mode = match (&self.network, mode) {
             (_, EgressMode::None) => s.network_mode.clone(),
             (_, EgressMode::Allowlist) => {
                 match &self.egress {
@@ -482,13 +489,9 @@ impl Core {
                 .env
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
-                .chain(
-                    s.egress_trust
-                        .iter()
-                        .flat_map(|_| crate::egress::ca::Trust::env()),
-                )
+                .chain(trust.iter().flat_map(|t| t.env()))
                 .collect(),
-            trust: s.egress_trust.clone(),
+            trust: trust.cloned(),
             agent: self.runner.agent_mount(folder).map_err(|e| {
                 ServiceError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
             })?,
