@@ -6,6 +6,8 @@
 //! sandboxd embeds the binary of its own build and copies it into the host folder at start, so
 //! a session always runs the agent of the sandboxd that drives it.
 
+#[cfg(target_os = "linux")]
+pub mod pause;
 pub mod proto;
 #[cfg(target_os = "linux")]
 pub mod server;

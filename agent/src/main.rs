@@ -7,6 +7,16 @@ fn main() -> std::process::ExitCode {
     let mut session = std::env::var(sandbox_agent::proto::SESSION_ENV).unwrap_or_default();
     let mut user = None;
     let mut args = std::env::args().skip(1);
+    if std::env::args().nth(1).as_deref() == Some(sandbox_agent::pause::BINDER_ARG) {
+        let socket = std::env::args().nth(2).unwrap_or_default();
+        return match sandbox_agent::pause::binder_main(std::path::Path::new(&socket)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandbox-agent binder: {e}");
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--socket", Some(v)) => socket = v.into(),
@@ -31,6 +41,7 @@ fn main() -> std::process::ExitCode {
         socket,
         session,
         user,
+        resumable: std::env::var(sandbox_agent::pause::RESUMABLE_ENV).is_ok_and(|v| v == "1"),
     }) {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {

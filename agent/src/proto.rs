@@ -18,6 +18,9 @@
 //! - [`Msg::Status`]: answers [`Msg::RunState`].
 //! - [`Msg::Stats`]: answers [`Msg::StatsReply`] (sandboxd takes its idle figures from Docker
 //!   and its own run table, never from this).
+//! - [`Msg::Quiesce`]: before a checkpoint (gVisor): the agent shuts its other connections and
+//!   closes its listener, answers [`Msg::Quiesced`] and closes this connection too; it binds its
+//!   socket again after the restore (see [`crate::pause`]). Runs go on.
 
 use std::io::{self, Read, Write};
 
@@ -145,6 +148,10 @@ pub enum Msg {
     },
     /// sandboxd: CPU time of the sandbox and the runs in flight.
     Stats,
+    /// sandboxd: let go of every host socket for a checkpoint.
+    Quiesce,
+    /// Agent: answer to [`Msg::Quiesce`]: no host socket is left once this connection closes.
+    Quiesced,
     /// Agent: the run started.
     Started {
         /// The run id.
@@ -176,7 +183,7 @@ pub enum Msg {
     Error {
         /// A stable code (`wrong_session`, `no_protocol`, `run_exists`, `spawn_failed`,
         /// `process_limit`: the sandbox is at its process limit and its running runs hold every
-        /// process, `bad_request`).
+        /// process, `bad_request`; for a quiesce `not_resumable`, `busy`).
         code: String,
         /// In words.
         message: String,

@@ -25,6 +25,7 @@ use nix::sys::signal::{SigSet, Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::pause::{Binder, Gate, Tracked};
 use crate::proto::{self, Frame, Msg, RunExit, RunRequest, RunState};
 
 /// How long output may keep coming after a run's program exited (background jobs that hold
@@ -55,6 +56,9 @@ pub struct Options {
     /// The uid and gid every run executes as: an agent started as root binds its socket
     /// first, then drops to them for good (see [`drop_privileges`]).
     pub user: Option<(u32, u32)>,
+    /// Whether the sandbox may be checkpointed and restored ([`crate::pause`]): an agent
+    /// started as root keeps a binder to bind its socket again after a restore.
+    pub resumable: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -587,6 +591,8 @@ impl Agent {
         self: &Arc<Self>,
         mut conn: UnixStream,
         crowded: bool,
+        gate: &Gate,
+        tracked: &Arc<Tracked>,
     ) -> Result<(), proto::FrameError> {
         let Some(Frame::Msg(Msg::Hello { protocols, session })) = proto::read_frame(&mut conn)?
         else {
@@ -645,12 +651,12 @@ impl Agent {
                             pid: run.pgid.as_raw(),
                         },
                     )?;
-                    stream(&run, conn)?;
+                    stream(&run, conn, tracked)?;
                 }
                 Err(msg) => proto::write_msg(&mut conn, &msg)?,
             },
             Msg::Attach { run_id } => match self.run(&run_id) {
-                Some(run) => stream(&run, conn)?,
+                Some(run) => stream(&run, conn, tracked)?,
                 None => proto::write_msg(
                     &mut conn,
                     &error("no_such_run", format!("no run '{run_id}'")),
@@ -676,6 +682,10 @@ impl Agent {
                     },
                 )?;
             }
+            Msg::Quiesce => match gate.quiesce(tracked) {
+                Ok(()) => proto::write_msg(&mut conn, &Msg::Quiesced)?,
+                Err((code, message)) => proto::write_msg(&mut conn, &error(&code, message))?,
+            },
             other => proto::write_msg(
                 &mut conn,
                 &error("bad_request", format!("unexpected {other:?}")),
@@ -779,12 +789,19 @@ fn pump(run: &Run) {
 
 /// Streams a run to a connection from its first byte, then its exit. A stop frame on the
 /// connection stops the run; a connection that breaks leaves the run running.
-fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
+fn stream(
+    run: &Arc<Run>,
+    conn: UnixStream,
+    tracked: &Arc<Tracked>,
+) -> Result<(), proto::FrameError> {
     let mut reader = conn.try_clone()?;
     let stopper = run.clone();
     let done = Arc::new(AtomicBool::new(false));
     let done_r = done.clone();
+    // The reader holds the connection too: a quiesce waits for it to let go.
+    let held = tracked.clone();
     spawn_thread(move || {
+        let _held = held;
         while let Ok(Some(frame)) = proto::read_frame(&mut reader) {
             if let Frame::Msg(Msg::Stop { .. }) = frame {
                 stopper.end(Ended::Stopped);
@@ -838,7 +855,7 @@ fn stream(run: &Arc<Run>, conn: UnixStream) -> Result<(), proto::FrameError> {
 /// The folder is sandboxd's (owned by root, `0700`, see `sandboxd::run::agent`): an agent
 /// started as root binds there before it drops to the sandbox uid, so no process of the
 /// sandbox can remove, replace or shadow the socket, nor connect to it.
-fn bind(path: &Path) -> io::Result<UnixListener> {
+pub(crate) fn bind(path: &Path) -> io::Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -880,54 +897,95 @@ pub fn main(opts: Options) -> io::Result<i32> {
     });
     let listener = bind(&opts.socket)
         .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", opts.socket.display())))?;
-    // Still one thread: the drop below applies to the whole process.
+    // Still one thread: the binder starts as root before the drop, and the drop below applies
+    // to the whole process.
+    let binder = match (opts.resumable, opts.user) {
+        (true, Some(_)) if nix::unistd::geteuid().is_root() => Some(
+            Binder::spawn(&opts.socket)
+                .map_err(|e| io::Error::new(e.kind(), format!("start the binder: {e}")))?,
+        ),
+        _ => None,
+    };
     if let Some((uid, gid)) = opts.user {
         drop_privileges(uid, gid)?;
     }
     // A change of uid resets the flag: set it again for the uid the agent keeps.
     let _ = nix::sys::prctl::set_dumpable(false);
-    let a = agent.clone();
-    spawn_thread(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let slot = Arc::new(Mutex::new(Some(conn)));
-            let serve = || {
-                let (slot, a) = (slot.clone(), a.clone());
-                move || {
-                    let conn = lock(&slot).take();
-                    if let Some(conn) = conn {
-                        let _ = a.serve(conn, false);
-                    }
-                }
-            };
-            if std::thread::Builder::new().spawn(serve()).is_ok() {
-                continue;
-            }
-            // No thread for the connection: what finished runs left may hold every process.
-            a.make_room();
-            if std::thread::Builder::new().spawn(serve()).is_ok() {
-                continue;
-            }
-            // Running runs hold them all: answered here and at once (a stop or a status is
-            // served, a run refused), never left waiting for a thread.
-            let conn = lock(&slot).take();
-            if let Some(conn) = conn {
-                let _ = conn.set_read_timeout(Some(CROWDED_READ));
-                let _ = a.serve(conn, true);
-            }
-        }
-    });
+    let gate = Gate::new(binder)?;
+    let (a, g) = (agent.clone(), gate.clone());
+    spawn_thread(move || accept(&a, &g, listener));
     loop {
         let sig = signals.wait().map_err(io::Error::from)?;
         match sig {
             Signal::SIGCHLD => agent.reap(),
             Signal::SIGTERM | Signal::SIGINT | Signal::SIGQUIT => {
+                gate.close();
                 agent.forward(sig);
                 let _ = std::fs::remove_file(&opts.socket);
                 shutdown(&agent);
                 return Ok(0);
             }
             other => agent.forward(other),
+        }
+    }
+}
+
+/// Accepts connections, each served on a thread of its own; closes the listener when a quiesce
+/// asks, and serves again on the listener the binder hands back after the restore.
+fn accept(agent: &Arc<Agent>, gate: &Arc<Gate>, mut listener: UnixListener) {
+    let _ = listener.set_nonblocking(true);
+    loop {
+        let mut fds = [
+            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(gate.waker(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+        gate.drain_waker();
+        if gate.quiescing() {
+            drop(listener);
+            match gate.closed_and_wait() {
+                Ok(again) => {
+                    listener = again;
+                    let _ = listener.set_nonblocking(true);
+                    continue;
+                }
+                // The binder is gone (the agent is leaving): nothing more to serve.
+                Err(_) => return,
+            }
+        }
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(_) => continue,
+        };
+        let _ = conn.set_nonblocking(false);
+        let tracked = gate.track(&conn);
+        let slot = Arc::new(Mutex::new(Some(conn)));
+        let serve = || {
+            let (slot, a, g, t) = (slot.clone(), agent.clone(), gate.clone(), tracked.clone());
+            move || {
+                let conn = lock(&slot).take();
+                if let Some(conn) = conn {
+                    let _ = a.serve(conn, false, &g, &t);
+                }
+            }
+        };
+        if std::thread::Builder::new().spawn(serve()).is_ok() {
+            continue;
+        }
+        // No thread for the connection: what finished runs left may hold every process.
+        agent.make_room();
+        if std::thread::Builder::new().spawn(serve()).is_ok() {
+            continue;
+        }
+        // Running runs hold them all: answered here and at once (a stop or a status is
+        // served, a run refused), never left waiting for a thread.
+        let conn = lock(&slot).take();
+        if let Some(conn) = conn {
+            let _ = conn.set_read_timeout(Some(CROWDED_READ));
+            let _ = agent.serve(conn, true, gate, &tracked);
         }
     }
 }

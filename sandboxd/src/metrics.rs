@@ -68,6 +68,15 @@ pub struct WakeLabel {
     pub from: String,
 }
 
+/// The labels of a checkpoint or restore of a gVisor sandbox: which, and how it went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckpointLabels {
+    /// checkpoint (a sleep with memory) or restore (its wake).
+    pub op: String,
+    /// ok or failed (a failed checkpoint slept without memory; a failed restore woke fresh).
+    pub outcome: String,
+}
+
 /// A label set with one `op` label: a workspace operation as the audit log names it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -138,6 +147,8 @@ pub struct Metrics {
     pub run_paths: Family<PathLabel, Counter>,
     /// Sandbox agents found dead (their container stopped under a running session).
     pub agent_deaths: Counter,
+    /// Checkpoints and restores of gVisor sandboxes by outcome.
+    pub checkpoints: Family<CheckpointLabels, Counter>,
     /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
     /// or a run folder or socket that is not sandboxd's alone).
     pub agent_untrusted: Counter,
@@ -211,6 +222,12 @@ impl Default for Metrics {
         registry.register("sessions", "Sessions by state", sessions.clone());
         let run_paths = Family::<PathLabel, Counter>::default();
         let agent_deaths = Counter::default();
+        let checkpoints = Family::<CheckpointLabels, Counter>::default();
+        registry.register(
+            "checkpoints",
+            "Checkpoints (sleeps with memory) and restores (their wakes) of gVisor sandboxes, by outcome",
+            checkpoints.clone(),
+        );
         let agent_untrusted = Counter::default();
         registry.register(
             "run_paths",
@@ -388,6 +405,14 @@ impl Default for Metrics {
         for outcome in ["exited", "failed", "timed_out", "stopped"] {
             let _ = runs.get_or_create(&Outcome::new(outcome));
         }
+        for op in ["checkpoint", "restore"] {
+            for outcome in ["ok", "failed"] {
+                let _ = checkpoints.get_or_create(&CheckpointLabels {
+                    op: op.to_owned(),
+                    outcome: outcome.to_owned(),
+                });
+            }
+        }
         for path in ["agent", "exec", "exec_fallback"] {
             let _ = run_paths.get_or_create(&PathLabel {
                 path: path.to_owned(),
@@ -446,6 +471,7 @@ impl Default for Metrics {
             sessions,
             run_paths,
             agent_deaths,
+            checkpoints,
             agent_untrusted,
             agent_pid_lookups,
             audit_rows_dropped,
@@ -476,6 +502,16 @@ impl Metrics {
                 path: path.to_owned(),
             })
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Counts a checkpoint or restore (`op`) of a gVisor sandbox by its outcome.
+    pub fn checkpoint(&self, op: &str, outcome: &str) {
+        self.checkpoints
+            .get_or_create(&CheckpointLabels {
+                op: op.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a run by the path that carried it.

@@ -160,3 +160,134 @@ async fn a_host_without_gvisor_refuses_a_gvisor_runtime_with_the_reason() {
     let r = open(&d, "r-2", "base").await;
     assert_eq!(sh(&r, "r-2", "echo ok").await, (0, "ok\n".into()));
 }
+
+/// The value of `sandboxd_checkpoints_total` for `op` and `outcome`.
+async fn checkpoints(d: &Daemon, op: &str, outcome: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("a body");
+    let series = format!("sandboxd_checkpoints_total{{op=\"{op}\",outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} in\n{text}"))
+}
+
+/// Starts a web server and a sleeper in the background and leaves a file in `/tmp` (the
+/// container's memory) and one in the workspace; the sleeper's pid.
+async fn leave_state(c: &Client, session: &str) -> String {
+    let (code, pid) = sh(
+        c,
+        session,
+        "cd /tmp && echo in-memory > /tmp/kept && echo on-disk > /workspace/kept \
+         && (nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &) \
+         && (nohup sleep 100000 >/dev/null 2>&1 & echo $!)",
+    )
+    .await;
+    assert_eq!(code, 0, "{pid}");
+    // The server answers before the sleep.
+    let (code, out) = sh(c, session, &answers(30)).await;
+    assert_eq!((code, out.as_str()), (0, "200\n"), "the server answers");
+    pid.trim().to_owned()
+}
+
+/// A command that prints the status of `GET http://127.0.0.1:8000/`, trying for `secs`.
+fn answers(secs: u32) -> String {
+    format!(
+        "python3 -c \"import time, urllib.request as u\nfor _ in range({n}):\n    try:\n        print(u.urlopen('http://127.0.0.1:8000/', timeout=1).status); break\n    except OSError:\n        time.sleep(0.1)\nelse:\n    print('no answer')\"",
+        n = secs * 10
+    )
+}
+
+/// What survived a sleep: the sleeper alive, the file in `/tmp`, the file in the workspace,
+/// the server's answer (tried once).
+async fn what_survived(c: &Client, session: &str, pid: &str) -> String {
+    let (_, out) = sh(
+        c,
+        session,
+        &format!(
+            "kill -0 {pid} 2>/dev/null && echo sleeper; cat /tmp/kept 2>/dev/null; cat /workspace/kept; {}",
+            answers(1)
+        ),
+    )
+    .await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_not() {
+    let image = sandboxd_testkit::tools_image();
+    let runtimes = format!(
+        r#"[{{"alias": "base", "image": "{image}"}}, {{"alias": "secure", "image": "{image}", "isolation": "gvisor"}}]"#
+    );
+    let d = Daemon::start(&[("SANDBOXD_RUNTIMES", runtimes.as_str())]);
+    let admin = d.admin();
+    let g = open(&d, "mem-g", "secure").await;
+    let r = open(&d, "mem-r", "base").await;
+
+    // gVisor: the sleep is a checkpoint, the wake a restore; the processes and /tmp are kept.
+    let pid = leave_state(&g, "mem-g").await;
+    let stopped = admin.stop("mem-g").await.expect("sleep");
+    assert_eq!(stopped.state, sandboxd_api::session::SessionState::Stopped);
+    assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 1);
+    let container = common::container_of(&d, "mem-g");
+    let running = common::docker(&["inspect", "-f", "{{.State.Running}}", &container]);
+    assert_eq!(running.trim(), "false", "the container is stopped");
+    assert_eq!(
+        what_survived(&g, "mem-g", &pid).await,
+        "sleeper\nin-memory\non-disk\n200\n",
+        "a run wakes it with its processes and memory"
+    );
+    assert_eq!(checkpoints(&d, "restore", "ok").await, 1);
+    // Again: the second sleep is as good as the first.
+    admin.stop("mem-g").await.expect("sleep again");
+    assert_eq!(
+        what_survived(&g, "mem-g", &pid).await,
+        "sleeper\nin-memory\non-disk\n200\n"
+    );
+
+    // runc: today's sleep, the processes end and /tmp is empty; the workspace stays.
+    let pid = leave_state(&r, "mem-r").await;
+    admin.stop("mem-r").await.expect("sleep");
+    assert_eq!(
+        what_survived(&r, "mem-r", &pid).await,
+        "on-disk\nno answer\n"
+    );
+    assert_eq!(
+        checkpoints(&d, "checkpoint", "ok").await,
+        2,
+        "no checkpoint of runc"
+    );
+
+    // A checkpoint corrupted on the node's disk: the restore fails, the session wakes fresh
+    // with its files, and says so in the metric.
+    let pid = leave_state(&g, "mem-g").await;
+    admin.stop("mem-g").await.expect("sleep");
+    let root = common::docker(&["info", "-f", "{{.DockerRootDir}}"]);
+    let images = std::path::Path::new(root.trim())
+        .join("containers")
+        .join(&container)
+        .join("checkpoints")
+        .join("sandboxd-sleep");
+    let mut corrupted = 0;
+    for entry in std::fs::read_dir(&images).expect("the checkpoint's folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_file() {
+            std::fs::write(&path, b"not a checkpoint").expect("corrupt");
+            corrupted += 1;
+        }
+    }
+    assert!(corrupted > 0, "files in {}", images.display());
+    assert_eq!(
+        what_survived(&g, "mem-g", &pid).await,
+        "on-disk\nno answer\n",
+        "woken fresh: the files, not the processes"
+    );
+    assert_eq!(checkpoints(&d, "restore", "failed").await, 1);
+    let (code, out) = sh(&g, "mem-g", "id -u; dmesg | head -n 1").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("10001\n"), "{out}");
+}

@@ -167,7 +167,9 @@ impl Containers for DockerEngine {
             };
             // The agent starts as root, with only what it needs to bind its socket in the
             // root-owned run folder and drop to the sandbox uid for good (it empties the bounding
-            // set first): nothing of the sandbox ever runs as root or holds a capability.
+            // set first): nothing of the sandbox runs as the sandbox's code with root or a
+            // capability. A gVisor sandbox's agent keeps one helper as uid 0 with no capability,
+            // which only binds the socket again after a restore (`sandbox_agent::pause`).
             let (user, cap_add) = match &spec.agent {
                 Some(_) => (
                     "0:0".to_owned(),

@@ -5,6 +5,7 @@
 //! the operator bench's no-op engine (`noop`), which know nothing of each other. Beside the
 //! seam, the network of sessions whose runtime needs one ([`network`]).
 
+pub mod checkpoint;
 pub mod docker;
 pub mod network;
 mod noop;

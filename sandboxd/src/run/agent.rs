@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use bollard::query_parameters::InspectContainerOptions;
 use futures::future::BoxFuture;
+use sandbox_agent::pause::RESUME_MARKER;
 use sandbox_agent::proto::{self, Frame, Msg, RunExit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
@@ -66,6 +67,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const LISTEN_WAIT: Duration = Duration::from_secs(5);
 /// What sandboxd adds to a run's timeout before it stops waiting for the agent's own.
 const BACKSTOP: Duration = Duration::from_secs(10);
+/// How long an agent may take to let go of its host sockets before a checkpoint (its own
+/// wait for its connections is 3 s).
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Writes the embedded agent into `dir` (atomically: a running sandbox keeps the binary it
 /// started, the next start gets this one) unless the same bytes are there. Returns the folder.
@@ -518,6 +522,10 @@ impl AgentRunner {
                 Err(e) => last = e,
             }
         }
+        // An agent quiesced for a checkpoint that never came (sandboxd was killed between the
+        // two) waits for the marker to listen again: this run goes through Docker exec, the
+        // next through the agent.
+        let _ = std::fs::write(self.run_dir(&spec.session).join(RESUME_MARKER), b"");
         Ok(Reached::Fallback(format!(
             "its agent does not answer: {}",
             last.message
@@ -677,7 +685,54 @@ impl AgentRunner {
     }
 }
 
+impl AgentRunner {
+    /// See [`Runner::quiesce`]: the marker of an earlier resume goes first (a binder that saw
+    /// it would bind the socket again before the checkpoint); done when the agent answered
+    /// and closed the connection, its last host socket.
+    async fn quiesce_agent(&self, session: &str) -> Result<(), String> {
+        match std::fs::remove_file(self.run_dir(session).join(RESUME_MARKER)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove the resume marker: {e}")),
+        }
+        let mut conn = self
+            .handshake(session, None, Some(&Msg::Quiesce))
+            .await
+            .map_err(|e| e.message)?;
+        tokio::time::timeout(QUIESCE_TIMEOUT, async {
+            match conn.recv().await {
+                Ok(Some(Frame::Msg(Msg::Quiesced))) => {}
+                Ok(Some(Frame::Msg(Msg::Error { code, message }))) => {
+                    return Err(format!("the agent cannot quiesce: {code}: {message}"));
+                }
+                other => return Err(format!("the agent answered a quiesce with {other:?}")),
+            }
+            match conn.recv().await {
+                Ok(None) | Err(_) => Ok(()),
+                Ok(Some(other)) => Err(format!("the agent sent {other:?} after quiescing")),
+            }
+        })
+        .await
+        .map_err(|_| {
+            format!(
+                "the agent did not quiesce within {} s",
+                QUIESCE_TIMEOUT.as_secs()
+            )
+        })?
+    }
+}
+
 impl Runner for AgentRunner {
+    fn quiesce<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.quiesce_agent(session))
+    }
+
+    fn allow_resume(&self, session: &str) -> io::Result<()> {
+        // The socket of the life before the checkpoint stays: gVisor's restore finds again
+        // every file the sandbox knew (a missing one fails it); the binder replaces it.
+        std::fs::write(self.run_dir(session).join(RESUME_MARKER), b"")
+    }
+
     fn run<'a>(
         &'a self,
         spec: RunSpec,

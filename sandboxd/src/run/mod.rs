@@ -102,6 +102,21 @@ pub trait Runner: Send + Sync {
         Box::pin(async {})
     }
 
+    /// Asks the session's agent to let go of every host socket before a checkpoint (see
+    /// `sandbox_agent::pause`); returns once it has. Err: why not, in words (a run path
+    /// without an agent, an agent not started resumable, one that did not answer).
+    fn quiesce<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        let _ = session;
+        Box::pin(async { Err("this run path has no agent to quiesce".to_owned()) })
+    }
+
+    /// Lets the agent of a session restored from a checkpoint (or one whose checkpoint
+    /// failed) bind its socket again.
+    fn allow_resume(&self, session: &str) -> std::io::Result<()> {
+        let _ = session;
+        Ok(())
+    }
+
     /// Stops a run this process did not start (its request was lost in a restart); whether
     /// there was such a run.
     fn stop_detached<'a>(

@@ -13,6 +13,7 @@ mod health;
 pub mod memory;
 mod networks;
 mod open;
+mod pause;
 pub mod policy;
 pub mod pool;
 mod rebuild;

@@ -490,6 +490,12 @@ impl Core {
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .chain(trust.iter().flat_map(|t| t.env()))
+                // A gVisor sandbox sleeps with its memory: its agent can bind its socket again
+                // after a restore.
+                .chain(
+                    (runtime.isolation == sandboxd_catalog::Isolation::Gvisor)
+                        .then(|| format!("{}=1", sandbox_agent::pause::RESUMABLE_ENV)),
+                )
                 .collect(),
             trust: trust.cloned(),
             agent: self.runner.agent_mount(folder).map_err(|e| {

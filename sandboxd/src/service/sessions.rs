@@ -2,7 +2,7 @@
 
 use super::*;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::container::Presence;
 use crate::runtimes::{RuntimeError, RuntimeImage};
@@ -230,8 +230,25 @@ impl Core {
                     info!(session = id, "warm container replaced on wake");
                     return Box::pin(self.wake(id)).await;
                 }
-                match self.engine.start(&c).await {
+                let restored = self.wake_from_checkpoint(id, &row.runtime, &c).await;
+                let started_fresh = match restored {
+                    Some(true) => Ok(()),
+                    _ => self.engine.start(&c).await,
+                };
+                match started_fresh {
                     Ok(()) => {}
+                    // A restore that failed may leave a container Docker cannot start again:
+                    // it is made anew, the workspace kept.
+                    Err(e) if restored == Some(false) => {
+                        warn!(session = id, error = %e, "the container does not start after a failed restore: it is made anew");
+                        self.engine.remove(&c).await.map_err(ServiceError::Docker)?;
+                        self.store.set_container(id, None).await.map_err(db)?;
+                        self.store
+                            .transition(id, &[State::Stopped], State::Reclaimed)
+                            .await
+                            .map_err(db)?;
+                        return Box::pin(self.wake(id)).await;
+                    }
                     Err(e) if e.is_not_found() => {
                         self.store.set_container(id, None).await.map_err(db)?;
                         self.store
@@ -314,14 +331,15 @@ impl Core {
         match row.state {
             State::Stopped | State::Reclaimed => {}
             State::Running => {
-                if let Some(c) = &row.container_id {
-                    self.engine.stop(c).await.map_err(ServiceError::Docker)?;
-                }
+                let kept = match &row.container_id {
+                    Some(c) => self.sleep_container(id, &row.runtime, c).await?,
+                    None => false,
+                };
                 self.store
                     .transition(id, &[State::Running], State::Stopped)
                     .await
                     .map_err(db)?;
-                info!(session = id, "session asleep");
+                info!(session = id, memory = kept, "session asleep");
             }
             unsettled => return Err(ServiceError::unsettled(id, unsettled)),
         }
