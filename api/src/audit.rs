@@ -33,6 +33,12 @@ pub enum Op {
     /// target names the set's version and each credential's host, ports, header and source,
     /// never a value.
     Credentials,
+    /// A sleep of a gvisor session written as a checkpoint of its processes and memory; failed:
+    /// it slept without them (the reason in `target`).
+    Checkpoint,
+    /// A wake of a gvisor session from its checkpoint; failed: it woke fresh with its files
+    /// (the reason in `target`).
+    Restore,
 }
 
 impl Op {
@@ -47,6 +53,8 @@ impl Op {
             Op::Execute => "execute",
             Op::Rebuild => "rebuild",
             Op::Credentials => "credentials",
+            Op::Checkpoint => "checkpoint",
+            Op::Restore => "restore",
         }
     }
 
@@ -61,6 +69,8 @@ impl Op {
             "execute" => Op::Execute,
             "rebuild" => Op::Rebuild,
             "credentials" => Op::Credentials,
+            "checkpoint" => Op::Checkpoint,
+            "restore" => Op::Restore,
             _ => return None,
         })
     }

@@ -290,4 +290,100 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
     let (code, out) = sh(&g, "mem-g", "id -u; dmesg | head -n 1").await;
     assert_eq!(code, 0, "{out}");
     assert!(out.starts_with("10001\n"), "{out}");
+
+    // The audit log has each: three checkpoints, two restores and the failed one with why.
+    let rows = |op| {
+        let admin = d.admin();
+        async move {
+            admin
+                .operations(&sandboxd_api::audit::OperationQuery {
+                    session: Some("mem-g".to_owned()),
+                    op: Some(op),
+                    ..Default::default()
+                })
+                .await
+                .expect("operations")
+                .operations
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (checkpointed, restored) = loop {
+        let (c, r) = (
+            rows(sandboxd_api::audit::Op::Checkpoint).await,
+            rows(sandboxd_api::audit::Op::Restore).await,
+        );
+        if (c.len() >= 3 && r.len() >= 3) || std::time::Instant::now() > deadline {
+            break (c, r);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(checkpointed.len(), 3, "{checkpointed:?}");
+    assert!(
+        checkpointed
+            .iter()
+            .all(|o| o.ok && o.target == "asleep with its memory"),
+        "{checkpointed:?}"
+    );
+    let mut restored: Vec<(bool, &str, Option<&str>)> = restored
+        .iter()
+        .map(|o| (o.ok, o.target.as_str(), o.error.as_deref()))
+        .collect();
+    restored.sort_by_key(|r| r.0);
+    assert_eq!(restored.len(), 3, "{restored:?}");
+    assert_eq!(&restored[1..], [(true, "awake with its memory", None); 2]);
+    assert_eq!(
+        (restored[0].0, restored[0].1),
+        (false, "awake fresh with its files")
+    );
+    assert!(
+        restored[0]
+            .2
+            .is_some_and(|e| e.contains("from checkpoint sandboxd-sleep")),
+        "the reason: {restored:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_sandboxd_during_a_sleep_with_memory_leaves_a_session_that_wakes() {
+    let image = sandboxd_testkit::tools_image();
+    let runtimes = format!(r#"[{{"alias": "secure", "image": "{image}", "isolation": "gvisor"}}]"#);
+    let mut d = Daemon::start(&[("SANDBOXD_RUNTIMES", runtimes.as_str())]);
+    // Killed at once (before or during the agent's quiesce), a little later (between the
+    // quiesce and Docker's checkpoint, or during it) and late (the checkpoint done or nearly).
+    for (trial, delay_ms) in [0u64, 30, 120, 400].into_iter().enumerate() {
+        let name = format!("kill-{trial}");
+        let opened = d
+            .admin()
+            .open(&name, "org-iso", Some("secure"), None)
+            .await
+            .expect("open");
+        let token = opened.token.expect("a token on create");
+        let pid = leave_state(&d.client(&token), &name).await;
+        let admin = d.admin();
+        let session = name.clone();
+        let sleeping = tokio::spawn(async move { admin.stop(&session).await });
+        tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        d.process.kill9();
+        let _ = sleeping.await;
+        d.spawn();
+        // The session runs again (sandboxd is on another port now): with its memory when the checkpoint was whole, else fresh
+        // (or, the checkpoint never taken, as it was); its files are there either way.
+        let g = d.client(&token);
+        let out = what_survived(&g, &name, &pid).await;
+        assert!(
+            out == "sleeper\nin-memory\non-disk\n200\n" || out == "on-disk\nno answer\n",
+            "trial {trial} (kill after {delay_ms} ms): {out:?}"
+        );
+        let (code, id) = sh(&g, &name, "id -u").await;
+        assert_eq!((code, id.as_str()), (0, "10001\n"), "trial {trial}");
+        // And it sleeps and wakes with its memory afterwards.
+        let pid = leave_state(&g, &name).await;
+        d.admin().stop(&name).await.expect("sleep after the kill");
+        assert_eq!(
+            what_survived(&g, &name, &pid).await,
+            "sleeper\nin-memory\non-disk\n200\n",
+            "trial {trial}: the next sleep keeps the memory"
+        );
+        d.admin().destroy(&name).await.expect("destroy");
+    }
 }

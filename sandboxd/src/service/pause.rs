@@ -4,12 +4,14 @@
 //! The agent first lets go of its host sockets (gVisor cannot save them, see
 //! `sandbox_agent::pause`). A checkpoint that fails falls back to today's sleep (the container
 //! stopped, its processes ended); a restore that fails starts the container fresh with its
-//! files. Both say why in the log and count in `sandboxd_checkpoints_total`. A runc session
-//! sleeps as before.
+//! files. Each is an audit row (ops `checkpoint` and `restore`, a failed one with its reason),
+//! a line of the log and a count in `sandboxd_checkpoints_total`. A runc session sleeps as
+//! before.
 
+use sandboxd_api::audit::Op;
 use tracing::{info, warn};
 
-use super::{Core, ServiceError};
+use super::{Actor, Core, Outcome, ServiceError};
 use crate::container::checkpoint::SLEEP;
 
 impl Core {
@@ -35,6 +37,7 @@ impl Core {
             match self.checkpoint(id, c).await {
                 Ok(()) => {
                     self.metrics.checkpoint("checkpoint", "ok");
+                    self.note(id, Op::Checkpoint, None, started);
                     info!(
                         session = id,
                         ms = started.elapsed().as_millis(),
@@ -44,6 +47,7 @@ impl Core {
                 }
                 Err(why) => {
                     self.metrics.checkpoint("checkpoint", "failed");
+                    self.note(id, Op::Checkpoint, Some(&why), started);
                     warn!(
                         session = id,
                         why, "the checkpoint failed: the session sleeps without its memory"
@@ -101,6 +105,7 @@ impl Core {
         match result {
             Ok(()) => {
                 self.metrics.checkpoint("restore", "ok");
+                self.note(id, Op::Restore, None, started);
                 info!(
                     session = id,
                     ms = started.elapsed().as_millis(),
@@ -110,6 +115,7 @@ impl Core {
             }
             Err(why) => {
                 self.metrics.checkpoint("restore", "failed");
+                self.note(id, Op::Restore, Some(&why), started);
                 warn!(
                     session = id,
                     why, "the restore failed: the session wakes fresh with its files"
@@ -117,5 +123,22 @@ impl Core {
                 Some(false)
             }
         }
+    }
+
+    /// The audit row of a checkpoint or restore: what it left the session with, and why it
+    /// failed.
+    fn note(&self, id: &str, op: Op, failed: Option<&str>, started: std::time::Instant) {
+        let target = match (op, failed) {
+            (Op::Checkpoint, None) => "asleep with its memory",
+            (Op::Checkpoint, Some(_)) => "asleep without its memory",
+            (_, None) => "awake with its memory",
+            (_, Some(_)) => "awake fresh with its files",
+        };
+        let outcome = Outcome {
+            ok: failed.is_none(),
+            error: failed.map(str::to_owned),
+            ..Outcome::default()
+        };
+        self.record(id, &Actor::default(), op, target, outcome, started);
     }
 }
