@@ -6,6 +6,7 @@
 #   open      one session open, end to end, at 1 and 10 at once, against a raw container start
 #   operator  the operator at 1,000 sessions against the API server's own floor (no-op engine)
 #   egress    time to first byte and throughput through the egress proxy against direct
+#   isolation a runtime on gVisor against the same on runc: opens, runs, files, sleep and wake
 #   wire      the seed's sandboxd against ours, through pydantic-ai-backend's client
 # Without BENCH, every one runs, one after the other (about 15 minutes).
 source "$(dirname "$0")/lib.sh"
@@ -22,14 +23,15 @@ run() {
   "$@"
 }
 
-benches=("${1:-sandboxd open operator egress wire}")
+benches=("${1:-sandboxd open operator egress isolation wire}")
 for b in ${benches[*]}; do
   case "$b" in
     sandboxd) run "$b" "$bin/sandboxd-bench" --runs 200 --opens 10 --warm 40 --files 20 ;;
     open) run "$b" "$bin/open-bench" --runs 30 --concurrency 1,10 ;;
     operator) run "$b" "$bin/operator-bench" --sessions 1000 --idle-watch 5 --driver noop ;;
     egress) run "$b" "$bin/egress-bench" ;;
+    isolation) run "$b" "$bin/isolation-bench" --opens 10 --warm 10 --runs 200 --files 20 --sleeps 5 ;;
     wire) run "$b" "$("$HACK_DIR/wire-venv.sh")" tests/bench/wire_bench.py --sandboxd "$bin/sandboxd" --opens 10 --runs 100 --files 10 ;;
-    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, wire" ;;
+    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, isolation, wire" ;;
   esac
 done

@@ -341,6 +341,19 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
             .is_some_and(|e| e.contains("from checkpoint sandboxd-sleep")),
         "the reason: {restored:?}"
     );
+
+    // A destroy of a session asleep with its memory removes the checkpoint with the container.
+    admin.stop("mem-g").await.expect("sleep");
+    let container = common::container_of(&d, "mem-g");
+    let folder = std::path::Path::new(root.trim())
+        .join("containers")
+        .join(&container);
+    assert!(
+        folder.join("checkpoints").join("sandboxd-sleep").is_dir(),
+        "the checkpoint is on the node's disk"
+    );
+    admin.destroy("mem-g").await.expect("destroy");
+    assert!(!folder.exists(), "{} is gone", folder.display());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,4 +399,49 @@ async fn kill_9_of_sandboxd_during_a_sleep_with_memory_leaves_a_session_that_wak
         );
         d.admin().destroy(&name).await.expect("destroy");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_session_on_a_warm_container_sleeps_without_memory_once_then_with_it() {
+    let image = sandboxd_testkit::tools_image();
+    let runtimes = format!(
+        r#"[{{"alias": "secure", "image": "{image}", "isolation": "gvisor", "warm_pool": 1}}]"#
+    );
+    let d = Daemon::start(&[("SANDBOXD_RUNTIMES", runtimes.as_str())]);
+    let admin = d.admin();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !admin
+        .runtimes()
+        .await
+        .expect("runtimes")
+        .runtimes
+        .iter()
+        .any(|r| r.warm_pool.ready >= 1)
+    {
+        assert!(std::time::Instant::now() < deadline, "the pool fills");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let opened = admin
+        .open("warm-g", "org-iso", Some("secure"), None)
+        .await
+        .expect("open");
+    assert_eq!(opened.session.launch, sandboxd_api::Launch::Warm);
+    let g = d.client(opened.token.as_deref().expect("a token"));
+    // The pool's container binds the pool folder's path: it is replaced at the wake, so its
+    // sleep is a plain one (no checkpoint that could never be restored).
+    let pid = leave_state(&g, "warm-g").await;
+    admin.stop("warm-g").await.expect("sleep");
+    assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 0);
+    assert_eq!(
+        what_survived(&g, "warm-g", &pid).await,
+        "on-disk\nno answer\n"
+    );
+    // Its own container from then on: the next sleep keeps the memory.
+    let pid = leave_state(&g, "warm-g").await;
+    admin.stop("warm-g").await.expect("sleep");
+    assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 1);
+    assert_eq!(
+        what_survived(&g, "warm-g", &pid).await,
+        "sleeper\nin-memory\non-disk\n200\n"
+    );
 }

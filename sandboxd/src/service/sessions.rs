@@ -332,6 +332,12 @@ impl Core {
             State::Stopped | State::Reclaimed => {}
             State::Running => {
                 let kept = match &row.container_id {
+                    // A container taken from a warm pool is replaced at its wake (it binds the
+                    // pool folder's path), so a checkpoint of it could never be restored.
+                    Some(c) if row.warm => {
+                        self.engine.stop(c).await.map_err(ServiceError::Docker)?;
+                        false
+                    }
                     Some(c) => self.sleep_container(id, &row.runtime, c).await?,
                     None => false,
                 };
