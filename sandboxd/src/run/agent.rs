@@ -409,11 +409,16 @@ impl AgentRunner {
             conn.recv().await.map_err(|e| refused(e.to_string()))
         })
         .await
-        .map_err(|_| Refused {
-            message: "the agent did not answer the handshake".to_owned(),
-            // It was written a request it may act on yet.
-            maybe_started: request.is_some(),
-            untrusted: false,
+        .map_err(|_| {
+            // A gVisor sandbox quiesced for a checkpoint that never came may still accept on
+            // the host and never answer: its agent listens again once it sees the marker.
+            self.let_rebind(session);
+            Refused {
+                message: "the agent did not answer the handshake".to_owned(),
+                // It was written a request it may act on yet.
+                maybe_started: request.is_some(),
+                untrusted: false,
+            }
         })??;
         match welcome {
             Some(Frame::Msg(Msg::Welcome {
@@ -525,7 +530,7 @@ impl AgentRunner {
         // An agent quiesced for a checkpoint that never came (sandboxd was killed between the
         // two) waits for the marker to listen again: this run goes through Docker exec, the
         // next through the agent.
-        let _ = std::fs::write(self.run_dir(&spec.session).join(RESUME_MARKER), b"");
+        self.let_rebind(&spec.session);
         Ok(Reached::Fallback(format!(
             "its agent does not answer: {}",
             last.message
@@ -686,6 +691,13 @@ impl AgentRunner {
 }
 
 impl AgentRunner {
+    /// Puts the resume marker in the session's run folder: an agent quiesced for a checkpoint
+    /// binds its socket again (see `sandbox_agent::pause`); any other ignores it, and the next
+    /// quiesce removes it first.
+    fn let_rebind(&self, session: &str) {
+        let _ = std::fs::write(self.run_dir(session).join(RESUME_MARKER), b"");
+    }
+
     /// See [`Runner::quiesce`]: the marker of an earlier resume goes first (a binder that saw
     /// it would bind the socket again before the checkpoint); done when the agent answered
     /// and closed the connection, its last host socket.

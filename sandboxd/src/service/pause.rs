@@ -11,8 +11,12 @@
 use sandboxd_api::audit::Op;
 use tracing::{info, warn};
 
-use super::{Actor, Core, Outcome, ServiceError};
+use super::{Actor, Core, Outcome, ServiceError, SessionView, db};
 use crate::container::checkpoint::SLEEP;
+use crate::storage::store::State;
+
+/// How long Docker may take to report a checkpointed container stopped.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Core {
     /// Whether a session of `runtime` sleeps with its memory: its runtime is gvisor now (a
@@ -32,45 +36,122 @@ impl Core {
         runtime: &str,
         c: &str,
     ) -> Result<bool, ServiceError> {
-        if self.keeps_memory(runtime) {
-            let started = std::time::Instant::now();
-            match self.checkpoint(id, c).await {
-                Ok(()) => {
-                    self.metrics.checkpoint("checkpoint", "ok");
-                    self.note(id, Op::Checkpoint, None, started);
-                    info!(
-                        session = id,
-                        ms = started.elapsed().as_millis(),
-                        "checkpointed: the session sleeps with its memory"
-                    );
-                    return Ok(true);
-                }
-                Err(why) => {
-                    self.metrics.checkpoint("checkpoint", "failed");
-                    self.note(id, Op::Checkpoint, Some(&why), started);
-                    warn!(
-                        session = id,
-                        why, "the checkpoint failed: the session sleeps without its memory"
-                    );
-                }
-            }
+        if self.keeps_memory(runtime) && self.checkpoint_noted(id, c).await.is_ok() {
+            return Ok(true);
         }
         self.engine.stop(c).await.map_err(ServiceError::Docker)?;
         Ok(false)
+    }
+
+    /// A checkpoint of session `id`'s container `c`, logged, counted and audited.
+    async fn checkpoint_noted(&self, id: &str, c: &str) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        let result = self.checkpoint(id, c).await;
+        match &result {
+            Ok(()) => {
+                self.metrics.checkpoint("checkpoint", "ok");
+                self.note(id, Op::Checkpoint, None, started);
+                info!(
+                    session = id,
+                    ms = started.elapsed().as_millis(),
+                    "checkpointed: the session sleeps with its memory"
+                );
+            }
+            Err(why) => {
+                self.metrics.checkpoint("checkpoint", "failed");
+                self.note(id, Op::Checkpoint, Some(why), started);
+                warn!(
+                    session = id,
+                    why, "the checkpoint failed: the session sleeps without its memory"
+                );
+            }
+        }
+        result
+    }
+
+    /// Pauses session `id` (`POST /v1/sessions/{id}/pause`): asleep with its processes and
+    /// memory, or refused with what it was left with. One asleep already is shown as it is.
+    pub async fn pause(&self, id: &str) -> Result<SessionView, ServiceError> {
+        let row = self.row(id).await?;
+        match row.state {
+            State::Stopped | State::Reclaimed => {}
+            State::Running => {
+                let refused = |why: String| ServiceError::PauseRefused(why);
+                if !self.keeps_memory(&row.runtime) {
+                    return Err(refused(format!(
+                        "session '{id}' runs on runtime '{}', whose isolation is not gvisor: only a gVisor sandbox is paused with its memory (stop sleeps it without)",
+                        row.runtime
+                    )));
+                }
+                if row.warm {
+                    return Err(refused(format!(
+                        "session '{id}' runs on a container of its runtime's warm pool, which is replaced at its next wake: it can be paused after that wake (stop sleeps it without its memory)"
+                    )));
+                }
+                let Some(c) = row.container_id.clone() else {
+                    return Err(refused(format!("session '{id}' has no container to pause")));
+                };
+                if let Err(why) = self.checkpoint_noted(id, &c).await {
+                    // A checkpoint that failed half-way may have stopped the container.
+                    if self.engine.running(&c).await.ok().flatten() == Some(true) {
+                        return Err(refused(format!(
+                            "session '{id}' could not be paused: {why}; it runs on as it was"
+                        )));
+                    }
+                    self.store
+                        .transition(id, &[State::Running], State::Stopped)
+                        .await
+                        .map_err(db)?;
+                    return Err(refused(format!(
+                        "session '{id}' could not be paused: {why}; its container stopped, so it is asleep without its memory"
+                    )));
+                }
+                self.store
+                    .transition(id, &[State::Running], State::Stopped)
+                    .await
+                    .map_err(db)?;
+                info!(session = id, "session paused");
+            }
+            unsettled => return Err(ServiceError::unsettled(id, unsettled)),
+        }
+        self.get(id, false).await
     }
 
     /// The agent quiesced, then Docker's checkpoint (which stops the container).
     async fn checkpoint(&self, id: &str, c: &str) -> Result<(), String> {
         let docker = self.engine.docker().map_err(|e| e.to_string())?;
         self.runner.quiesce(id).await?;
-        match docker.checkpoint(c, SLEEP).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Still running, the sandbox's agent binds its socket again.
-                let _ = self.runner.allow_resume(id);
-                let _ = docker.drop_checkpoint(c, SLEEP).await;
-                Err(e.to_string())
+        let result = match docker.checkpoint(c, SLEEP).await {
+            // Docker answers before it has seen the container exit: the session is asleep
+            // once Docker says so, or a wake could find it "running" and start it fresh.
+            Ok(()) => self.until_stopped(c).await,
+            Err(e) => Err(e.to_string()),
+        };
+        if result.is_err() {
+            // Still running, the sandbox's agent binds its socket again; a checkpoint that
+            // is not the sleep's is never restored.
+            let _ = self.runner.allow_resume(id);
+            let _ = docker.drop_checkpoint(c, SLEEP).await;
+        }
+        result
+    }
+
+    /// Waits (up to [`STOP_WAIT`]) until Docker reports container `c` not running.
+    async fn until_stopped(&self, c: &str) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        loop {
+            match self.engine.running(c).await {
+                Ok(Some(true)) => {}
+                Ok(_) => return Ok(()),
+                Err(e) => return Err(e.to_string()),
             }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "the container still runs {} s after its checkpoint",
+                    STOP_WAIT.as_secs()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 
