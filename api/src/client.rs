@@ -520,6 +520,16 @@ impl Client {
         self.action(id, "stop").await
     }
 
+    /// Pauses a session of a gvisor runtime: asleep with its processes and memory.
+    pub async fn pause(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.action(id, "pause").await
+    }
+
+    /// Resumes a paused (or sleeping) session.
+    pub async fn resume(&self, id: &str) -> Result<SessionView, ClientError> {
+        self.action(id, "resume").await
+    }
+
     /// Wakes a session.
     pub async fn start(&self, id: &str) -> Result<SessionView, ClientError> {
         self.action(id, "start").await

@@ -37,6 +37,9 @@ pub enum ErrorCode {
     /// A rebuild refused as asked: the runtime names another image on this host, or the
     /// session has runs in flight and the rebuild asked for an idle one (409).
     RebuildRefused,
+    /// A pause refused: the session's runtime is not gvisor, its container is a warm pool's,
+    /// or the checkpoint failed (the message says what the session was left with) (409).
+    PauseRefused,
     /// A rebuild that failed after the old container was removed: the workspace is kept and
     /// the session has no container until it is rebuilt again or woken (502).
     RebuildFailed,
@@ -128,7 +131,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 51] = [
+    pub const ALL: [ErrorCode; 52] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -139,6 +142,7 @@ impl ErrorCode {
         Self::SessionChanged,
         Self::SessionRebuilding,
         Self::RebuildRefused,
+        Self::PauseRefused,
         Self::RebuildFailed,
         Self::SessionLost,
         Self::SessionGone,
@@ -195,6 +199,7 @@ impl ErrorCode {
             Self::SessionChanged => "session_changed",
             Self::SessionRebuilding => "session_rebuilding",
             Self::RebuildRefused => "rebuild_refused",
+            Self::PauseRefused => "pause_refused",
             Self::RebuildFailed => "rebuild_failed",
             Self::SessionLost => "session_lost",
             Self::SessionGone => "session_gone",
@@ -254,6 +259,7 @@ impl From<&str> for ErrorCode {
             "session_changed" => Self::SessionChanged,
             "session_rebuilding" => Self::SessionRebuilding,
             "rebuild_refused" => Self::RebuildRefused,
+            "pause_refused" => Self::PauseRefused,
             "rebuild_failed" => Self::RebuildFailed,
             "session_lost" => Self::SessionLost,
             "session_gone" => Self::SessionGone,

@@ -18,6 +18,8 @@ pub const ROUTES: &[&str] = &[
     "DELETE /v1/sessions/{id}",
     "POST /v1/sessions/{id}/stop",
     "POST /v1/sessions/{id}/start",
+    "POST /v1/sessions/{id}/pause",
+    "POST /v1/sessions/{id}/resume",
     "POST /v1/sessions/{id}/reclaim",
     "POST /v1/sessions/{id}/rebuild",
     "POST /v1/sessions/{id}/token",

@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Backend, Daemon, container_of, docker, until};
+use common::{Backend, Daemon, container_of, counter, docker, metrics, until};
 use sandboxd_api::client::Client;
 use sandboxd_api::error::ErrorCode;
 
@@ -38,22 +38,6 @@ fn host_processes(container: &str) -> Vec<String> {
                 .map(|(_, args)| args.trim().to_owned())
         })
         .collect()
-}
-
-async fn metrics(d: &Daemon) -> String {
-    reqwest::get(format!("{}/metrics", d.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-fn counter(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -13,8 +13,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::Daemon;
 use common::egress::{catalog, open, sh, within_5_s};
+use common::{Daemon, metrics};
 use rand::Rng;
 use sandboxd_api::client::ClientError;
 use sandboxd_api::egress::{CredentialSet, CredentialValue};
@@ -117,15 +117,6 @@ fn holds(haystack: &[u8], needle: &str) -> bool {
 
 /// `curl` trusting only what the sandbox was given (no `-k`, no CA of the test's).
 const CURL: &str = "curl -sS --max-time 5";
-
-async fn metrics(d: &Daemon) -> String {
-    reqwest::get(format!("{}/metrics", d.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("a body")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credential_is_added_at_the_proxy_and_the_sandbox_never_holds_it() {

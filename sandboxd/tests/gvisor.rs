@@ -163,12 +163,7 @@ async fn a_host_without_gvisor_refuses_a_gvisor_runtime_with_the_reason() {
 
 /// The value of `sandboxd_checkpoints_total` for `op` and `outcome`.
 async fn checkpoints(d: &Daemon, op: &str, outcome: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", d.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("a body");
+    let text = common::metrics(d).await;
     let series = format!("sandboxd_checkpoints_total{{op=\"{op}\",outcome=\"{outcome}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&series))
@@ -202,14 +197,15 @@ fn answers(secs: u32) -> String {
     )
 }
 
-/// What survived a sleep: the sleeper alive, the file in `/tmp`, the file in the workspace,
-/// the server's answer (tried once).
+/// What survived a sleep: the sleeper alive (its pid running `sleep 100000`: a fresh container
+/// reuses small pids), the file in `/tmp`, the file in the workspace, the server's answer
+/// (tried once).
 async fn what_survived(c: &Client, session: &str, pid: &str) -> String {
     let (_, out) = sh(
         c,
         session,
         &format!(
-            "kill -0 {pid} 2>/dev/null && echo sleeper; cat /tmp/kept 2>/dev/null; cat /workspace/kept; {}",
+            "[ \"$(tr -d '\\0' < /proc/{pid}/cmdline 2>/dev/null)\" = sleep100000 ] && echo sleeper; cat /tmp/kept 2>/dev/null; cat /workspace/kept; {}",
             answers(1)
         ),
     )
@@ -260,6 +256,11 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
         checkpoints(&d, "checkpoint", "ok").await,
         2,
         "no checkpoint of runc"
+    );
+    let refused = admin.pause("mem-r").await.expect_err("runc is not paused");
+    assert_eq!(
+        refused.to_string(),
+        "pause_refused (409): session 'mem-r' runs on runtime 'base', whose isolation is not gvisor: only a gVisor sandbox is paused with its memory (stop sleeps it without)"
     );
 
     // A checkpoint corrupted on the node's disk: the restore fails, the session wakes fresh
@@ -382,6 +383,16 @@ async fn kill_9_of_sandboxd_during_a_sleep_with_memory_leaves_a_session_that_wak
         // The session runs again (sandboxd is on another port now): with its memory when the checkpoint was whole, else fresh
         // (or, the checkpoint never taken, as it was); its files are there either way.
         let g = d.client(&token);
+        // A run while Docker still checkpoints the sandbox (it is paused for it) is answered
+        // with an error; a moment later the session runs.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while let Err(e) = g.run(&name, "true", Some(30), None, None).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trial {trial} (kill after {delay_ms} ms): the session does not run: {e}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
         let out = what_survived(&g, &name, &pid).await;
         assert!(
             out == "sleeper\nin-memory\non-disk\n200\n" || out == "on-disk\nno answer\n",
@@ -430,18 +441,38 @@ async fn a_gvisor_session_on_a_warm_container_sleeps_without_memory_once_then_wi
     // The pool's container binds the pool folder's path: it is replaced at the wake, so its
     // sleep is a plain one (no checkpoint that could never be restored).
     let pid = leave_state(&g, "warm-g").await;
+    let refused = admin
+        .pause("warm-g")
+        .await
+        .expect_err("a warm container is not paused");
+    assert_eq!(
+        refused.to_string(),
+        "pause_refused (409): session 'warm-g' runs on a container of its runtime's warm pool, which is replaced at its next wake: it can be paused after that wake (stop sleeps it without its memory)"
+    );
     admin.stop("warm-g").await.expect("sleep");
     assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 0);
     assert_eq!(
         what_survived(&g, "warm-g", &pid).await,
         "on-disk\nno answer\n"
     );
-    // Its own container from then on: the next sleep keeps the memory.
+    // Its own container from then on: paused on demand with its memory, resumed on demand.
     let pid = leave_state(&g, "warm-g").await;
-    admin.stop("warm-g").await.expect("sleep");
+    let paused = admin.pause("warm-g").await.expect("pause");
+    assert_eq!(paused.state, sandboxd_api::SessionState::Stopped);
     assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 1);
+    let again = admin
+        .pause("warm-g")
+        .await
+        .expect("a paused session pauses again");
+    assert_eq!(again.state, sandboxd_api::SessionState::Stopped);
+    assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 1, "once");
+    let resumed = admin.resume("warm-g").await.expect("resume");
+    assert_eq!(resumed.state, sandboxd_api::SessionState::Running);
+    assert_eq!(checkpoints(&d, "restore", "ok").await, 1);
     assert_eq!(
         what_survived(&g, "warm-g", &pid).await,
         "sleeper\nin-memory\non-disk\n200\n"
     );
+    // Like stop: the admin token or the session's own, nobody else's.
+    assert!(d.client("not-a-token").pause("warm-g").await.is_err());
 }

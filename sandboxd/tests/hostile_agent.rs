@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Backend, Daemon, container_of, docker, until};
+use common::{Backend, Daemon, container_of, counter, docker, metrics, until};
 use sandbox_agent::proto::{self, Msg, RunExit};
 use sandboxd_api::client::{Client, ClientError};
 
@@ -27,22 +27,6 @@ async fn session(d: &Daemon, name: &str) -> Client {
         .await
         .expect("open");
     d.client(&opened.token.expect("a token on create"))
-}
-
-async fn metrics(d: &Daemon) -> String {
-    reqwest::get(format!("{}/metrics", d.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-fn counter(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
 }
 
 fn run_dir(d: &Daemon, session: &str) -> PathBuf {

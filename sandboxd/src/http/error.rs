@@ -77,6 +77,7 @@ impl ServiceError {
                 (409, ErrorCode::SessionRebuilding)
             }
             Self::RebuildRefused(_) => (409, ErrorCode::RebuildRefused),
+            Self::PauseRefused(_) => (409, ErrorCode::PauseRefused),
             Self::RebuildFailed { .. } => (502, ErrorCode::RebuildFailed),
             Self::Lost { .. } => (410, ErrorCode::SessionLost),
             Self::Gone { .. } => (410, ErrorCode::SessionGone),
@@ -346,6 +347,12 @@ mod tests {
                 "runtime 'base' is at image b:2 on this host, not b:1: the session was not rebuilt".to_owned(),
             ),
             (
+                ServiceError::PauseRefused("session 's-1' runs on runtime 'base', whose isolation is runc".to_owned()),
+                409,
+                ErrorCode::PauseRefused,
+                "session 's-1' runs on runtime 'base', whose isolation is runc".to_owned(),
+            ),
+            (
                 ServiceError::RebuildFailed { id: id(), image: "b:2".to_owned(), message: "Docker said no".to_owned() },
                 502,
                 ErrorCode::RebuildFailed,
@@ -578,6 +585,7 @@ mod tests {
             | ServiceError::Rebuilding { .. }
             | ServiceError::StoppedForRebuild { .. }
             | ServiceError::RebuildRefused(_)
+            | ServiceError::PauseRefused(_)
             | ServiceError::RebuildFailed { .. }
             | ServiceError::Lost { .. }
             | ServiceError::Gone { .. }
@@ -616,7 +624,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 37, "one row per variant of ServiceError");
+        assert_eq!(variants.len(), 38, "one row per variant of ServiceError");
         for (e, status, code, message) in table {
             assert!(listed(&e));
             let what = format!("{e:?}");

@@ -69,6 +69,10 @@ pub enum ServiceError {
     /// when an idle one was asked for); the message says why.
     #[error("{0}")]
     RebuildRefused(String),
+    /// A pause refused (the runtime is not gvisor, the container is a warm pool's, the
+    /// checkpoint failed); the message says why and what the session was left with.
+    #[error("{0}")]
+    PauseRefused(String),
     /// A rebuild that failed after the old container was removed.
     #[error(
         "The rebuild of session '{id}' onto image {image} failed: {message}. The workspace is kept; the session has no container until it is rebuilt again or woken"

@@ -180,6 +180,20 @@ impl Core {
         &self.disks
     }
 
+    /// Wakes stopped session `id` on a new container, its workspace kept: its container `c`
+    /// (if still there) removed, the session reclaimed, then woken.
+    async fn wake_anew(&self, id: &str, c: Option<&str>) -> Result<SessionRow, ServiceError> {
+        if let Some(c) = c {
+            self.engine.remove(c).await.map_err(ServiceError::Docker)?;
+        }
+        self.store.set_container(id, None).await.map_err(db)?;
+        self.store
+            .transition(id, &[State::Stopped], State::Reclaimed)
+            .await
+            .map_err(db)?;
+        Box::pin(self.wake(id)).await
+    }
+
     /// Wakes a session so a command can run: starts a stopped container, recreates a reclaimed
     /// one (within the caps), waits for one still opening. Returns the running row.
     pub async fn wake(&self, id: &str) -> Result<SessionRow, ServiceError> {
@@ -221,14 +235,8 @@ impl Core {
                 // old path: started again, Docker would bind that path, not the session's
                 // folder. It is replaced instead; the workspace stays.
                 if row.warm {
-                    self.engine.remove(&c).await.map_err(ServiceError::Docker)?;
-                    self.store.set_container(id, None).await.map_err(db)?;
-                    self.store
-                        .transition(id, &[State::Stopped], State::Reclaimed)
-                        .await
-                        .map_err(db)?;
                     info!(session = id, "warm container replaced on wake");
-                    return Box::pin(self.wake(id)).await;
+                    return self.wake_anew(id, Some(&c)).await;
                 }
                 let restored = self.wake_from_checkpoint(id, &row.runtime, &c).await;
                 let started_fresh = match restored {
@@ -241,22 +249,9 @@ impl Core {
                     // it is made anew, the workspace kept.
                     Err(e) if restored == Some(false) => {
                         warn!(session = id, error = %e, "the container does not start after a failed restore: it is made anew");
-                        self.engine.remove(&c).await.map_err(ServiceError::Docker)?;
-                        self.store.set_container(id, None).await.map_err(db)?;
-                        self.store
-                            .transition(id, &[State::Stopped], State::Reclaimed)
-                            .await
-                            .map_err(db)?;
-                        return Box::pin(self.wake(id)).await;
+                        return self.wake_anew(id, Some(&c)).await;
                     }
-                    Err(e) if e.is_not_found() => {
-                        self.store.set_container(id, None).await.map_err(db)?;
-                        self.store
-                            .transition(id, &[State::Stopped], State::Reclaimed)
-                            .await
-                            .map_err(db)?;
-                        return Box::pin(self.wake(id)).await;
-                    }
+                    Err(e) if e.is_not_found() => return self.wake_anew(id, None).await,
                     Err(e) => return Err(ServiceError::Docker(e)),
                 }
                 self.store

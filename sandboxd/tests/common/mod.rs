@@ -320,6 +320,24 @@ pub async fn postgres_database() -> String {
 
 /// Runs the docker CLI against the project's dockerd and returns its trimmed stdout; a failure
 /// fails the test with docker's own words.
+/// What `GET /metrics` of `d` answers.
+pub async fn metrics(d: &Daemon) -> String {
+    reqwest::get(format!("{}/metrics", d.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("a body")
+}
+
+/// The value of the series `name` (with its labels, if any) in `metrics`; 0 when absent.
+pub fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
 pub fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().expect("docker");
     assert!(

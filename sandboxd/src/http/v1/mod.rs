@@ -43,6 +43,8 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}", get(show).delete(destroy)),
         ("/v1/sessions/{id}/stop", post(stop)),
         ("/v1/sessions/{id}/start", post(start)),
+        ("/v1/sessions/{id}/pause", post(pause)),
+        ("/v1/sessions/{id}/resume", post(resume)),
         ("/v1/sessions/{id}/reclaim", post(reclaim)),
         ("/v1/sessions/{id}/rebuild", post(rebuild)),
         ("/v1/sessions/{id}/token", post(rotate_token)),

@@ -191,6 +191,56 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         ],
     ),
     (
+        "POST /v1/sessions/{id}/pause",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "pause_refused",
+                ],
+            ),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "POST /v1/sessions/{id}/resume",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost"]),
+            (429, &["host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
         "POST /v1/sessions/{id}/reclaim",
         &[
             AUTH,
@@ -525,6 +575,8 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::destroy,
         crate::http::v1::stop,
         crate::http::v1::start,
+        crate::http::v1::pause,
+        crate::http::v1::resume,
         crate::http::v1::reclaim,
         crate::http::v1::rebuild,
         crate::http::v1::rotate_token,

@@ -223,6 +223,35 @@ pub(crate) async fn start(
 }
 
 #[utoipa::path(
+    post, path = "/v1/sessions/{id}/pause", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session, asleep with its processes and memory (a checkpoint of its gVisor sandbox); one already asleep is shown as it is. Refused (409 `pause_refused`) when its runtime's isolation is not gvisor, its container is a warm pool's, or the checkpoint failed: the message says what the session was left with", body = SessionView))
+)]
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    _: ForSession,
+) -> Result<Response, ApiError> {
+    let core = state.core.clone();
+    let paused = crate::service::detached(async move { core.pause(&id).await }).await?;
+    Ok(Json(paused).into_response())
+}
+
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/resume", tag = "sessions", params(SessionId),
+    responses((status = 200, description = "The session, running: restored with its memory when its sleep kept it, else started with its files (as `start`)", body = SessionView))
+)]
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    _: ForSession,
+) -> Result<Response, ApiError> {
+    let core = state.core.clone();
+    let woken = id.clone();
+    crate::service::detached(async move { core.wake(&woken).await }).await?;
+    Ok(Json(state.core.get(&id, false).await?).into_response())
+}
+
+#[utoipa::path(
     post, path = "/v1/sessions/{id}/reclaim", tag = "sessions", params(SessionId),
     responses((status = 200, description = "The session, its container removed (the workspace kept)", body = SessionView))
 )]
