@@ -75,6 +75,34 @@ pub type Errors = (u16, &'static [&'static str]);
 const AUTH: (u16, &[&str]) = (401, &["unauthorized"]);
 const ADMIN: (u16, &[&str]) = (403, &["forbidden"]);
 const INTERNAL: (u16, &[&str]) = (500, &["internal"]);
+/// What a wake (`start`, `resume`) may answer.
+const WAKE: &[(u16, &[&str])] = &[
+    AUTH,
+    ADMIN,
+    (404, &["session_not_found"]),
+    (
+        409,
+        &[
+            "session_opening",
+            "session_destroying",
+            "session_changed",
+            "runtime_preparing",
+        ],
+    ),
+    (410, &["session_lost"]),
+    (429, &["host_cap", "tenant_cap"]),
+    INTERNAL,
+    (502, &["docker_error"]),
+    (
+        503,
+        &[
+            "network_unavailable",
+            "runtime_failed",
+            "isolation_unavailable",
+        ],
+    ),
+    (507, &["host_disk_full"]),
+];
 /// A file operation refused a worker or memory, or stopped at its deadline.
 const FILE_503: (u16, &[&str]) = (503, &["file_work_busy", "file_work_stopped", "memory_busy"]);
 const BODY: [(u16, &[&str]); 2] = [(400, &["bad_request"]), (413, &["too_large"])];
@@ -160,36 +188,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (502, &["docker_error"]),
         ],
     ),
-    (
-        "POST /v1/sessions/{id}/start",
-        &[
-            AUTH,
-            ADMIN,
-            (404, &["session_not_found"]),
-            (
-                409,
-                &[
-                    "session_opening",
-                    "session_destroying",
-                    "session_changed",
-                    "runtime_preparing",
-                ],
-            ),
-            (410, &["session_lost"]),
-            (429, &["host_cap", "tenant_cap"]),
-            INTERNAL,
-            (502, &["docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
-            (507, &["host_disk_full"]),
-        ],
-    ),
+    ("POST /v1/sessions/{id}/start", WAKE),
     (
         "POST /v1/sessions/{id}/pause",
         &[
@@ -210,36 +209,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (502, &["docker_error"]),
         ],
     ),
-    (
-        "POST /v1/sessions/{id}/resume",
-        &[
-            AUTH,
-            ADMIN,
-            (404, &["session_not_found"]),
-            (
-                409,
-                &[
-                    "session_opening",
-                    "session_destroying",
-                    "session_changed",
-                    "runtime_preparing",
-                ],
-            ),
-            (410, &["session_lost"]),
-            (429, &["host_cap", "tenant_cap"]),
-            INTERNAL,
-            (502, &["docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
-            (507, &["host_disk_full"]),
-        ],
-    ),
+    ("POST /v1/sessions/{id}/resume", WAKE),
     (
         "POST /v1/sessions/{id}/reclaim",
         &[

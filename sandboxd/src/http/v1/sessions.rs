@@ -241,14 +241,11 @@ pub(crate) async fn pause(
     responses((status = 200, description = "The session, running: restored with its memory when its sleep kept it, else started with its files (as `start`)", body = SessionView))
 )]
 pub(crate) async fn resume(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    _: ForSession,
+    state: State<AppState>,
+    id: Path<String>,
+    caller: ForSession,
 ) -> Result<Response, ApiError> {
-    let core = state.core.clone();
-    let woken = id.clone();
-    crate::service::detached(async move { core.wake(&woken).await }).await?;
-    Ok(Json(state.core.get(&id, false).await?).into_response())
+    start(state, id, caller).await
 }
 
 #[utoipa::path(
