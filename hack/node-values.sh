@@ -39,6 +39,7 @@ tls:
 sandboxd:
   port: ${SANDBOXD_NODE_PORT:-18490}
   dockerSocket: $socket
+  dockerDataRoot: $CACHE_DIR/docker
   workspaceRoot: $DEV_DIR/chart/workspaces
   stateDir: $DEV_DIR/chart/state
   # Mounts made in the node's namespace do not reach the project's dockerd: no workspace disks.

@@ -65,7 +65,8 @@ pub struct Fixed {
 pub struct WorkspaceUse {
     /// How many.
     pub workspaces: u32,
-    /// Their nominal sizes added up, bytes.
+    /// Their nominal sizes added up, with the checkpoints of gvisor sessions asleep with their
+    /// memory (what each takes on the node's disk), bytes.
     pub bytes: u64,
 }
 

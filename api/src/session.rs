@@ -142,6 +142,52 @@ pub struct SessionView {
     /// restarted: they live in its memory only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_version: Option<String>,
+    /// What its last sleep with memory (a checkpoint) or wake from one (a restore) did: only
+    /// sessions of gvisor runtimes have one. A failed one says why and what the session was
+    /// left with (asleep without its memory, awake fresh with its files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryNote>,
+}
+
+/// A checkpoint or a restore of a session's memory, as the session's view reports the last
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MemoryNote {
+    /// `checkpoint` (a sleep with memory) or `restore` (the wake from it).
+    pub op: MemoryOp,
+    /// Whether the memory was kept (false: it failed, see `error`).
+    pub kept: bool,
+    /// What it left the session with: `asleep with its memory`, `asleep without its memory`,
+    /// `awake with its memory` or `awake fresh with its files`.
+    pub outcome: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When, RFC 3339.
+    pub at: String,
+}
+
+/// What a [`MemoryNote`] is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryOp {
+    /// A sleep that checkpointed the sandbox.
+    Checkpoint,
+    /// A wake that restored it.
+    Restore,
+}
+
+impl MemoryNote {
+    /// One line for a person: the outcome, and why a failed one failed.
+    pub fn line(&self) -> String {
+        match (&self.error, self.op) {
+            (None, _) => self.outcome.clone(),
+            (Some(e), MemoryOp::Checkpoint) => {
+                format!("{}: the checkpoint failed: {e}", self.outcome)
+            }
+            (Some(e), MemoryOp::Restore) => format!("{}: the restore failed: {e}", self.outcome),
+        }
+    }
 }
 
 /// What a running sandbox uses at one moment (the wire protocol's `SessionUsage`). Each figure

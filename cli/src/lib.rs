@@ -124,6 +124,18 @@ pub enum Command {
         #[arg(long, default_value_t = 300)]
         timeout: u64,
     },
+    /// Pause the session with its processes and memory (a runtime of isolation gvisor): it
+    /// sleeps as a checkpoint of its sandbox, and `resume` (or any run) goes on where it was.
+    /// Refused with the reason otherwise (a runc runtime sleeps without its memory).
+    Pause {
+        /// The session.
+        name: String,
+    },
+    /// Wake a paused (or sleeping) session and say whether it kept its memory.
+    Resume {
+        /// The session.
+        name: String,
+    },
     /// Sessions with phase, host, runtime and when they sleep.
     List {
         /// Every namespace.
@@ -266,6 +278,8 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
                 .await
                 .map(|()| 0)
         }
+        Command::Pause { name } => session::pause(&target, &name).await.map(|()| 0),
+        Command::Resume { name } => session::resume(&target, &name).await.map(|()| 0),
         Command::List {
             all_namespaces,
             selector,

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use sandboxd_api::session::{MemoryOp, SessionView};
 use sandboxd_crds::v1alpha1::SandboxSession;
 use sandboxd_crds::v1alpha1::session::SessionPhase;
 use serde_json::json;
@@ -510,6 +511,45 @@ impl<'a> SessionWatch<'a> {
     }
 }
 
+/// `pause`: the session asleep with its processes and memory, or the host's refusal.
+pub async fn pause(t: &Target, name: &str) -> Result<(), Error> {
+    let (client, id) = t.sandbox(name).await?;
+    let view = client.pause(&id).await?;
+    println!("{}", paused_line(name, &view));
+    Ok(())
+}
+
+/// `resume`: the session awake, with its memory when it was paused.
+pub async fn resume(t: &Target, name: &str) -> Result<(), Error> {
+    let (client, id) = t.sandbox(name).await?;
+    let view = client.resume(&id).await?;
+    println!("{}", resumed_line(name, &view));
+    Ok(())
+}
+
+/// What a pause left session `name` with, from the host's note of its last checkpoint.
+pub fn paused_line(name: &str, view: &SessionView) -> String {
+    match &view.memory {
+        Some(note) if note.op == MemoryOp::Checkpoint => {
+            format!("session {name} paused: {}", note.line())
+        }
+        _ => format!("session {name} is asleep"),
+    }
+}
+
+/// What a resume left session `name` with: a wake that restored it says so (the host notes
+/// each restore, and each sleep with memory before it).
+pub fn resumed_line(name: &str, view: &SessionView) -> String {
+    match &view.memory {
+        Some(note) if note.op == MemoryOp::Restore => {
+            format!("session {name} resumed: {}", note.line())
+        }
+        _ => format!(
+            "session {name} runs: not restored from a checkpoint (it slept without its memory, or was awake)"
+        ),
+    }
+}
+
 /// `briefing`: the paragraph for an agent's instructions.
 pub async fn briefing(t: &Target, name: &str) -> Result<(), Error> {
     let s = t.find(name).await?;
@@ -595,5 +635,51 @@ mod tests {
             "preparing sandbox… (runtime demo is being built)"
         );
         assert_eq!(progress(SessionPhase::Pending, ""), "waiting for a host…");
+    }
+
+    #[test]
+    fn pause_and_resume_say_what_the_memory_became() {
+        let view = |note: Option<(MemoryOp, Option<&str>, &str)>| {
+            let mut v: SessionView = serde_json::from_value(json!({
+                "id": "s", "tenant": "t", "runtime": "secure", "image": "i", "state": "stopped",
+                "created_at": "2026-01-01T00:00:00Z", "last_activity_at": "2026-01-01T00:00:00Z",
+                "runs_in_flight": 0, "workspace_exists": true
+            }))
+            .expect("a view");
+            v.memory = note.map(|(op, error, outcome)| sandboxd_api::session::MemoryNote {
+                op,
+                kept: error.is_none(),
+                outcome: outcome.to_owned(),
+                error: error.map(str::to_owned),
+                at: "2026-01-01T00:00:01Z".to_owned(),
+            });
+            v
+        };
+        assert_eq!(
+            paused_line(
+                "s",
+                &view(Some((MemoryOp::Checkpoint, None, "asleep with its memory")))
+            ),
+            "session s paused: asleep with its memory"
+        );
+        assert_eq!(paused_line("s", &view(None)), "session s is asleep");
+        assert_eq!(
+            resumed_line(
+                "s",
+                &view(Some((
+                    MemoryOp::Restore,
+                    Some("damaged"),
+                    "awake fresh with its files"
+                )))
+            ),
+            "session s resumed: awake fresh with its files: the restore failed: damaged"
+        );
+        assert_eq!(
+            resumed_line(
+                "s",
+                &view(Some((MemoryOp::Checkpoint, None, "asleep with its memory")))
+            ),
+            "session s runs: not restored from a checkpoint (it slept without its memory, or was awake)"
+        );
     }
 }

@@ -340,6 +340,108 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         "{out}"
     );
 
+    // pause and resume: a gvisor session sleeps with its processes and memory and says so in
+    // its status; a runc one is refused with the reason.
+    let secure: Runtime = serde_json::from_value(json!({
+        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
+        "metadata": {"name": format!("secure-{scope}"), "labels": labels},
+        "spec": {"description": "the base image on gVisor", "image": base_image(), "isolation": "gvisor"},
+    }))
+    .expect("runtime");
+    runtimes
+        .create(&PostParams::default(), &secure)
+        .await
+        .expect("runtime created");
+    let secure_alias = format!("secure-{scope}");
+    ok(
+        &ns,
+        &[
+            "open",
+            "g1",
+            "--tenant",
+            "org-1",
+            "--label",
+            &label,
+            "--runtime",
+            &secure_alias,
+            "--timeout",
+            "120",
+        ],
+    );
+    ok(
+        &ns,
+        &[
+            "exec",
+            "g1",
+            "--",
+            "echo kept > /tmp/mem; (nohup sleep 100000 >/dev/null 2>&1 &)",
+        ],
+    );
+    let (out, _) = ok(&ns, &["pause", "g1"]);
+    assert_eq!(out, "session g1 paused: asleep with its memory\n");
+    let sessions = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns);
+    let memory_kept = |reason: &'static str| {
+        let sessions = sessions.clone();
+        async move {
+            loop {
+                let s = sessions.get("g1").await.expect("g1");
+                let status = s.status.unwrap_or_default();
+                let found = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "MemoryKept")
+                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+                if found.as_ref().is_some_and(|c| c.1 == reason) {
+                    return (status.phase, found);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let (phase, condition) = within(
+        std::time::Duration::from_secs(60),
+        memory_kept("Checkpointed"),
+    )
+    .await;
+    assert_eq!(
+        condition,
+        Some((
+            "True".to_owned(),
+            "Checkpointed".to_owned(),
+            "asleep with its memory".to_owned()
+        ))
+    );
+    assert_eq!(
+        phase,
+        Some(sandboxd_crds::v1alpha1::session::SessionPhase::Sleeping)
+    );
+    let (out, _) = ok(&ns, &["resume", "g1"]);
+    assert_eq!(out, "session g1 resumed: awake with its memory\n");
+    let (out, _) = ok(
+        &ns,
+        &[
+            "exec",
+            "g1",
+            "--",
+            "cat /tmp/mem; for p in /proc/[0-9]*; do [ \"$(tr -d '\\0' < $p/cmdline 2>/dev/null)\" = sleep100000 ] && echo sleeper; done; true",
+        ],
+    );
+    assert_eq!(
+        out, "kept\nsleeper\n",
+        "the memory and the process are back"
+    );
+    within(std::time::Duration::from_secs(60), memory_kept("Restored")).await;
+    let refused = plugin(&ns, &["pause", "s1"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused).1;
+    assert!(
+        err.starts_with("kubectl sandbox: pause_refused (409): session '")
+            && err.contains(&format!(
+                "runs on runtime 'base-{scope}', whose isolation is not gvisor: only a gVisor sandbox is paused with its memory (stop sleeps it without)"
+            )),
+        "{err}"
+    );
+
     // rebuild: a new container from the runtime's image, the workspace kept.
     let (_, err) = ok(&ns, &["rebuild", "s1", "--timeout", "120"]);
     assert!(err.contains("rebuild 1 of s1 asked"), "{err}");
@@ -429,7 +531,8 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         strip_and_delete(&hosts, &name).await;
     }
     strip_and_delete(&runtimes, &format!("base-{scope}")).await;
-    for name in ["s1", "s2"] {
+    strip_and_delete(&runtimes, &format!("secure-{scope}")).await;
+    for name in ["s1", "s2", "g1"] {
         strip_and_delete(
             &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
             name,

@@ -7,6 +7,7 @@ mod common;
 
 use common::{Daemon, base_image};
 use sandboxd_api::client::{Client, ClientError};
+use sandboxd_api::session::{MemoryOp, SessionView};
 
 /// `base` on runc (the default) and `secure` on gVisor, the same image.
 fn runtimes() -> String {
@@ -161,6 +162,13 @@ async fn a_host_without_gvisor_refuses_a_gvisor_runtime_with_the_reason() {
     assert_eq!(sh(&r, "r-2", "echo ok").await, (0, "ok\n".into()));
 }
 
+/// The session's note of its last checkpoint or restore: op, kept, outcome, error.
+fn memory(v: &SessionView) -> Option<(MemoryOp, bool, String, Option<String>)> {
+    v.memory
+        .as_ref()
+        .map(|n| (n.op, n.kept, n.outcome.clone(), n.error.clone()))
+}
+
 /// The value of `sandboxd_checkpoints_total` for `op` and `outcome`.
 async fn checkpoints(d: &Daemon, op: &str, outcome: &str) -> u64 {
     let text = common::metrics(d).await;
@@ -228,6 +236,16 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
     let pid = leave_state(&g, "mem-g").await;
     let stopped = admin.stop("mem-g").await.expect("sleep");
     assert_eq!(stopped.state, sandboxd_api::session::SessionState::Stopped);
+    assert_eq!(
+        memory(&stopped),
+        Some((
+            MemoryOp::Checkpoint,
+            true,
+            "asleep with its memory".to_owned(),
+            None
+        )),
+        "the session's view says it sleeps with its memory"
+    );
     assert_eq!(checkpoints(&d, "checkpoint", "ok").await, 1);
     let container = common::container_of(&d, "mem-g");
     let running = common::docker(&["inspect", "-f", "{{.State.Running}}", &container]);
@@ -238,6 +256,15 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
         "a run wakes it with its processes and memory"
     );
     assert_eq!(checkpoints(&d, "restore", "ok").await, 1);
+    assert_eq!(
+        memory(&admin.get("mem-g").await.expect("the session")),
+        Some((
+            MemoryOp::Restore,
+            true,
+            "awake with its memory".to_owned(),
+            None
+        ))
+    );
     // Again: the second sleep is as good as the first.
     admin.stop("mem-g").await.expect("sleep again");
     assert_eq!(
@@ -257,6 +284,7 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
         2,
         "no checkpoint of runc"
     );
+    assert_eq!(memory(&admin.get("mem-r").await.expect("runc")), None);
     let refused = admin.pause("mem-r").await.expect_err("runc is not paused");
     assert_eq!(
         refused.to_string(),
@@ -288,6 +316,18 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
         "woken fresh: the files, not the processes"
     );
     assert_eq!(checkpoints(&d, "restore", "failed").await, 1);
+    let (op, kept, outcome, error) = memory(&admin.get("mem-g").await.expect("the session"))
+        .expect("a note of the failed restore");
+    assert_eq!(
+        (op, kept, outcome.as_str()),
+        (MemoryOp::Restore, false, "awake fresh with its files")
+    );
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("from checkpoint sandboxd-sleep")),
+        "the reason: {error:?}"
+    );
     let (code, out) = sh(&g, "mem-g", "id -u; dmesg | head -n 1").await;
     assert_eq!(code, 0, "{out}");
     assert!(out.starts_with("10001\n"), "{out}");
@@ -341,6 +381,29 @@ async fn a_gvisor_session_sleeps_and_wakes_with_its_memory_and_a_runc_one_does_n
             .2
             .is_some_and(|e| e.contains("from checkpoint sandboxd-sleep")),
         "the reason: {restored:?}"
+    );
+
+    // A container reclaimed while it slept with its memory takes the checkpoint with it: the
+    // next wake is fresh, and the session's note says so (never "asleep with its memory").
+    leave_state(&g, "mem-g").await;
+    admin.stop("mem-g").await.expect("sleep");
+    admin.reclaim("mem-g").await.expect("reclaim");
+    assert_eq!(
+        sh(&g, "mem-g", "cat /tmp/kept 2>&1 || echo gone")
+            .await
+            .1
+            .lines()
+            .last(),
+        Some("gone")
+    );
+    assert_eq!(
+        memory(&admin.get("mem-g").await.expect("the session")),
+        Some((
+            MemoryOp::Restore,
+            false,
+            "awake fresh with its files".to_owned(),
+            Some("its container was removed while it slept, and its checkpoint with it".to_owned())
+        ))
     );
 
     // A destroy of a session asleep with its memory removes the checkpoint with the container.
@@ -475,4 +538,86 @@ async fn a_gvisor_session_on_a_warm_container_sleeps_without_memory_once_then_wi
     );
     // Like stop: the admin token or the session's own, nobody else's.
     assert!(d.client("not-a-token").pause("warm-g").await.is_err());
+}
+
+/// A checkpoint counts against the workspace budget beside the workspace disks: one that fits
+/// is held while the session sleeps (`GET /v1/policy` shows it) and let go at the wake; on a
+/// host whose budget has no room for it, a pause is refused and the session sleeps without its
+/// memory, saying why in its view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_counts_against_the_workspace_budget() {
+    let runtimes = runtimes();
+    let mut d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_WORKSPACE_QUOTA", "loop"),
+        ("SANDBOXD_WORKSPACE_SIZE", "64m"),
+        ("SANDBOXD_WORKSPACE_BUDGET", "4g"),
+    ]);
+    let admin = d.admin();
+    let opened = admin
+        .open("budget-g", "org-iso", Some("secure"), None)
+        .await
+        .expect("open");
+    let token = opened.token.expect("a token");
+    let g = d.client(&token);
+    let held = |admin: Client| async move {
+        admin
+            .policy()
+            .await
+            .expect("policy")
+            .workspaces
+            .expect("the workspaces held")
+            .bytes
+    };
+    assert_eq!(held(d.admin()).await, 64 << 20, "the disk alone");
+    assert_eq!(sh(&g, "budget-g", "echo kept > /tmp/kept").await.0, 0);
+    admin.pause("budget-g").await.expect("paused");
+    let asleep = held(d.admin()).await;
+    assert!(
+        asleep > (64 << 20) + (64 << 10),
+        "the checkpoint counts beside the disk: {asleep}"
+    );
+    assert_eq!(
+        sh(&g, "budget-g", "cat /tmp/kept").await,
+        (0, "kept\n".into()),
+        "woken with its memory"
+    );
+    assert_eq!(
+        held(d.admin()).await,
+        64 << 20,
+        "the checkpoint let go at the wake"
+    );
+
+    // The same host with a budget of the disk and 4 KiB: no room for a checkpoint.
+    d.process.kill9();
+    d.with_env(&[("SANDBOXD_WORKSPACE_BUDGET", "67112960")]);
+    d.spawn();
+    let (admin, g) = (d.admin(), d.client(&token));
+    assert_eq!(sh(&g, "budget-g", "echo kept > /tmp/kept").await.0, 0);
+    let refused = admin.pause("budget-g").await.expect_err("no room");
+    let words = refused.to_string();
+    assert!(
+        words.starts_with("pause_refused (409): session 'budget-g' could not be paused: its checkpoint of ")
+            && words.ends_with(
+                " does not fit this host's workspace budget of 64.0 MiB (SANDBOXD_WORKSPACE_BUDGET): 1 workspaces and their checkpoints hold 64 MiB; its container stopped, so it is asleep without its memory"
+            ),
+        "{words}"
+    );
+    assert_eq!(held(d.admin()).await, 64 << 20, "nothing held for it");
+    let view = admin.get("budget-g").await.expect("the session");
+    assert_eq!(view.state, sandboxd_api::session::SessionState::Stopped);
+    let (op, kept, outcome, error) = memory(&view).expect("a note");
+    assert_eq!(
+        (op, kept, outcome.as_str()),
+        (MemoryOp::Checkpoint, false, "asleep without its memory")
+    );
+    assert!(
+        error.is_some_and(|e| e.contains("does not fit this host's workspace budget")),
+        "the reason"
+    );
+    assert_eq!(
+        sh(&g, "budget-g", "cat /tmp/kept 2>/dev/null || echo gone").await,
+        (0, "gone\n".into()),
+        "woken without its memory"
+    );
 }

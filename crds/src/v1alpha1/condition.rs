@@ -44,6 +44,10 @@ pub enum ConditionType {
     /// (its Runtime's and its own `spec.egress.credentials`); False says why: one refused, a
     /// Secret missing, a host that does not support them.
     CredentialsApplied,
+    /// `MemoryKept`: whether the session's last sleep with memory (a checkpoint of a gvisor
+    /// sandbox) or its wake from one (a restore) kept its processes and memory; False says
+    /// what failed and what the session was left with. Only on sessions of gvisor runtimes.
+    MemoryKept,
 }
 
 impl ConditionType {
@@ -63,6 +67,7 @@ impl ConditionType {
             Self::Rebuilt => "Rebuilt",
             Self::EgressApplied => "EgressApplied",
             Self::CredentialsApplied => "CredentialsApplied",
+            Self::MemoryKept => "MemoryKept",
         }
     }
 }
@@ -169,6 +174,14 @@ pub enum SessionReason {
     /// `Rebuilt=False`: the host refused the rebuild as asked (a workspace that would shrink,
     /// limits over its ceilings); the session is Failed until the spec changes.
     RebuildRefused,
+    /// `MemoryKept=True`: the sleep checkpointed the sandbox; it is asleep with its memory.
+    Checkpointed,
+    /// `MemoryKept=True`: the wake restored the sandbox from its checkpoint.
+    Restored,
+    /// `MemoryKept=False`: the checkpoint failed; the session sleeps without its memory.
+    CheckpointFailed,
+    /// `MemoryKept=False`: the restore failed; the session woke fresh with its files.
+    RestoreFailed,
 }
 
 impl SessionReason {
@@ -214,6 +227,10 @@ impl SessionReason {
             Self::Rebuilt => "Rebuilt",
             Self::RebuildFailed => "RebuildFailed",
             Self::RebuildRefused => "RebuildRefused",
+            Self::Checkpointed => "Checkpointed",
+            Self::Restored => "Restored",
+            Self::CheckpointFailed => "CheckpointFailed",
+            Self::RestoreFailed => "RestoreFailed",
         }
     }
 }

@@ -290,7 +290,7 @@ pub struct SandboxSessionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialStatus>,
     /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt,
-    /// EgressApplied, CredentialsApplied.
+    /// EgressApplied, CredentialsApplied, MemoryKept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.

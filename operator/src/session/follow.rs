@@ -14,7 +14,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use sandboxd_api::SessionState;
 use sandboxd_api::client::{Client as HostClient, ClientError};
-use sandboxd_api::session::SessionView;
+use sandboxd_api::session::{MemoryNote, MemoryOp, SessionView};
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::{Launch, SessionPhase};
 use sandboxd_crds::v1alpha1::{Runtime, SandboxSession, SandboxSessionStatus};
@@ -191,6 +191,9 @@ pub fn decide(
         }
     };
     conditions::clear(&mut status.conditions, ConditionType::HostUnreachable);
+    if let Some(note) = &view.memory {
+        memory(&mut status, note, &at);
+    }
     let last = last_activity(&view, now);
     status.last_activity_at = Some(Time(last));
     status.launch = Some(match view.launch {
@@ -270,6 +273,23 @@ impl At<'_> {
             self.now,
         );
     }
+}
+
+/// `MemoryKept` from the host's note of the session's last checkpoint or restore.
+fn memory(status: &mut SandboxSessionStatus, note: &MemoryNote, at: &At<'_>) {
+    let reason = match (note.op, note.kept) {
+        (MemoryOp::Checkpoint, true) => SessionReason::Checkpointed,
+        (MemoryOp::Restore, true) => SessionReason::Restored,
+        (MemoryOp::Checkpoint, false) => SessionReason::CheckpointFailed,
+        (MemoryOp::Restore, false) => SessionReason::RestoreFailed,
+    };
+    at.set(
+        status,
+        ConditionType::MemoryKept,
+        note.kept,
+        reason,
+        &note.line(),
+    );
 }
 
 /// A running session: Running until it has been idle (no activity, no run in flight, and the
@@ -718,6 +738,7 @@ mod tests {
             credentials_version: None,
             runtime_image: None,
             limits: Default::default(),
+            memory: None,
         }
     }
 
@@ -764,6 +785,82 @@ mod tests {
         forget_cpu: bool,
         /// A condition the decision sets: type, status, reason.
         condition: (ConditionType, &'static str, &'static str),
+    }
+
+    /// The host's note of the last checkpoint or restore becomes `MemoryKept`, a failed one
+    /// with its reason and what the session was left with; a session without one has none.
+    #[test]
+    fn memory_kept_says_what_the_last_checkpoint_or_restore_did() {
+        let note = |op, error: Option<&str>, outcome: &str| MemoryNote {
+            op,
+            kept: error.is_none(),
+            outcome: outcome.to_owned(),
+            error: error.map(str::to_owned),
+            at: t0().to_string(),
+        };
+        let cases = [
+            (
+                note(MemoryOp::Checkpoint, None, "asleep with its memory"),
+                SessionState::Stopped,
+                ("True", "Checkpointed", "asleep with its memory"),
+            ),
+            (
+                note(
+                    MemoryOp::Checkpoint,
+                    Some("Docker said no"),
+                    "asleep without its memory",
+                ),
+                SessionState::Stopped,
+                (
+                    "False",
+                    "CheckpointFailed",
+                    "asleep without its memory: the checkpoint failed: Docker said no",
+                ),
+            ),
+            (
+                note(MemoryOp::Restore, None, "awake with its memory"),
+                SessionState::Running,
+                ("True", "Restored", "awake with its memory"),
+            ),
+            (
+                note(
+                    MemoryOp::Restore,
+                    Some("checkpoint damaged"),
+                    "awake fresh with its files",
+                ),
+                SessionState::Running,
+                (
+                    "False",
+                    "RestoreFailed",
+                    "awake fresh with its files: the restore failed: checkpoint damaged",
+                ),
+            ),
+        ];
+        for (note, state, (status, why, message)) in cases {
+            let mut v = view(state);
+            v.memory = Some(note);
+            let d = decide(
+                phase(SessionPhase::Running),
+                report(v, None),
+                at(10),
+                &config(),
+                &subject(),
+            );
+            let c = conditions::get(&d.status.conditions, ConditionType::MemoryKept)
+                .expect("MemoryKept is set");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+                (status, why, message)
+            );
+        }
+        let d = decide(
+            phase(SessionPhase::Running),
+            report(view(SessionState::Running), None),
+            at(10),
+            &config(),
+            &subject(),
+        );
+        assert_eq!(reason(&d.status, ConditionType::MemoryKept), None);
     }
 
     /// Every case of the follow decision, one row each: over 150 lines because it is the table

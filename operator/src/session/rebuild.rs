@@ -437,6 +437,7 @@ mod tests {
             },
             usage: None,
             credentials_version: None,
+            memory: None,
         }
     }
 

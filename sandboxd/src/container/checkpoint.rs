@@ -85,6 +85,35 @@ impl DockerEngine {
         }
     }
 
+    /// The bytes checkpoint `name` of container `id` takes on the node's disk: the blocks of
+    /// every file under Docker's folder for it (`<DockerRootDir>/containers/<id>/checkpoints/
+    /// <name>`, which sandboxd must be able to read: the chart mounts Docker's data root).
+    pub async fn checkpoint_bytes(&self, id: &str, name: &str) -> Result<u64, String> {
+        let info = self
+            .client()
+            .info()
+            .await
+            .map_err(|e| format!("cannot ask Docker for its data root: {e}"))?;
+        let root = info
+            .docker_root_dir
+            .ok_or("Docker does not say where its data root is")?;
+        let dir = std::path::Path::new(&root)
+            .join("containers")
+            .join(id)
+            .join("checkpoints")
+            .join(name);
+        tokio::task::spawn_blocking(move || {
+            disk_usage(&dir).map_err(|e| {
+                format!(
+                    "cannot measure {} ({e}): sandboxd must read Docker's data root",
+                    dir.display()
+                )
+            })
+        })
+        .await
+        .map_err(|e| format!("the measure of the checkpoint failed: {e}"))?
+    }
+
     /// Starts the stopped container `id` from its checkpoint `name`. Debian's dockerd 20.10
     /// sometimes refuses with `failed to upload checkpoint to containerd: commit failed:
     /// content sha256:…: already exists` (moby/moby#42900: the checkpoint's content is still in
@@ -156,10 +185,44 @@ impl DockerEngine {
     }
 }
 
+/// The bytes the files under `dir` take on disk (allocated blocks; links not followed).
+fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0u64;
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                folders.push(entry.path());
+            }
+        }
+    }
+    Ok(total)
+}
+
 /// The path of Docker's socket: `DOCKER_HOST` when it is `unix://…`, else the default one.
 fn docker_socket() -> Option<std::path::PathBuf> {
     match std::env::var("DOCKER_HOST") {
         Ok(host) if !host.is_empty() => host.strip_prefix("unix://").map(Into::into),
         _ => Some("/var/run/docker.sock".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_usage_counts_the_blocks_of_every_file_below() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        std::fs::create_dir(dir.path().join("sub")).expect("a folder");
+        std::fs::write(dir.path().join("a"), vec![1u8; 1 << 20]).expect("a file");
+        std::fs::write(dir.path().join("sub").join("b"), vec![2u8; 1 << 20]).expect("a file");
+        let used = disk_usage(dir.path()).expect("measured");
+        assert!((2 << 20..3 << 20).contains(&used), "{used}");
+        assert!(disk_usage(&dir.path().join("missing")).is_err());
     }
 }

@@ -9,11 +9,13 @@
 //! before.
 
 use sandboxd_api::audit::Op;
+use sandboxd_api::session::{MemoryNote, MemoryOp};
 use tracing::{info, warn};
 
 use super::{Actor, Core, Outcome, ServiceError, SessionView, db};
 use crate::container::checkpoint::SLEEP;
-use crate::storage::store::State;
+use crate::storage::store::{SessionRow, State};
+use crate::workspace::disk::human;
 
 /// How long Docker may take to report a checkpointed container stopped.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -50,7 +52,7 @@ impl Core {
         match &result {
             Ok(()) => {
                 self.metrics.checkpoint("checkpoint", "ok");
-                self.note(id, Op::Checkpoint, None, started);
+                self.note(id, Op::Checkpoint, None, started).await;
                 info!(
                     session = id,
                     ms = started.elapsed().as_millis(),
@@ -59,7 +61,7 @@ impl Core {
             }
             Err(why) => {
                 self.metrics.checkpoint("checkpoint", "failed");
-                self.note(id, Op::Checkpoint, Some(why), started);
+                self.note(id, Op::Checkpoint, Some(why), started).await;
                 warn!(
                     session = id,
                     why, "the checkpoint failed: the session sleeps without its memory"
@@ -124,7 +126,10 @@ impl Core {
         let result = match docker.checkpoint(c, SLEEP).await {
             // Docker answers before it has seen the container exit: the session is asleep
             // once Docker says so, or a wake could find it "running" and start it fresh.
-            Ok(()) => self.until_stopped(c).await,
+            Ok(()) => match self.until_stopped(c).await {
+                Ok(()) => self.hold_checkpoint(id, c, docker).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e.to_string()),
         };
         if result.is_err() {
@@ -132,8 +137,37 @@ impl Core {
             // is not the sleep's is never restored.
             let _ = self.runner.allow_resume(id);
             let _ = docker.drop_checkpoint(c, SLEEP).await;
+            self.release_checkpoint(id).await;
         }
         result
+    }
+
+    /// Counts session `id`'s new checkpoint against the workspace budget: its bytes on the
+    /// node's disk, when they fit beside every workspace and checkpoint the host holds.
+    async fn hold_checkpoint(
+        &self,
+        id: &str,
+        c: &str,
+        docker: &crate::container::docker::DockerEngine,
+    ) -> Result<(), String> {
+        let bytes = docker.checkpoint_bytes(c, SLEEP).await?;
+        let budget = self.caps().workspace_budget;
+        if self
+            .store
+            .hold_checkpoint(id, bytes, budget)
+            .await
+            .map_err(|e| format!("cannot count the checkpoint: {e}"))?
+        {
+            return Ok(());
+        }
+        let held = self.store.held("").await.map_err(|e| e.to_string())?;
+        Err(format!(
+            "its checkpoint of {} does not fit this host's workspace budget of {} (SANDBOXD_WORKSPACE_BUDGET): {} workspaces and their checkpoints hold {}",
+            human(bytes),
+            human(budget.unwrap_or(u64::MAX)),
+            held.workspaces,
+            human(held.workspace_bytes)
+        ))
     }
 
     /// Waits (up to [`STOP_WAIT`]) until Docker reports container `c` not running.
@@ -183,10 +217,11 @@ impl Core {
             Err(e) => Err(format!("cannot let the agent bind again: {e}")),
         };
         let _ = docker.drop_checkpoint(c, SLEEP).await;
+        self.release_checkpoint(id).await;
         match result {
             Ok(()) => {
                 self.metrics.checkpoint("restore", "ok");
-                self.note(id, Op::Restore, None, started);
+                self.note(id, Op::Restore, None, started).await;
                 info!(
                     session = id,
                     ms = started.elapsed().as_millis(),
@@ -196,7 +231,7 @@ impl Core {
             }
             Err(why) => {
                 self.metrics.checkpoint("restore", "failed");
-                self.note(id, Op::Restore, Some(&why), started);
+                self.note(id, Op::Restore, Some(&why), started).await;
                 warn!(
                     session = id,
                     why, "the restore failed: the session wakes fresh with its files"
@@ -206,20 +241,65 @@ impl Core {
         }
     }
 
-    /// The audit row of a checkpoint or restore: what it left the session with, and why it
-    /// failed.
-    fn note(&self, id: &str, op: Op, failed: Option<&str>, started: std::time::Instant) {
-        let target = match (op, failed) {
-            (Op::Checkpoint, None) => "asleep with its memory",
-            (Op::Checkpoint, Some(_)) => "asleep without its memory",
-            (_, None) => "awake with its memory",
-            (_, Some(_)) => "awake fresh with its files",
+    /// A wake of session `row` that cannot restore it though its last note says it sleeps
+    /// with its memory (its checkpoint went with its container): noted as a failed restore
+    /// saying `why`, so neither its view nor its status claims the memory was kept.
+    pub(super) async fn memory_gone(&self, row: &SessionRow, why: &str) {
+        let slept_with_memory = row
+            .memory
+            .as_deref()
+            .and_then(|json| serde_json::from_str::<MemoryNote>(json).ok())
+            .is_some_and(|n| n.op == MemoryOp::Checkpoint && n.kept);
+        self.release_checkpoint(&row.id).await;
+        if slept_with_memory {
+            self.note(&row.id, Op::Restore, Some(why), std::time::Instant::now())
+                .await;
+        }
+    }
+
+    /// Session `id`'s checkpoint no longer counts against the budget (it is gone).
+    pub(super) async fn release_checkpoint(&self, id: &str) {
+        if let Err(e) = self.store.release_checkpoint(id).await {
+            warn!(session = id, error = %e, "cannot release the checkpoint's bytes from the workspace budget");
+        }
+    }
+
+    /// The audit row of a checkpoint or restore, and the session's note of it (its view's
+    /// `memory`): what it left the session with, and why it failed.
+    async fn note(&self, id: &str, op: Op, failed: Option<&str>, started: std::time::Instant) {
+        let (memory_op, outcome) = match (op, failed) {
+            (Op::Checkpoint, None) => (MemoryOp::Checkpoint, "asleep with its memory"),
+            (Op::Checkpoint, Some(_)) => (MemoryOp::Checkpoint, "asleep without its memory"),
+            (_, None) => (MemoryOp::Restore, "awake with its memory"),
+            (_, Some(_)) => (MemoryOp::Restore, "awake fresh with its files"),
         };
+        let note = MemoryNote {
+            op: memory_op,
+            kept: failed.is_none(),
+            outcome: outcome.to_owned(),
+            error: failed.map(str::to_owned),
+            at: super::rfc3339(crate::storage::store::now_ms()),
+        };
+        match serde_json::to_string(&note) {
+            Ok(json) => {
+                if let Err(e) = self.store.set_memory(id, &json).await {
+                    warn!(session = id, error = %e, "cannot record the session's memory note");
+                }
+            }
+            Err(e) => warn!(session = id, error = %e, "cannot encode the session's memory note"),
+        }
         let outcome = Outcome {
             ok: failed.is_none(),
             error: failed.map(str::to_owned),
             ..Outcome::default()
         };
-        self.record(id, &Actor::default(), op, target, outcome, started);
+        self.record(
+            id,
+            &Actor::default(),
+            op,
+            note.outcome.as_str(),
+            outcome,
+            started,
+        );
     }
 }

@@ -321,6 +321,11 @@ impl Core {
                     return Err(ServiceError::Docker(e));
                 }
                 self.store.set_container(id, None).await.map_err(db)?;
+                self.memory_gone(
+                    row,
+                    "it was rebuilt while it slept, and its checkpoint went with the old container",
+                )
+                .await;
                 // Grown with no container binding it, so an offline resize can unmount it.
                 if let Err(e) = self.grow(id, next.grow_to).await {
                     let _ = self

@@ -69,6 +69,10 @@ impl Core {
             }),
             runtime_image: self.runtimes.current_image(&row.runtime),
             limits: Self::limits_of(row),
+            memory: row
+                .memory
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok()),
         }
     }
 
@@ -187,6 +191,7 @@ impl Core {
             self.engine.remove(c).await.map_err(ServiceError::Docker)?;
         }
         self.store.set_container(id, None).await.map_err(db)?;
+        self.release_checkpoint(id).await;
         self.store
             .transition(id, &[State::Stopped], State::Reclaimed)
             .await
@@ -239,6 +244,9 @@ impl Core {
                     return self.wake_anew(id, Some(&c)).await;
                 }
                 let restored = self.wake_from_checkpoint(id, &row.runtime, &c).await;
+                if restored.is_none() {
+                    self.memory_gone(&row, "its checkpoint is gone").await;
+                }
                 let started_fresh = match restored {
                     Some(true) => Ok(()),
                     _ => self.engine.start(&c).await,
@@ -277,7 +285,13 @@ impl Core {
                     .await
                     .map_err(db)?
                 {
-                    Some(Claim::Inserted) => {}
+                    Some(Claim::Inserted) => {
+                        self.memory_gone(
+                            &row,
+                            "its container was removed while it slept, and its checkpoint with it",
+                        )
+                        .await;
+                    }
                     Some(refused) => return Err(self.cap_error(&refused, &row.tenant, 0)),
                     None => {
                         drop(slot);
@@ -369,6 +383,11 @@ impl Core {
                     self.engine.remove(c).await.map_err(ServiceError::Docker)?;
                 }
                 self.store.set_container(id, None).await.map_err(db)?;
+                self.memory_gone(
+                    &row,
+                    "its container was removed while it slept, and its checkpoint with it",
+                )
+                .await;
                 info!(session = id, "container reclaimed; workspace kept");
             }
             unsettled => return Err(ServiceError::unsettled(id, unsettled)),

@@ -123,6 +123,9 @@ pub struct SessionRow {
     /// Its incarnation: 32 hex digits made with the row, so a session opened again under the
     /// same id after a destroy is another incarnation (its audit rows are told apart).
     pub incarnation: String,
+    /// What its last checkpoint or restore did (the API's `MemoryNote` as JSON); `None`
+    /// before its first.
+    pub memory: Option<String>,
 }
 
 /// A session to insert.
@@ -253,6 +256,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         owner: r.try_get("owner")?,
         warm: r.try_get::<String, _>("launch")? == "warm",
         incarnation: r.try_get("incarnation")?,
+        memory: r.try_get("memory")?,
     })
 }
 
@@ -331,7 +335,7 @@ impl Store {
                     (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?1) AS tenant,
                     (SELECT count(*) FROM sessions WHERE {DISK_SQL}) AS workspaces,
                     (SELECT count(*) FROM sessions WHERE {DISK_SQL} AND tenant = ?1) AS tenant_workspaces,
-                    (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) AS bytes"
+                    (SELECT coalesce(sum(disk_bytes + checkpoint_bytes), 0) FROM sessions WHERE {DISK_SQL}) AS bytes"
         )))
         .bind(tenant)
         .fetch_one(&self.pool)
@@ -389,7 +393,7 @@ impl Store {
              WHERE (SELECT count(*) FROM sessions WHERE {HELD_SQL}) < ?8
                AND (SELECT count(*) FROM sessions WHERE {HELD_SQL} AND tenant = ?2) < ?9
                AND (SELECT count(*) FROM sessions WHERE {DISK_SQL} AND tenant = ?2) < ?13
-               AND (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) + ?12 <= ?14
+               AND (SELECT coalesce(sum(disk_bytes + checkpoint_bytes), 0) FROM sessions WHERE {DISK_SQL}) + ?12 <= ?14
              ON CONFLICT (id) DO NOTHING"
         )))
         .bind(new.id)
@@ -517,11 +521,58 @@ impl Store {
         Ok(())
     }
 
+    /// Counts `bytes` of checkpoint against the workspace budget for session `id`, when they
+    /// fit `budget` (`None`: no budget) beside every workspace and checkpoint the host holds,
+    /// in one statement (SQLite serialises writers, so a concurrent open cannot overshoot).
+    /// False: they do not fit, and nothing changed.
+    pub async fn hold_checkpoint(
+        &self,
+        id: &str,
+        bytes: u64,
+        budget: Option<u64>,
+    ) -> Result<bool, sqlx::Error> {
+        let updated = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE sessions SET checkpoint_bytes = ?2 WHERE id = ?1
+               AND (SELECT coalesce(sum(disk_bytes + checkpoint_bytes), 0) FROM sessions
+                    WHERE {DISK_SQL} AND id <> ?1) + disk_bytes + ?2 <= ?3"
+        )))
+        .bind(id)
+        .bind(i64::try_from(bytes).unwrap_or(i64::MAX))
+        .bind(budget.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX)))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(updated == 1)
+    }
+
+    /// Session `id`'s checkpoint is gone (restored, dropped, or removed with its container):
+    /// it no longer counts against the budget.
+    pub async fn release_checkpoint(&self, id: &str) -> Result<(), sqlx::Error> {
+        self.update(
+            "UPDATE sessions SET checkpoint_bytes = 0 WHERE id = ?1 AND checkpoint_bytes <> ?2",
+            id,
+            "0",
+        )
+        .await
+    }
+
+    /// Records what session `id`'s last checkpoint or restore did (JSON).
+    pub async fn set_memory(&self, id: &str, memory: &str) -> Result<(), sqlx::Error> {
+        self.update("UPDATE sessions SET memory = ?2 WHERE id = ?1", id, memory)
+            .await
+    }
+
     /// Records the further egress policies session `id`'s open named (JSON).
     pub async fn set_egress(&self, id: &str, egress: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE sessions SET egress = ?2 WHERE id = ?1")
+        self.update("UPDATE sessions SET egress = ?2 WHERE id = ?1", id, egress)
+            .await
+    }
+
+    /// One update of session `id` (`?1`) with one text value (`?2`).
+    async fn update(&self, sql: &'static str, id: &str, value: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(sql)
             .bind(id)
-            .bind(egress)
+            .bind(value)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -555,7 +606,7 @@ impl Store {
         let done = sqlx::query(AssertSqlSafe(format!(
             "UPDATE sessions SET disk_bytes = ?2
              WHERE id = ?1
-               AND (SELECT coalesce(sum(disk_bytes), 0) FROM sessions WHERE {DISK_SQL}) - disk_bytes + ?2 <= ?3"
+               AND (SELECT coalesce(sum(disk_bytes + checkpoint_bytes), 0) FROM sessions WHERE {DISK_SQL}) - disk_bytes + ?2 <= ?3"
         )))
         .bind(id)
         .bind(bytes)

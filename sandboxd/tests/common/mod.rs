@@ -136,6 +136,12 @@ impl Daemon {
             &base_image(),
         );
         sandboxd.runtimes = format!("base={},alt={}", base_image(), base_image());
+        // `make e2e` runs the hostile and wire suites a second time with every sandbox on
+        // gVisor: SANDBOXD_TEST_OCI_RUNTIME=runsc becomes the daemon's SANDBOXD_OCI_RUNTIME
+        // (a test's own setting wins).
+        if let Ok(oci) = std::env::var("SANDBOXD_TEST_OCI_RUNTIME") {
+            sandboxd.with_env(&[("SANDBOXD_OCI_RUNTIME", oci.as_str())]);
+        }
         sandboxd.with_env(env);
         if logged {
             sandboxd.log_file = Some(dir.path().join("sandboxd.log"));
