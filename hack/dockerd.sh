@@ -35,7 +35,8 @@ install_docker() {
 #             programs connect to (the resident agent's socket in /run/sandboxd; without it the
 #             socket exists only inside the sandbox). Its network is gVisor's own (the default
 #             --network=sandbox): on a user-defined network Docker's resolver at 127.0.0.11 is
-#             out of its reach, so names do not resolve there (addresses do).
+#             out of its reach, so sandboxd mounts a resolv.conf of its own into a gVisor
+#             sandbox on a network (docs/sandboxd.md, "Names under gVisor").
 # experimental: for `docker checkpoint` (later work of issue #34); nothing else changes with it.
 config() {
   local runsc; runsc=$("$HACK_DIR/runsc.sh" path)

@@ -908,6 +908,7 @@ impl crate::service::Settings {
             gvisor_runtime: c.gvisor_runtime.clone(),
             persist_containers: c.persist_containers,
             egress_trust: None,
+            resolv_dir: c.state_dir.join("resolv"),
             file_work: crate::service::work::FileWorkLimits {
                 workers: c.file_workers,
                 per_session: c.file_workers_per_session,

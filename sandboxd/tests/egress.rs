@@ -601,3 +601,61 @@ async fn a_session_of_an_open_runtime_that_narrows_is_put_where_its_policy_holds
     )
     .await;
 }
+
+/// A gVisor sandbox resolves names on both networks: gVisor's network stack does not reach
+/// Docker's embedded resolver, so sandboxd gives it a resolv.conf naming one it reaches (the
+/// egress network's bridge, redirected to the egress resolver; on the open network, the
+/// upstream). The allowlist holds under gVisor as under runc.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_sandbox_resolves_names_on_the_egress_and_the_open_network() {
+    let net = internet();
+    let image = sandboxd_testkit::tools_image();
+    let runtimes = format!(
+        r#"[{{"alias": "egress", "image": "{image}", "isolation": "gvisor", "egress": {POLICY}}},
+            {{"alias": "open", "image": "{image}", "isolation": "gvisor", "egress": {{"mode": "open"}}}}]"#
+    );
+    let resolver = net.dns().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOXD_RUNTIMES", runtimes.as_str()),
+        ("SANDBOXD_EGRESS_RESOLVER", resolver.as_str()),
+    ]);
+    let g = open(&d, "gv-allow").await;
+    let (code, kernel) = sh(&g, "gv-allow", "dmesg | head -n 1").await;
+    assert!(
+        code == 0 && kernel.contains("gVisor"),
+        "on gVisor: {kernel}"
+    );
+    let allowed = net.addr("allowed.test").expect("allowed.test");
+    let (code, out) = sh(&g, "gv-allow", "getent hosts allowed.test").await;
+    assert_eq!(
+        (code, out.split_whitespace().collect::<Vec<_>>()),
+        (0, vec![allowed.to_string().as_str(), "allowed.test"]),
+        "the name resolves through the egress resolver: {out}"
+    );
+    assert_eq!(
+        sh(&g, "gv-allow", "curl -sS --max-time 5 http://allowed.test/").await,
+        (0, net.body("allowed.test").expect("a body"))
+    );
+    let (code, out) = sh(&g, "gv-allow", "getent hosts denied.test").await;
+    assert_ne!(code, 0, "a name the policy denies does not resolve: {out}");
+    let denied = net.addr("denied.test").expect("denied.test");
+    let (code, out) = sh(
+        &g,
+        "gv-allow",
+        &format!("curl -fsS --max-time 2 --resolve denied.test:80:{denied} http://denied.test/"),
+    )
+    .await;
+    assert_ne!(code, 0, "an address the policy denies is refused: {out}");
+
+    let opened = d
+        .admin()
+        .open("gv-open", "org-a", Some("open"), None)
+        .await
+        .expect("open");
+    let o = d.client(opened.token.as_deref().expect("a token"));
+    assert_eq!(
+        sh(&o, "gv-open", "curl -sS --max-time 5 http://denied.test/").await,
+        (0, net.body("denied.test").expect("a body")),
+        "on the open network, any name resolves and answers"
+    );
+}

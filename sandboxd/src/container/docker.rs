@@ -192,6 +192,9 @@ impl Containers for DockerEngine {
             if let Some(trust) = &spec.trust {
                 binds.extend(trust.binds());
             }
+            if let Some(resolv) = &spec.resolv_conf {
+                binds.push(format!("{resolv}:/etc/resolv.conf:ro"));
+            }
             let mut tmpfs = HashMap::from([(
                 "/tmp".to_owned(),
                 format!("rw,nosuid,nodev,size={},mode=1777", spec.tmpfs_size),

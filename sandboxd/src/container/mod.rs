@@ -66,6 +66,9 @@ pub struct SandboxSpec {
     /// The trust bundle and the node's egress CA, mounted read-only at
     /// [`crate::egress::ca::BUNDLE_IN_SANDBOX`] and [`crate::egress::ca::CA_IN_SANDBOX`].
     pub trust: Option<crate::egress::ca::Trust>,
+    /// A resolv.conf (host path) mounted read-only at `/etc/resolv.conf`: a gVisor sandbox's on
+    /// a network, whose stack does not reach Docker's embedded resolver.
+    pub resolv_conf: Option<String>,
 }
 
 /// A Docker failure, with what was being done.

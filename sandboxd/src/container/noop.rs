@@ -251,6 +251,7 @@ mod tests {
             env: vec![],
             agent: None,
             trust: None,
+            resolv_conf: None,
         }
     }
 

@@ -439,6 +439,16 @@ impl EgressNetwork {
         }
     }
 
+    /// The bridge address its resolver listens on, once [`EgressNetwork::ensure`] bound it.
+    pub async fn gateway(&self) -> Option<Ipv4Addr> {
+        self.listening.lock().await.as_ref().map(|l| l.gateway)
+    }
+
+    /// The resolver its own asks (SANDBOXD_EGRESS_RESOLVER, or the node's).
+    pub fn upstream(&self) -> std::net::SocketAddr {
+        self.upstream.addr()
+    }
+
     /// Makes the network, binds the proxy and the resolver on its bridge address and installs
     /// its firewall, once; returns the network's name.
     pub async fn ensure(&self) -> Result<String, crate::container::network::NetworkError> {

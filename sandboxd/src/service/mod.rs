@@ -105,6 +105,9 @@ pub struct Settings {
     /// The trust bundle and egress CA every sandbox is given, read-only (see
     /// [`crate::egress::ca`]); `None`: none (unit tests).
     pub egress_trust: Option<crate::egress::ca::Trust>,
+    /// Where the resolv.conf files of gVisor sandboxes on a network are written
+    /// (`<state>/resolv`).
+    pub resolv_dir: PathBuf,
 }
 
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.

@@ -470,6 +470,8 @@ impl Core {
             }
         };
         let (cpus, memory, pids_limit) = self.shape(runtime, limits);
+        let oci_runtime = self.oci_runtime_of(runtime).await?;
+        let resolv_conf = self.gvisor_resolver(oci_runtime.as_deref(), mode).await;
         Ok(SandboxSpec {
             session: name.to_owned(),
             tenant: tenant.to_owned(),
@@ -482,7 +484,8 @@ impl Core {
             pids_limit,
             tmpfs_size: s.tmpfs_size.clone(),
             home_size: s.home_size.clone(),
-            oci_runtime: self.oci_runtime_of(runtime).await?,
+            oci_runtime,
+            resolv_conf,
             // The runtime's environment, then what points clients at the trust bundle (last:
             // it holds the system roots too, and the egress CA that credentials need).
             env: runtime
@@ -502,6 +505,54 @@ impl Core {
                 ServiceError::internal(format!("cannot prepare the agent folder of '{name}': {e}"))
             })?,
         })
+    }
+
+    /// The resolv.conf of a gVisor sandbox on a network. gVisor's network stack keeps the
+    /// sandbox's loopback to itself, so Docker's embedded resolver (127.0.0.11, served in the
+    /// container's namespace outside gVisor) is out of its reach; the sandbox is given a
+    /// resolver it reaches instead: on the egress network the bridge's address (its port 53 is
+    /// redirected to the egress resolver, as every sandbox's DNS there is), on the open network
+    /// the upstream the egress resolver asks (SANDBOXD_EGRESS_RESOLVER or the node's). `None`:
+    /// not gVisor, no network, or no upstream a resolv.conf can name (on loopback, or on
+    /// another port than 53: said in the log; names do not resolve then).
+    async fn gvisor_resolver(&self, oci: Option<&str>, mode: EgressMode) -> Option<String> {
+        if oci != Some(self.settings.gvisor_runtime.as_str()) || mode == EgressMode::None {
+            return None;
+        }
+        let egress = self.egress.as_ref()?;
+        let server = match mode {
+            EgressMode::Allowlist => std::net::IpAddr::V4(egress.gateway().await?),
+            _ => {
+                let upstream = egress.upstream();
+                if upstream.port() != 53
+                    || upstream.ip().is_loopback()
+                    || upstream.ip().is_unspecified()
+                {
+                    warn!(
+                        upstream = %upstream,
+                        "a gVisor sandbox on the open network cannot name the resolver {upstream} in its resolv.conf (it must be off loopback, on port 53): names will not resolve in it"
+                    );
+                    return None;
+                }
+                upstream.ip()
+            }
+        };
+        let path = self
+            .settings
+            .resolv_dir
+            .join(format!("nameserver-{server}.conf"));
+        if !path.exists() {
+            let written = std::fs::create_dir_all(&self.settings.resolv_dir).and_then(|()| {
+                let staged = path.with_extension("tmp");
+                std::fs::write(&staged, format!("nameserver {server}\noptions ndots:0\n"))?;
+                std::fs::rename(&staged, &path)
+            });
+            if let Err(e) = written {
+                warn!(path = %path.display(), error = %e, "cannot write a gVisor sandbox's resolv.conf: names will not resolve in it");
+                return None;
+            }
+        }
+        Some(path.display().to_string())
     }
 
     /// The CPUs, memory (bytes) and processes a sandbox of `runtime` with `limits` gets.

@@ -170,6 +170,7 @@ async fn main() -> Result<()> {
             env: vec![],
             agent: None,
             trust: None,
+            resolv_conf: None,
         };
         let t = Instant::now();
         let id = engine.create(&spec).await?;
