@@ -33,7 +33,10 @@ install_docker() {
 #             without nested virtualisation lack, and hangs there); --host-uds=create lets a
 #             program in the sandbox bind a Unix socket in a bind-mounted folder that host
 #             programs connect to (the resident agent's socket in /run/sandboxd; without it the
-#             socket exists only inside the sandbox). Its network is gVisor's own (the default
+#             socket exists only inside the sandbox). --directfs=false: the files' host
+#             descriptors are the gofer's, not the sentry's, so a sandbox that spends them all (a
+#             folder 20,000 deep) cannot take the sentry's control socket and make itself
+#             unkillable (docs/sandboxd.md, "Isolation"). Its network is gVisor's own (the default
 #             --network=sandbox): on a user-defined network Docker's resolver at 127.0.0.11 is
 #             out of its reach, so sandboxd mounts a resolv.conf of its own into a gVisor
 #             sandbox on a network (docs/sandboxd.md, "Names under gVisor").
@@ -43,7 +46,7 @@ config() {
   printf '{\n  "experimental": true,\n  "runtimes": {\n'
   printf '    "runc-alt": {"path": "%s"},\n' "$(command -v runc)"
   if command -v crun >/dev/null; then printf '    "crun": {"path": "%s"},\n' "$(command -v crun)"; fi
-  printf '    "runsc": {"path": "%s", "runtimeArgs": ["--platform=systrap", "--host-uds=create"]}\n' "$runsc"
+  printf '    "runsc": {"path": "%s", "runtimeArgs": ["--platform=systrap", "--host-uds=create", "--directfs=false"]}\n' "$runsc"
   printf '  }\n}\n'
 }
 

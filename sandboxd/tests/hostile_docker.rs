@@ -97,6 +97,10 @@ impl OwnDockerd {
                 "--iptables=false",
                 "--ip6tables=false",
             ])
+            // The project's dockerd's settings (`make up`): its OCI runtimes, gVisor's among
+            // them, so the suite's gVisor run (SANDBOXD_TEST_OCI_RUNTIME) runs here too.
+            .arg("--config-file")
+            .arg(common::repo().join(".dev").join("dockerd.json"))
             .args(["--containerd-namespace", &self.namespace])
             .args([
                 "--containerd-plugins-namespace",

@@ -343,13 +343,7 @@ async fn a_restart_installs_the_firewall_again_without_duplicates_and_remove_net
     // The session runs on, and a new one joins the same network.
     let s = open(&d, "net-r2", "org-r", "net").await;
     let ran = s
-        .run(
-            "net-r2",
-            "ls /sys/class/net | grep -c eth",
-            Some(10),
-            None,
-            None,
-        )
+        .run("net-r2", "grep -c eth /proc/net/dev", Some(10), None, None)
         .await
         .expect("run");
     assert_eq!(ran.stdout, "1\n");

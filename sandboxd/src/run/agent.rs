@@ -61,8 +61,12 @@ pub use crate::container::docker::LABEL_AGENT;
 /// on the host and in a sandboxd container, so Docker can bind it).
 pub const BIN_FOLDER: &str = ".sandboxd-agent";
 
-/// How long a connect, the handshake or a short request may take.
+/// How long a connect or a short request may take.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the agent may take to answer a handshake: longer than [`IO_TIMEOUT`], since the
+/// first after a start is answered once the sandbox has booted, which a gVisor sandbox held to
+/// a small CPU share does in seconds (its kernel boots in the sandbox's own CPU share).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a freshly started container's agent may take to listen.
 const LISTEN_WAIT: Duration = Duration::from_secs(5);
 /// What sandboxd adds to a run's timeout before it stops waiting for the agent's own.
@@ -401,7 +405,7 @@ impl AgentRunner {
         if let Some(m) = request {
             hello.extend(proto::encode_msg(m));
         }
-        let welcome = tokio::time::timeout(IO_TIMEOUT, async {
+        let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             conn.w
                 .write_all(&hello)
                 .await
@@ -412,7 +416,7 @@ impl AgentRunner {
         .map_err(|_| {
             // A gVisor sandbox quiesced for a checkpoint that never came may still accept on
             // the host and never answer: its agent listens again once it sees the marker.
-            self.let_rebind(session);
+            let _ = self.let_rebind(session);
             Refused {
                 message: "the agent did not answer the handshake".to_owned(),
                 // It was written a request it may act on yet.
@@ -530,7 +534,7 @@ impl AgentRunner {
         // An agent quiesced for a checkpoint that never came (sandboxd was killed between the
         // two) waits for the marker to listen again: this run goes through Docker exec, the
         // next through the agent.
-        self.let_rebind(&spec.session);
+        let _ = self.let_rebind(&spec.session);
         Ok(Reached::Fallback(format!(
             "its agent does not answer: {}",
             last.message
@@ -694,8 +698,8 @@ impl AgentRunner {
     /// Puts the resume marker in the session's run folder: an agent quiesced for a checkpoint
     /// binds its socket again (see `sandbox_agent::pause`); any other ignores it, and the next
     /// quiesce removes it first.
-    fn let_rebind(&self, session: &str) {
-        let _ = std::fs::write(self.run_dir(session).join(RESUME_MARKER), b"");
+    fn let_rebind(&self, session: &str) -> io::Result<()> {
+        std::fs::write(self.run_dir(session).join(RESUME_MARKER), b"")
     }
 
     /// See [`Runner::quiesce`]: the marker of an earlier resume goes first (a binder that saw
@@ -742,7 +746,7 @@ impl Runner for AgentRunner {
     fn allow_resume(&self, session: &str) -> io::Result<()> {
         // The socket of the life before the checkpoint stays: gVisor's restore finds again
         // every file the sandbox knew (a missing one fails it); the binder replaces it.
-        std::fs::write(self.run_dir(session).join(RESUME_MARKER), b"")
+        self.let_rebind(session)
     }
 
     fn run<'a>(

@@ -110,6 +110,24 @@ pub struct Settings {
     pub resolv_dir: PathBuf,
 }
 
+/// What dockerd's gVisor runtime arguments lack of what sandboxd needs, each with why:
+/// `--host-uds=create` (the agent's socket reaches the host) and `--directfs=false` (a sandbox
+/// that spends its files' descriptors cannot make itself unkillable).
+fn missing_gvisor_args(args: &[String]) -> Vec<&'static str> {
+    let has = |flag: &str| {
+        args.iter()
+            .any(|a| a.trim_start_matches('-') == flag.trim_start_matches('-'))
+    };
+    let mut missing = Vec::new();
+    if !has("--host-uds=create") && !has("--host-uds=all") {
+        missing.push("--host-uds=create: without it the agent's socket is not reached and every run goes through Docker exec");
+    }
+    if !has("--directfs=false") {
+        missing.push("--directfs=false: without it a sandbox that walks 20,000 folders deep spends its kernel's descriptors and cannot be killed");
+    }
+    missing
+}
+
 /// Parses Docker's memory syntax (`64m`, `2g`) into bytes.
 pub fn parse_bytes(text: &str) -> Option<i64> {
     let text = text.trim();
@@ -309,12 +327,17 @@ impl Core {
         if let Ok(docker) = self.engine.docker() {
             match docker.client().info().await {
                 Ok(info) => {
-                    if info
-                        .runtimes
-                        .unwrap_or_default()
-                        .contains_key(&self.settings.gvisor_runtime)
-                    {
+                    let runtimes = info.runtimes.unwrap_or_default();
+                    if let Some(gvisor) = runtimes.get(&self.settings.gvisor_runtime) {
                         offered.push(Isolation::Gvisor);
+                        let args = gvisor.runtime_args.clone().unwrap_or_default();
+                        for missing in missing_gvisor_args(&args) {
+                            warn!(
+                                runtime = %self.settings.gvisor_runtime,
+                                missing,
+                                "dockerd's gVisor runtime lacks an argument sandboxd needs (docs/sandboxd.md, Isolation)"
+                            );
+                        }
                     }
                 }
                 Err(e) => warn!(error = %e, "cannot ask dockerd which OCI runtimes it offers"),
@@ -598,5 +621,27 @@ impl Core {
             self.settings.uid,
         )
         .with_trash(self.trash.clone())
+    }
+}
+
+#[cfg(test)]
+mod gvisor_args_tests {
+    use super::missing_gvisor_args;
+
+    #[test]
+    fn the_gvisor_runtimes_arguments_are_checked() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(
+            missing_gvisor_args(&args(&[
+                "--platform=systrap",
+                "--host-uds=create",
+                "--directfs=false"
+            ]))
+            .is_empty()
+        );
+        let missing = missing_gvisor_args(&args(&["--platform=systrap"]));
+        assert_eq!(missing.len(), 2);
+        assert!(missing[0].starts_with("--host-uds=create: "));
+        assert!(missing[1].starts_with("--directfs=false: "));
     }
 }

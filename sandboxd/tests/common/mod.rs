@@ -25,6 +25,12 @@ fn need(what: &str) -> String {
     })
 }
 
+/// Whether this run puts every sandbox on gVisor (`SANDBOXD_TEST_OCI_RUNTIME=runsc`, the
+/// hostile and wire suites' second run in `make e2e`).
+pub fn on_gvisor() -> bool {
+    std::env::var("SANDBOXD_TEST_OCI_RUNTIME").is_ok_and(|r| r == "runsc")
+}
+
 /// The local base image.
 pub fn base_image() -> String {
     need("SANDBOXD_BASE_IMAGE")
