@@ -58,6 +58,20 @@ async fn a_gvisor_runtime_runs_on_gvisors_kernel_and_is_the_same_sandbox_otherwi
     let (code, dmesg) = sh(&g, "g-1", "dmesg 2>&1 | head -n 3").await;
     assert_eq!(code, 0, "{dmesg}");
     assert!(dmesg.contains("gVisor"), "gVisor's kernel log: {dmesg}");
+    // uname -r is gVisor's own release, not the node's kernel.
+    let node_release = std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .expect("uname runs");
+    let node_release = String::from_utf8_lossy(&node_release.stdout).into_owned();
+    let (code, release) = sh(&g, "g-1", "uname -r").await;
+    assert_eq!(code, 0, "{release}");
+    assert_ne!(release, node_release, "gVisor's release, not the node's");
+    assert_eq!(
+        sh(&r, "r-1", "uname -r").await,
+        (0, node_release),
+        "runc shows the node's kernel"
+    );
     let (_, node_dmesg) = sh(&r, "r-1", "dmesg 2>&1 | head -n 3").await;
     assert!(
         !node_dmesg.contains("gVisor"),
