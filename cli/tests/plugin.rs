@@ -383,26 +383,27 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     let memory_kept = |reason: &'static str| {
         let sessions = sessions.clone();
         async move {
-            loop {
-                let s = sessions.get("g1").await.expect("g1");
-                let status = s.status.unwrap_or_default();
-                let found = status
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == "MemoryKept")
-                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
-                if found.as_ref().is_some_and(|c| c.1 == reason) {
-                    return (status.phase, found);
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
+            sandboxd_tests::until(
+                &format!("g1's MemoryKept is {reason}"),
+                std::time::Duration::from_secs(60),
+                async || {
+                    let s = sessions.get("g1").await.map_err(|e| e.to_string())?;
+                    let status = s.status.unwrap_or_default();
+                    let found = status
+                        .conditions
+                        .iter()
+                        .find(|c| c.type_ == "MemoryKept")
+                        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+                    match &found {
+                        Some(c) if c.1 == reason => Ok((status.phase, found)),
+                        _ => Err(format!("{found:?}")),
+                    }
+                },
+            )
+            .await
         }
     };
-    let (phase, condition) = within(
-        std::time::Duration::from_secs(60),
-        memory_kept("Checkpointed"),
-    )
-    .await;
+    let (phase, condition) = memory_kept("Checkpointed").await;
     assert_eq!(
         condition,
         Some((
@@ -430,7 +431,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         out, "kept\nsleeper\n",
         "the memory and the process are back"
     );
-    within(std::time::Duration::from_secs(60), memory_kept("Restored")).await;
+    memory_kept("Restored").await;
     let refused = plugin(&ns, &["pause", "s1"]);
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused).1;

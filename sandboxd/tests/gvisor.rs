@@ -462,14 +462,12 @@ async fn kill_9_of_sandboxd_during_a_sleep_with_memory_leaves_a_session_that_wak
         let g = d.client(&token);
         // A run while Docker still checkpoints the sandbox (it is paused for it) is answered
         // with an error; a moment later the session runs.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while let Err(e) = g.run(&name, "true", Some(30), None, None).await {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "trial {trial} (kill after {delay_ms} ms): the session does not run: {e}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+        common::until(
+            &format!("trial {trial} (kill after {delay_ms} ms): the session runs"),
+            std::time::Duration::from_secs(30),
+            async || g.run(&name, "true", Some(30), None, None).await,
+        )
+        .await;
         let out = what_survived(&g, &name, &pid).await;
         assert!(
             out == "sleeper\nin-memory\non-disk\n200\n" || out == "on-disk\nno answer\n",

@@ -93,25 +93,24 @@ impl Core {
                 let Some(c) = row.container_id.clone() else {
                     return Err(refused(format!("session '{id}' has no container to pause")));
                 };
-                if let Err(why) = self.checkpoint_noted(id, &c).await {
-                    // A checkpoint that failed half-way may have stopped the container.
-                    if self.engine.running(&c).await.ok().flatten() == Some(true) {
-                        return Err(refused(format!(
-                            "session '{id}' could not be paused: {why}; it runs on as it was"
-                        )));
-                    }
-                    self.store
-                        .transition(id, &[State::Running], State::Stopped)
-                        .await
-                        .map_err(db)?;
+                let checkpointed = self.checkpoint_noted(id, &c).await;
+                // A checkpoint that failed half-way may have stopped the container, or not.
+                if let Err(why) = &checkpointed
+                    && self.engine.running(&c).await.ok().flatten() == Some(true)
+                {
                     return Err(refused(format!(
-                        "session '{id}' could not be paused: {why}; its container stopped, so it is asleep without its memory"
+                        "session '{id}' could not be paused: {why}; it runs on as it was"
                     )));
                 }
                 self.store
                     .transition(id, &[State::Running], State::Stopped)
                     .await
                     .map_err(db)?;
+                if let Err(why) = checkpointed {
+                    return Err(refused(format!(
+                        "session '{id}' could not be paused: {why}; its container stopped, so it is asleep without its memory"
+                    )));
+                }
                 info!(session = id, "session paused");
             }
             unsettled => return Err(ServiceError::unsettled(id, unsettled)),
@@ -250,8 +249,10 @@ impl Core {
             .as_deref()
             .and_then(|json| serde_json::from_str::<MemoryNote>(json).ok())
             .is_some_and(|n| n.op == MemoryOp::Checkpoint && n.kept);
-        self.release_checkpoint(&row.id).await;
+        // Only a kept checkpoint is held against the budget: nothing to do for the others
+        // (every runc session's wake and reclaim).
         if slept_with_memory {
+            self.release_checkpoint(&row.id).await;
             self.note(&row.id, Op::Restore, Some(why), std::time::Instant::now())
                 .await;
         }

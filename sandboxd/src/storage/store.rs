@@ -548,12 +548,11 @@ impl Store {
     /// Session `id`'s checkpoint is gone (restored, dropped, or removed with its container):
     /// it no longer counts against the budget.
     pub async fn release_checkpoint(&self, id: &str) -> Result<(), sqlx::Error> {
-        self.update(
-            "UPDATE sessions SET checkpoint_bytes = 0 WHERE id = ?1 AND checkpoint_bytes <> ?2",
-            id,
-            "0",
-        )
-        .await
+        sqlx::query("UPDATE sessions SET checkpoint_bytes = 0 WHERE id = ?1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Records what session `id`'s last checkpoint or restore did (JSON).
