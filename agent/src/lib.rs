@@ -1,6 +1,7 @@
 //! The resident in-container agent of sandboxd. sandboxd mounts this static binary read-only
 //! into every sandbox as its PID 1: it reaps zombies, forwards signals, and serves runs to
-//! sandboxd over a Unix socket in the session's run folder (see [`proto`]). It uses no network,
+//! sandboxd over a Unix socket in the session's run folder (see [`proto`]): runs, terminals and
+//! connections to the sandbox's own ports. It dials nothing but the sandbox's loopback, and uses
 //! no name service and no dynamic library, so it runs in any image, a busybox one included.
 //!
 //! sandboxd embeds the binary of its own build and copies it into the host folder at start, so
@@ -8,6 +9,10 @@
 
 #[cfg(target_os = "linux")]
 pub mod pause;
+#[cfg(target_os = "linux")]
+mod ports;
 pub mod proto;
 #[cfg(target_os = "linux")]
 pub mod server;
+#[cfg(target_os = "linux")]
+pub mod terminal;

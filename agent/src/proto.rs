@@ -21,13 +21,35 @@
 //! - [`Msg::Quiesce`]: before a checkpoint (gVisor): the agent shuts its other connections and
 //!   closes its listener, answers [`Msg::Quiesced`] and closes this connection too; it binds its
 //!   socket again after the restore (see [`crate::pause`]). Runs go on.
+//!
+//! Terminals (protocol 2, [`TERMINALS_PROTOCOL`]): a program on a pseudo-terminal that outlives
+//! the connection that opened it or watches it.
+//!
+//! - [`Msg::TermOpen`]: starts one; answers [`Msg::TermOpened`] (or [`Msg::Error`]: codes
+//!   `terminal_limit`, `terminal_exists`, `spawn_failed`, `bad_request`) and closes.
+//! - [`Msg::TermAttach`]: answers [`Msg::TermAttached`], then the terminal's kept output (its
+//!   scrollback) and its live output as stdout frames, then [`Msg::TermExit`] once its program
+//!   ended, and closes. On this connection sandboxd sends input as stdin frames and
+//!   [`Msg::TermResize`]; closing it detaches (the terminal runs on). `no_such_terminal` for an
+//!   unknown id.
+//! - [`Msg::TermList`]: answers [`Msg::TermListReply`].
+//! - [`Msg::TermKill`]: ends a terminal's program and everything of its session; answers
+//!   [`Msg::TermKilled`].
+//!
+//! Ports (protocol 2 too): [`Msg::PortConnect`] connects to a port on the sandbox's own
+//! loopback, inside its network namespace (so it works with no network at all); after
+//! [`Msg::PortConnected`] the connection carries the TCP stream's bytes both ways, unframed,
+//! until either side closes (each side's end is passed on as a half-close). Refused with
+//! `port_closed` (nothing answers there) or `bad_request`.
 
 use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
 /// The newest protocol this build speaks.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
+/// The first protocol with terminals ([`Msg::TermOpen`] and the rest).
+pub const TERMINALS_PROTOCOL: u32 = 2;
 /// The oldest protocol this build still speaks.
 pub const MIN_PROTOCOL: u32 = 1;
 /// The largest frame either side accepts.
@@ -50,6 +72,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 const KIND_MSG: u8 = 0;
 const KIND_STDOUT: u8 = 1;
 const KIND_STDERR: u8 = 2;
+const KIND_STDIN: u8 = 3;
 
 /// What a run executes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +129,76 @@ pub struct RunState {
     /// Its stderr so far (capped, lossy UTF-8).
     #[serde(default)]
     pub stderr: String,
+}
+
+/// What a terminal runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermRequest {
+    /// The terminal id (unique among the agent's terminals).
+    pub term_id: String,
+    /// The program and its arguments; empty: a login shell (`bash -l`, else `sh -l`).
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// Extra environment, on top of the container's (`TERM` is `xterm-256color` unless given).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory; the container's (`/workspace`) when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Its size in rows.
+    pub rows: u16,
+    /// Its size in columns.
+    pub cols: u16,
+    /// Refused (`terminal_limit`) when this many of the agent's terminals are running.
+    pub max_terminals: u32,
+    /// Closed after this long with no input, no output and nobody attached; 0: never.
+    #[serde(default)]
+    pub idle_timeout_ms: u64,
+    /// The most output kept for a re-attach (the newest bytes).
+    pub scrollback_bytes: u64,
+}
+
+/// How a terminal's program ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermExit {
+    /// Exit status: the program's; 128 + n after signal n.
+    pub exit_code: i64,
+    /// The signal that ended the program, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Why it ended: `exited` (by itself), `killed` ([`Msg::TermKill`]) or `idle` (its idle
+    /// time ran out).
+    pub reason: String,
+}
+
+/// A terminal as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermInfo {
+    /// The terminal id.
+    pub term_id: String,
+    /// Its program's pid (and session id) in the sandbox.
+    pub pid: i32,
+    /// What it runs.
+    pub argv: Vec<String>,
+    /// Its size in rows.
+    pub rows: u16,
+    /// Its size in columns.
+    pub cols: u16,
+    /// Whether its program still runs.
+    pub running: bool,
+    /// How it ended, once it did.
+    #[serde(default)]
+    pub exit: Option<TermExit>,
+    /// Connections attached to it now.
+    pub attached: u32,
+    /// Bytes written to it.
+    pub input_bytes: u64,
+    /// Bytes it printed.
+    pub output_bytes: u64,
+    /// Milliseconds since its last input or output.
+    pub idle_ms: u64,
+    /// Milliseconds since it started.
+    pub age_ms: u64,
 }
 
 /// A JSON message.
@@ -179,6 +272,58 @@ pub enum Msg {
         /// Ids of the runs in flight.
         running: Vec<String>,
     },
+    /// sandboxd: start a terminal.
+    TermOpen(TermRequest),
+    /// Agent: the terminal started.
+    TermOpened {
+        /// The terminal (boxed: a message is as large as its largest kind).
+        term: Box<TermInfo>,
+    },
+    /// sandboxd: stream a terminal's kept and live output, and send it input.
+    TermAttach {
+        /// The terminal id.
+        term_id: String,
+    },
+    /// Agent: answer to [`Msg::TermAttach`]; `scrollback` bytes of kept output follow first.
+    TermAttached {
+        /// The terminal (boxed, as in [`Msg::TermOpened`]).
+        term: Box<TermInfo>,
+        /// Bytes of kept output sent before the live stream.
+        scrollback: u64,
+    },
+    /// sandboxd, on an attach connection: the terminal's new size.
+    TermResize {
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+    /// Agent, on an attach connection: the terminal's program ended (the last frame).
+    TermExit(TermExit),
+    /// sandboxd: end a terminal.
+    TermKill {
+        /// The terminal id.
+        term_id: String,
+    },
+    /// Agent: answer to [`Msg::TermKill`].
+    TermKilled {
+        /// Whether such a terminal was running.
+        found: bool,
+    },
+    /// sandboxd: the agent's terminals.
+    TermList,
+    /// Agent: answer to [`Msg::TermList`], running and recently ended ones.
+    TermListReply {
+        /// The terminals.
+        terms: Vec<TermInfo>,
+    },
+    /// sandboxd: connect to `127.0.0.1:port` (else `[::1]:port`) in the sandbox.
+    PortConnect {
+        /// The port.
+        port: u16,
+    },
+    /// Agent: connected; the port's bytes follow, unframed.
+    PortConnected,
     /// Agent: the request failed.
     Error {
         /// A stable code (`wrong_session`, `no_protocol`, `run_exists`, `spawn_failed`,
@@ -199,6 +344,8 @@ pub enum Frame {
     Stdout(Vec<u8>),
     /// Bytes on a run's stderr.
     Stderr(Vec<u8>),
+    /// Input for a terminal (sandboxd to the agent, on an attach connection).
+    Stdin(Vec<u8>),
 }
 
 /// A frame that could not be read.
@@ -239,12 +386,18 @@ pub fn encode_output(stderr: bool, bytes: &[u8]) -> Vec<u8> {
     encode(if stderr { KIND_STDERR } else { KIND_STDOUT }, bytes)
 }
 
+/// Encodes a terminal's input frame.
+pub fn encode_input(bytes: &[u8]) -> Vec<u8> {
+    encode(KIND_STDIN, bytes)
+}
+
 /// Encodes a frame.
 pub fn encode_frame(frame: &Frame) -> Vec<u8> {
     match frame {
         Frame::Msg(m) => encode_msg(m),
         Frame::Stdout(b) => encode_output(false, b),
         Frame::Stderr(b) => encode_output(true, b),
+        Frame::Stdin(b) => encode_input(b),
     }
 }
 
@@ -281,6 +434,7 @@ pub fn decode(body: Vec<u8>) -> Result<Frame, FrameError> {
             .map_err(|e| FrameError::Protocol(format!("bad message: {e}"))),
         KIND_STDOUT => Ok(Frame::Stdout(payload.to_vec())),
         KIND_STDERR => Ok(Frame::Stderr(payload.to_vec())),
+        KIND_STDIN => Ok(Frame::Stdin(payload.to_vec())),
         k => Err(FrameError::Protocol(format!("unknown frame kind {k}"))),
     }
 }
@@ -366,7 +520,7 @@ mod tests {
     #[test]
     fn negotiation_picks_the_newest_shared_protocol() {
         assert_eq!(negotiate(&[1]), Some(1));
-        assert_eq!(negotiate(&[1, 2, 99]), Some(PROTOCOL.max(1)));
+        assert_eq!(negotiate(&[1, 2, 99]), Some(2));
         assert_eq!(negotiate(&[0, 99]), None);
         assert_eq!(negotiate(&[]), None);
     }
@@ -433,6 +587,7 @@ mod props {
             msg().prop_map(Frame::Msg),
             prop::collection::vec(any::<u8>(), 0..2048).prop_map(Frame::Stdout),
             prop::collection::vec(any::<u8>(), 0..2048).prop_map(Frame::Stderr),
+            prop::collection::vec(any::<u8>(), 0..2048).prop_map(Frame::Stdin),
         ]
     }
 

@@ -1,7 +1,8 @@
 //! The agent itself: PID 1 of a sandbox. It reaps every zombie, forwards signals, and serves
 //! runs on its Unix socket. Plain threads: a run is a process group, one thread reading its two
 //! pipes (without blocking, so the supervisor may read them too), one supervising its timeout
-//! and exit; a connection is one thread writing and one reading.
+//! and exit; a connection is one thread writing and one reading. Terminals are in
+//! [`crate::terminal`]; this serves their requests and reaps their programs.
 //!
 //! Over 600 lines: the agent's side of its one protocol (hello, run, output, stop, status), which reads best in one place.
 
@@ -27,12 +28,13 @@ use nix::unistd::Pid;
 
 use crate::pause::{Binder, Gate, Tracked};
 use crate::proto::{self, Frame, Msg, RunExit, RunRequest, RunState};
+use crate::terminal::{self, Terminals};
 
 /// How long output may keep coming after a run's program exited (background jobs that hold
 /// its stdout); the run is reported then, and its group keeps running. What the program itself
 /// wrote is read before the run is reported, whether its reader got time or not: see
 /// [`Pipes::drain`].
-const EXIT_GRACE: Duration = Duration::from_millis(100);
+pub(crate) const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// Reads of one pipe in one drain: 16 chunks are 1 MiB, the most a pipe can hold
 /// (`/proc/sys/fs/pipe-max-size`, whose default no sandbox can raise), so a drain reads all a
 /// pipe held when it began, and a job that writes on for ever never keeps it going.
@@ -40,11 +42,11 @@ const DRAIN_READS: usize = 16;
 /// How long a connection served without a thread of its own may take to send a frame.
 const CROWDED_READ: Duration = Duration::from_secs(2);
 /// How long a stop or timeout waits for the killed group to be gone.
-const KILL_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(3);
 /// Finished runs kept for [`Msg::Status`] and [`Msg::Attach`].
 const KEEP_FINISHED: usize = 64;
 /// The largest output frame.
-const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// How the agent is started.
 #[derive(Debug, Clone)]
@@ -144,6 +146,17 @@ impl Pipes {
     }
 }
 
+/// What the reaper hands a program's wait status to: the run or terminal it leads.
+pub(crate) trait Leader: Send + Sync {
+    /// The program exited: its wait status and the CPU time it and its waited-for children
+    /// used.
+    fn reaped(&self, status: WaitStatus, cpu_ns: u64);
+}
+
+/// The programs the reaper hands statuses to, by pid. Held while spawning and while reaping,
+/// so a program cannot be reaped before its owner is registered.
+pub(crate) type Leaders = Mutex<HashMap<i32, Arc<dyn Leader>>>;
+
 /// One run.
 struct Run {
     id: String,
@@ -153,6 +166,13 @@ struct Run {
     pipes: Pipes,
     state: Mutex<Out>,
     changed: Condvar,
+}
+
+impl Leader for Run {
+    fn reaped(&self, status: WaitStatus, cpu_ns: u64) {
+        self.lock().leader = Some((status, cpu_ns, Instant::now()));
+        self.changed.notify_all();
+    }
 }
 
 impl Run {
@@ -220,14 +240,24 @@ pub fn kill_group(pgid: Pid) {
 fn group_alive(pgid: Pid) -> bool {
     let want = pgid.as_raw();
     match processes() {
-        Some(all) => all.iter().any(|&(_, pgrp)| pgrp == want),
+        Some(all) => all.iter().any(|p| p.pgrp == want),
         None => killpg(pgid, None).is_ok(),
     }
 }
 
-/// Every live process (not a zombie) the agent can see, as its pid and process group, read
-/// from /proc; `None` when /proc cannot be read.
-fn processes() -> Option<Vec<(i32, i32)>> {
+/// A live process, as /proc shows it.
+pub(crate) struct Proc {
+    /// Its pid.
+    pub(crate) pid: i32,
+    /// Its process group.
+    pub(crate) pgrp: i32,
+    /// Its session.
+    pub(crate) session: i32,
+}
+
+/// Every live process (not a zombie) the agent can see, read from /proc; `None` when /proc
+/// cannot be read.
+pub(crate) fn processes() -> Option<Vec<Proc>> {
     let dir = std::fs::read_dir("/proc").ok()?;
     let mut found = Vec::new();
     for entry in dir.flatten() {
@@ -238,18 +268,19 @@ fn processes() -> Option<Vec<(i32, i32)>> {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        // pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
             continue;
         };
         let mut fields = rest.split_whitespace();
         let state = fields.next();
         let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if let Some(pgrp) = pgrp
+        let session = fields.next().and_then(|p| p.parse::<i32>().ok());
+        if let (Some(pgrp), Some(session)) = (pgrp, session)
             && state != Some("Z")
             && state != Some("X")
         {
-            found.push((pid, pgrp));
+            found.push(Proc { pid, pgrp, session });
         }
     }
     Some(found)
@@ -260,13 +291,15 @@ struct Agent {
     session: String,
     runs: Mutex<HashMap<String, Arc<Run>>>,
     finished: Mutex<Vec<String>>,
-    /// Held while spawning and while reaping, so a program cannot be reaped before its run is
-    /// registered as the owner of its pid.
-    leaders: Mutex<HashMap<i32, Arc<Run>>>,
+    /// Held while spawning and while reaping, so a program cannot be reaped before its run or
+    /// terminal is registered as the owner of its pid.
+    leaders: Leaders,
+    terms: Arc<Terminals>,
     pid1: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks a mutex, poisoned or not (a panicked holder leaves nothing half-done that matters).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -312,7 +345,8 @@ fn sandbox_cpu_ns() -> u64 {
 }
 
 impl Agent {
-    /// Reaps every child that has exited; a run's program hands its status to the run.
+    /// Reaps every child that has exited; a run's or terminal's program hands its status to
+    /// its owner.
     fn reap(&self) {
         let mut leaders = lock(&self.leaders);
         loop {
@@ -324,10 +358,9 @@ impl Agent {
                 Ok(status) => {
                     let cpu = children_cpu().saturating_sub(before);
                     if let Some(pid) = status.pid()
-                        && let Some(run) = leaders.remove(&pid.as_raw())
+                        && let Some(leader) = leaders.remove(&pid.as_raw())
                     {
-                        run.lock().leader = Some((status, cpu, Instant::now()));
-                        run.changed.notify_all();
+                        leader.reaped(status, cpu);
                     }
                 }
             }
@@ -518,10 +551,15 @@ impl Agent {
             .map(|r| r.pgid.as_raw())
             .collect();
         let (groups, loose): (BTreeSet<i32>, Vec<i32>) = if self.pid1 {
+            // A terminal's jobs have groups of their own: its session tells them.
+            let terminals = self.terms.sessions();
             let stray: Vec<(i32, i32)> = processes()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|&(pid, pgrp)| pid != 1 && !running.contains(&pgrp))
+                .filter(|p| {
+                    p.pid != 1 && !running.contains(&p.pgrp) && !terminals.contains(&p.session)
+                })
+                .map(|p| (p.pid, p.pgrp))
                 .collect();
             (
                 stray.iter().map(|&(_, g)| g).filter(|&g| g > 1).collect(),
@@ -642,6 +680,70 @@ impl Agent {
             Msg::Attach { .. } if crowded => {
                 proto::write_msg(&mut conn, &crowded_error("a stream of the run", None))?;
             }
+            Msg::TermOpen(_) | Msg::TermAttach { .. } | Msg::TermList | Msg::TermKill { .. }
+                if protocol < proto::TERMINALS_PROTOCOL =>
+            {
+                proto::write_msg(
+                    &mut conn,
+                    &error(
+                        "bad_request",
+                        format!(
+                            "terminals need protocol {}, not {protocol}",
+                            proto::TERMINALS_PROTOCOL
+                        ),
+                    ),
+                )?;
+            }
+            Msg::PortConnect { .. } if protocol < proto::TERMINALS_PROTOCOL => {
+                proto::write_msg(
+                    &mut conn,
+                    &error(
+                        "bad_request",
+                        format!(
+                            "ports need protocol {}, not {protocol}",
+                            proto::TERMINALS_PROTOCOL
+                        ),
+                    ),
+                )?;
+            }
+            Msg::PortConnect { port } if crowded => {
+                proto::write_msg(
+                    &mut conn,
+                    &crowded_error(&format!("a connection to port {port}"), None),
+                )?;
+            }
+            Msg::PortConnect { port } => crate::ports::connect(port, conn, tracked)?,
+            Msg::TermOpen(req) if crowded => {
+                let program = req.argv.first().map_or("a terminal", String::as_str);
+                proto::write_msg(&mut conn, &crowded_error(program, None))?;
+            }
+            Msg::TermAttach { .. } if crowded => {
+                proto::write_msg(&mut conn, &crowded_error("a stream of the terminal", None))?;
+            }
+            Msg::TermOpen(req) => match self.terms.open(req, &self.leaders) {
+                Ok(term) => proto::write_msg(
+                    &mut conn,
+                    &Msg::TermOpened {
+                        term: Box::new(term.info()),
+                    },
+                )?,
+                Err(msg) => proto::write_msg(&mut conn, &msg)?,
+            },
+            Msg::TermAttach { term_id } => match self.terms.get(&term_id) {
+                Some(term) => terminal::attach(&term, conn, tracked)?,
+                None => proto::write_msg(
+                    &mut conn,
+                    &error("no_such_terminal", format!("no terminal '{term_id}'")),
+                )?,
+            },
+            Msg::TermList => {
+                let terms = self.terms.list();
+                proto::write_msg(&mut conn, &Msg::TermListReply { terms })?;
+            }
+            Msg::TermKill { term_id } => {
+                let found = self.terms.kill(&term_id);
+                proto::write_msg(&mut conn, &Msg::TermKilled { found })?;
+            }
             Msg::Run(req) => match self.start(req) {
                 Ok(run) => {
                     proto::write_msg(
@@ -730,7 +832,8 @@ fn process_limit() -> Option<u64> {
         .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
 }
 
-fn error(code: &str, message: impl Into<String>) -> Msg {
+/// An error answer.
+pub(crate) fn error(code: &str, message: impl Into<String>) -> Msg {
     Msg::Error {
         code: code.to_owned(),
         message: message.into(),
@@ -893,6 +996,7 @@ pub fn main(opts: Options) -> io::Result<i32> {
         runs: Mutex::default(),
         finished: Mutex::default(),
         leaders: Mutex::default(),
+        terms: Arc::default(),
         pid1: std::process::id() == 1,
     });
     let listener = bind(&opts.socket)
@@ -1045,26 +1149,35 @@ fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Reaps until no child is left or the grace period ends.
+/// Hangs up the terminals, then reaps until no child is left or the grace period ends; what
+/// is left of the terminals' sessions then is killed (their jobs need not be the agent's
+/// children).
 fn shutdown(agent: &Agent) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline {
+    agent.terms.signal_all(Signal::SIGHUP);
+    let start = Instant::now();
+    let mut hung_up = true;
+    while start.elapsed() < Duration::from_secs(3) {
+        if hung_up && start.elapsed() >= Duration::from_secs(1) {
+            agent.terms.signal_all(Signal::SIGKILL);
+            hung_up = false;
+        }
         agent.reap();
         if matches!(
             waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)),
             Err(Errno::ECHILD)
         ) {
-            return;
+            break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    agent.terms.signal_all(Signal::SIGKILL);
 }
 
 /// Starts `f` on a thread of its own, retrying while the sandbox's process limit leaves no room
 /// for a thread (a fork bomb at the pids limit): `std::thread::spawn` would panic there and
 /// take the agent's accept loop or a run's supervisor with it. After about 10 s without a
 /// thread the work runs on the caller's thread rather than being lost.
-fn spawn_thread<F: FnOnce() + Send + 'static>(f: F) {
+pub(crate) fn spawn_thread<F: FnOnce() + Send + 'static>(f: F) {
     type Job = Box<dyn FnOnce() + Send>;
     let job: Arc<Mutex<Option<Job>>> = Arc::new(Mutex::new(Some(Box::new(f))));
     for attempt in 0..200u64 {

@@ -39,6 +39,12 @@ pub enum Op {
     /// A wake of a gvisor session from its checkpoint; failed: it woke fresh with its files
     /// (the reason in `target`).
     Restore,
+    /// A terminal opened (the target: its id and program) or ended (its id, how it ended and
+    /// the bytes typed and printed; `bytes` their sum, `exit_code` its program's).
+    Terminal,
+    /// A connection to an open port of the sandbox (the target: the port and the route it
+    /// came through).
+    Port,
 }
 
 impl Op {
@@ -55,6 +61,8 @@ impl Op {
             Op::Credentials => "credentials",
             Op::Checkpoint => "checkpoint",
             Op::Restore => "restore",
+            Op::Terminal => "terminal",
+            Op::Port => "port",
         }
     }
 
@@ -71,6 +79,8 @@ impl Op {
             "credentials" => Op::Credentials,
             "checkpoint" => Op::Checkpoint,
             "restore" => Op::Restore,
+            "terminal" => Op::Terminal,
+            "port" => Op::Port,
             _ => return None,
         })
     }

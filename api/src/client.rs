@@ -18,11 +18,16 @@ use crate::error::{ErrorBody, ErrorCode};
 use crate::files::{Entry, Listing, Tree};
 use crate::headers::{AGENT_HEADER, RUN_HEADER, TRACEPARENT_HEADER};
 use crate::policy::PolicyView;
+use crate::port_socket::PortSocket;
+use crate::ports::{PortList, PortRequest};
 use crate::routes::Index;
 use crate::run::{RunEvent, RunOutcome, RunRequest, RunStatus};
 use crate::runtimes::RuntimeList;
 use crate::session::{Destroyed, Limits, OpenRequest, Opened, RebuildRequest, SessionView};
+use crate::terminal::{Terminal, TerminalKilled, TerminalList, TerminalRequest};
+use crate::ws::TerminalSocket;
 use sandboxd_catalog::CatalogEntry;
+use tokio_tungstenite::WebSocketStream;
 
 /// The most a read allocates up front from the size the server announces.
 const MAX_PREALLOCATE: u64 = 256 * 1024 * 1024;
@@ -339,14 +344,9 @@ impl Client {
         self.transport(error_chain(&e))
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        route: &str,
-        path: &str,
-        body: Option<reqwest::Body>,
-        json_body: Option<serde_json::Value>,
-    ) -> Result<reqwest::Response, ClientError> {
+    /// A request of `method` to `path` with this client's token, deadline, actor and trace
+    /// context.
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -363,6 +363,18 @@ impl Client {
         if let Some(t) = &self.traceparent {
             req = req.header(TRACEPARENT_HEADER, t);
         }
+        req
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Option<reqwest::Body>,
+        json_body: Option<serde_json::Value>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut req = self.request(method, path);
         if let Some(v) = json_body {
             req = req.json(&v);
         } else if let Some(b) = body {
@@ -372,10 +384,19 @@ impl Client {
         if resp.status().is_success() {
             return Ok(resp);
         }
+        Err(self.refusal(route, path, resp).await)
+    }
+
+    /// The error an answer of `route` (asked at `path`) that is not a success stands for: the
+    /// server's own error body, or, without one, a version mismatch (404, 405) or the status.
+    async fn refusal(&self, route: &str, path: &str, resp: reqwest::Response) -> ClientError {
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| self.transport(e))?;
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => return self.transport(e),
+        };
         let parsed: Option<ErrorBody> = serde_json::from_slice(&bytes).ok();
-        Err(match parsed.map(|b| (b.code, b.message)) {
+        match parsed.map(|b| (b.code, b.message)) {
             Some((ErrorCode::SessionNotFound, _)) => {
                 let route_path = path.split('?').next().unwrap_or_default();
                 let id = route_path.split('/').nth(3).unwrap_or_default();
@@ -401,7 +422,7 @@ impl Client {
                 code: ErrorCode::HttpError,
                 message: String::from_utf8_lossy(&bytes).into_owned(),
             },
-        })
+        }
     }
 
     async fn json<T: DeserializeOwned>(
@@ -744,6 +765,192 @@ impl Client {
         )
         .await
         .map(|_| ())
+    }
+
+    /// Opens a terminal in the session's sandbox (`POST /v1/sessions/{id}/terminals`): a login
+    /// shell, or `req.command` under `/bin/sh -c`, of `req.rows` by `req.cols`. It runs until its
+    /// program ends or it is killed, attached or not ([`Client::attach_terminal`]).
+    pub async fn open_terminal(
+        &self,
+        id: &str,
+        req: &TerminalRequest,
+    ) -> Result<Terminal, ClientError> {
+        let body = serde_json::to_value(req).map_err(|e| self.transport(e))?;
+        self.json(
+            Method::POST,
+            "POST /v1/sessions/{id}/terminals",
+            &format!("/v1/sessions/{}/terminals", enc(id)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// The session's terminals, running ones first, then recently ended ones
+    /// (`GET /v1/sessions/{id}/terminals`).
+    pub async fn terminals(&self, id: &str) -> Result<Vec<Terminal>, ClientError> {
+        Ok(self
+            .json::<TerminalList>(
+                Method::GET,
+                "GET /v1/sessions/{id}/terminals",
+                &format!("/v1/sessions/{}/terminals", enc(id)),
+                None,
+            )
+            .await?
+            .terminals)
+    }
+
+    /// Ends a terminal: its program and everything it started
+    /// (`DELETE /v1/sessions/{id}/terminals/{terminal_id}`); an unknown one is 404
+    /// `terminal_not_found`.
+    pub async fn kill_terminal(
+        &self,
+        id: &str,
+        terminal_id: &str,
+    ) -> Result<TerminalKilled, ClientError> {
+        self.json(
+            Method::DELETE,
+            "DELETE /v1/sessions/{id}/terminals/{terminal_id}",
+            &format!("/v1/sessions/{}/terminals/{}", enc(id), enc(terminal_id)),
+            None,
+        )
+        .await
+    }
+
+    /// Attaches to a terminal (`GET /v1/sessions/{id}/terminals/{terminal_id}/attach`): a
+    /// WebSocket over this client's own connection (its TLS trust), that first says which
+    /// terminal it is, then carries its scrollback and live output, and last how it ended. A
+    /// refusal before the upgrade is the server's error, as for any other call (404
+    /// `terminal_not_found`, …). Dropping the socket leaves the terminal running.
+    pub async fn attach_terminal(
+        &self,
+        id: &str,
+        terminal_id: &str,
+    ) -> Result<TerminalSocket, ClientError> {
+        let ws = self
+            .websocket(
+                "GET /v1/sessions/{id}/terminals/{terminal_id}/attach",
+                &format!(
+                    "/v1/sessions/{}/terminals/{}/attach",
+                    enc(id),
+                    enc(terminal_id)
+                ),
+                &format!("terminal {terminal_id}"),
+            )
+            .await?;
+        Ok(TerminalSocket::new(ws, &self.base, terminal_id))
+    }
+
+    /// The session's open ports, ascending (`GET /v1/sessions/{id}/ports`).
+    pub async fn ports(&self, id: &str) -> Result<Vec<u16>, ClientError> {
+        Ok(self
+            .json::<PortList>(
+                Method::GET,
+                "GET /v1/sessions/{id}/ports",
+                &format!("/v1/sessions/{}/ports", enc(id)),
+                None,
+            )
+            .await?
+            .ports)
+    }
+
+    /// Opens `port` of the session's sandbox to connections through sandboxd
+    /// (`POST /v1/sessions/{id}/ports`; one already open is left as it is); returns the
+    /// session's open ports. A session has at most [`crate::ports::MAX_PORTS`] (429
+    /// `port_limit`).
+    pub async fn open_port(&self, id: &str, port: u16) -> Result<Vec<u16>, ClientError> {
+        let body = serde_json::to_value(PortRequest { port }).map_err(|e| self.transport(e))?;
+        Ok(self
+            .json::<PortList>(
+                Method::POST,
+                "POST /v1/sessions/{id}/ports",
+                &format!("/v1/sessions/{}/ports", enc(id)),
+                Some(body),
+            )
+            .await?
+            .ports)
+    }
+
+    /// Closes `port` to new connections (`DELETE /v1/sessions/{id}/ports/{port}`; those made
+    /// go on); returns the session's open ports. One not open is 404 `port_not_open`.
+    pub async fn close_port(&self, id: &str, port: u16) -> Result<Vec<u16>, ClientError> {
+        Ok(self
+            .json::<PortList>(
+                Method::DELETE,
+                "DELETE /v1/sessions/{id}/ports/{port}",
+                &format!("/v1/sessions/{}/ports/{port}", enc(id)),
+                None,
+            )
+            .await?
+            .ports)
+    }
+
+    /// A TCP connection to `port` inside the session's sandbox, made by sandboxd
+    /// (`GET /v1/sessions/{id}/ports/{port}`): a WebSocket over this client's own connection
+    /// whose binary messages are the connection's bytes. A refusal before the upgrade is the
+    /// server's error (404 `port_not_open`, 502 `port_closed` when nothing answers there, …).
+    pub async fn connect_port(&self, id: &str, port: u16) -> Result<PortSocket, ClientError> {
+        let ws = self
+            .websocket(
+                "GET /v1/sessions/{id}/ports/{port}",
+                &format!("/v1/sessions/{}/ports/{port}", enc(id)),
+                &format!("port {port}"),
+            )
+            .await?;
+        Ok(PortSocket::new(ws, &self.base, port))
+    }
+
+    /// Upgrades a GET of `path` (the route `route`) to a WebSocket over this client's own
+    /// connection, checking the server's Sec-WebSocket-Accept; `what` names what the socket
+    /// reaches, for messages. A refusal before the upgrade is the server's error.
+    async fn websocket(
+        &self,
+        route: &str,
+        path: &str,
+        what: &str,
+    ) -> Result<WebSocketStream<reqwest::Upgraded>, ClientError> {
+        use reqwest::header::{
+            CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE,
+        };
+        use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+        use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+
+        let key = generate_key();
+        let resp = self
+            .request(Method::GET, path)
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, "websocket")
+            .header(SEC_WEBSOCKET_VERSION, "13")
+            .header(SEC_WEBSOCKET_KEY, &key)
+            .send()
+            .await
+            .map_err(|e| self.send_failed(e))?;
+        let status = resp.status();
+        if status != StatusCode::SWITCHING_PROTOCOLS {
+            if status.is_success() {
+                return Err(self.transport(format!(
+                    "{route} answered {status} instead of switching to a WebSocket (101): something between this client and sandboxd does not pass WebSocket upgrades"
+                )));
+            }
+            return Err(self.refusal(route, path, resp).await);
+        }
+        let accept = resp
+            .headers()
+            .get(SEC_WEBSOCKET_ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if accept != derive_accept_key(key.as_bytes()) {
+            return Err(self.transport(format!(
+                "{route} switched protocols without the Sec-WebSocket-Accept of this client's key (got '{accept}'): not a WebSocket sandboxd answered"
+            )));
+        }
+        let upgraded = resp.upgrade().await.map_err(|e| {
+            self.transport(format!(
+                "the WebSocket of {what} could not take over the connection: {}",
+                error_chain(&e)
+            ))
+        })?;
+        Ok(WebSocketStream::from_raw_socket(upgraded, Role::Client, None).await)
     }
 
     /// Reads a file (bytes `offset..offset+limit`).

@@ -86,6 +86,21 @@ pub enum ErrorCode {
     RunCap,
     /// The sandbox is at its process limit and its running runs hold every process (429).
     ProcessLimit,
+    /// No such terminal (404).
+    TerminalNotFound,
+    /// The session's cap of running terminals is reached (429).
+    TerminalLimit,
+    /// The session's sandbox cannot hold terminals: its run path is Docker exec, or its agent
+    /// predates them until the session is rebuilt (409).
+    TerminalsUnavailable,
+    /// The port is not open on the session (404).
+    PortNotOpen,
+    /// Nothing in the sandbox answers on the port (502).
+    PortClosed,
+    /// The port accepted the connection but did not answer in time (504).
+    PortTimeout,
+    /// The session has as many ports open as it may (429).
+    PortLimit,
     /// The run was cancelled before it started.
     RunCancelled,
     /// A policy change was refused (422).
@@ -131,7 +146,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 52] = [
+    pub const ALL: [ErrorCode; 59] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -164,6 +179,13 @@ impl ErrorCode {
         Self::RunNotFound,
         Self::RunExists,
         Self::RunCap,
+        Self::TerminalNotFound,
+        Self::TerminalLimit,
+        Self::TerminalsUnavailable,
+        Self::PortNotOpen,
+        Self::PortClosed,
+        Self::PortTimeout,
+        Self::PortLimit,
         Self::ProcessLimit,
         Self::RunCancelled,
         Self::PolicyRefused,
@@ -221,6 +243,13 @@ impl ErrorCode {
             Self::RunNotFound => "run_not_found",
             Self::RunExists => "run_exists",
             Self::RunCap => "run_cap",
+            Self::TerminalNotFound => "terminal_not_found",
+            Self::TerminalLimit => "terminal_limit",
+            Self::TerminalsUnavailable => "terminals_unavailable",
+            Self::PortNotOpen => "port_not_open",
+            Self::PortClosed => "port_closed",
+            Self::PortTimeout => "port_timeout",
+            Self::PortLimit => "port_limit",
             Self::ProcessLimit => "process_limit",
             Self::RunCancelled => "run_cancelled",
             Self::PolicyRefused => "policy_refused",
@@ -281,6 +310,13 @@ impl From<&str> for ErrorCode {
             "run_not_found" => Self::RunNotFound,
             "run_exists" => Self::RunExists,
             "run_cap" => Self::RunCap,
+            "terminal_not_found" => Self::TerminalNotFound,
+            "terminal_limit" => Self::TerminalLimit,
+            "terminals_unavailable" => Self::TerminalsUnavailable,
+            "port_not_open" => Self::PortNotOpen,
+            "port_closed" => Self::PortClosed,
+            "port_timeout" => Self::PortTimeout,
+            "port_limit" => Self::PortLimit,
             "process_limit" => Self::ProcessLimit,
             "run_cancelled" => Self::RunCancelled,
             "policy_refused" => Self::PolicyRefused,

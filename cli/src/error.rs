@@ -142,6 +142,100 @@ pub enum Error {
     /// sandboxd refused or could not be reached.
     #[error("{}", sandbox_hint(.0))]
     Sandbox(#[from] ClientError),
+    /// The connection to a terminal ended before the terminal did.
+    #[error(
+        "the connection to terminal {tid} of session {name} broke; it runs on: kubectl sandbox shell {name} --attach {tid}"
+    )]
+    TerminalBroke {
+        /// The session.
+        name: String,
+        /// The terminal.
+        tid: String,
+    },
+    /// sandboxd stopped following a terminal (the session stopped, sandboxd is leaving).
+    #[error(
+        "sandboxd stopped following terminal {tid} of session {name}: {message} ({code}); it may run on: kubectl sandbox shell {name} --attach {tid}"
+    )]
+    TerminalUnfollowed {
+        /// The session.
+        name: String,
+        /// The terminal.
+        tid: String,
+        /// sandboxd's code.
+        code: String,
+        /// sandboxd's words.
+        message: String,
+    },
+    /// `shell` was stopped by a signal while attached.
+    #[error(
+        "stopped by {signal}; terminal {tid} of session {name} runs on: kubectl sandbox shell {name} --attach {tid}"
+    )]
+    TerminalLeft {
+        /// The session.
+        name: String,
+        /// The terminal.
+        tid: String,
+        /// The signal's name.
+        signal: &'static str,
+    },
+    /// A terminal was opened, but attaching to it failed.
+    #[error(
+        "terminal {tid} of session {name} was opened but attaching to it failed: {}. It runs on: attach with `kubectl sandbox shell {name} --attach {tid}` or end it with `kubectl sandbox terminals {name} --kill {tid}`",
+        sandbox_hint(.source)
+    )]
+    TerminalUnattached {
+        /// The session.
+        name: String,
+        /// The terminal.
+        tid: String,
+        /// Why attaching failed.
+        source: ClientError,
+    },
+    /// `port-forward` was asked for ports of the sandbox the session has not opened.
+    #[error("{}", not_open(.name, .ports))]
+    PortsNotOpen {
+        /// The session.
+        name: String,
+        /// The ports not open, ascending.
+        ports: Vec<u16>,
+    },
+    /// `port-forward` cannot listen on a local address.
+    #[error(
+        "cannot listen on {address}: {source}. Choose another local port (`:REMOTE` takes a free one) or another --address"
+    )]
+    Listen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// One forwarded connection could not reach its port; the forward goes on.
+    #[error(
+        "connection for {local} to port {remote} of session {name} refused: {}",
+        port_refusal(.source, .name, *.remote)
+    )]
+    PortRefused {
+        /// The session.
+        name: String,
+        /// The local port the connection came to.
+        local: u16,
+        /// The port in the sandbox.
+        remote: u16,
+        /// sandboxd's refusal.
+        source: ClientError,
+    },
+    /// One forwarded connection broke; the forward goes on.
+    #[error("connection for {local} to port {remote} of session {name} broke: {source}")]
+    PortBroke {
+        /// The session.
+        name: String,
+        /// The local port the connection came to.
+        local: u16,
+        /// The port in the sandbox.
+        remote: u16,
+        /// What failed.
+        source: ClientError,
+    },
     /// A local file could not be read or written.
     #[error("{path}: {source}")]
     Local {
@@ -175,6 +269,38 @@ fn sandbox_hint(e: &ClientError) -> String {
             "{e}. The session's token was refused: the operator rotates it when it reopens a session; run the command again, or `kubectl sandbox open` the session"
         ),
         _ => e.to_string(),
+    }
+}
+
+/// Ports of session `name` not open, and the command that opens them.
+fn not_open(name: &str, ports: &[u16]) -> String {
+    let opens: String = ports.iter().map(|p| format!(" --open {p}")).collect();
+    let list = match ports {
+        [one] => {
+            return format!(
+                "port {one} of session {name} is not open: open it with `kubectl sandbox ports {name}{opens}`"
+            );
+        }
+        [first @ .., last] => format!(
+            "{} and {last}",
+            first
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        [] => String::new(),
+    };
+    format!(
+        "ports {list} of session {name} are not open: open them with `kubectl sandbox ports {name}{opens}`"
+    )
+}
+
+/// A refused connection to a port in sandboxd's words, with how to open a port that is not.
+fn port_refusal(e: &ClientError, name: &str, remote: u16) -> String {
+    match crate::ports::refusal_hint(e, name, remote) {
+        Some(hint) => format!("{e}. {hint}"),
+        None => sandbox_hint(e),
     }
 }
 

@@ -1,7 +1,9 @@
 //! `kubectl sandbox`, a kubectl plugin for people: open a sandbox session and wait until it
-//! runs, run commands in it, copy files in and out, list and walk its workspace, read its audit
+//! runs, run commands in it, open a terminal in it (and list and end its terminals), copy files
+//! in and out, list and walk its workspace, read its audit
 //! log (or follow its activity feed) and briefing, see what its sandbox reached on the network
-//! and what was refused, list sessions and what their sandboxes use, and check every SandboxHost.
+//! and what was refused, reach ports of its sandbox (`port-forward`), list sessions and what
+//! their sandboxes use, and check every SandboxHost.
 //!
 //! It talks to the API server for the `SandboxSession` and `SandboxHost` objects and the session
 //! token Secret, and to the session's sandboxd with that token (sandboxd's typed client).
@@ -10,8 +12,10 @@ pub mod doctor;
 pub mod egress;
 pub mod error;
 pub mod operators;
+pub mod ports;
 pub mod render;
 pub mod session;
+pub mod terminal;
 pub mod top;
 pub mod workspace;
 
@@ -60,6 +64,45 @@ pub enum Command {
         /// The command: one argument is a shell line, several are quoted one by one.
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<String>,
+    },
+    /// A terminal in the session's sandbox, like `kubectl exec -it`; exits with its status.
+    ///
+    /// Opens one (a login shell, or the command after `--`) sized to this terminal and attaches
+    /// to it: keys go to it (this terminal in raw mode), its output comes here, its size follows
+    /// this one's. The terminal outlives the connection: `--attach TID` goes back to it, with
+    /// what it printed meanwhile. With stdin piped, stdin is typed in, then an end of input.
+    Shell(ShellArgs),
+    /// The session's terminals; with --kill, end one.
+    ///
+    /// One row per terminal, running ones first: id, pid, state (running, or how it ended and
+    /// its status), size, connections attached, idle time and what it runs.
+    Terminals {
+        /// The session.
+        name: String,
+        /// End this terminal: its program and everything it started.
+        #[arg(long, value_name = "TID")]
+        kill: Option<String>,
+    },
+    /// Forward local ports to ports of the session's sandbox, like `kubectl port-forward`.
+    ///
+    /// `8080:3000` listens on local port 8080 and carries each connection to port 3000 in the
+    /// sandbox, `3000` is `3000:3000`, `:3000` listens on a free local port (printed). The
+    /// sandbox's ports must be open (`kubectl sandbox ports NAME --open PORT`); a sandbox
+    /// without network is reached too. Runs until interrupted.
+    PortForward(PortForwardArgs),
+    /// The session's open ports, one a line; with --open and --close, open and close some first.
+    ///
+    /// An open port of the sandbox is reached through sandboxd (`port-forward`, or HTTP under
+    /// /v1/sessions/ID/ports/PORT/); closing one refuses new connections, those made go on.
+    Ports {
+        /// The session.
+        name: String,
+        /// Open this port (repeatable).
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+        open: Vec<u16>,
+        /// Close this port (repeatable).
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+        close: Vec<u16>,
     },
     /// Copy a file in or out: `cp ./local NAME:path` or `cp NAME:path ./local` (`-` is stdin/stdout).
     Cp {
@@ -184,6 +227,40 @@ pub struct OpenArgs {
     pub timeout: u64,
 }
 
+/// `shell`'s arguments.
+#[derive(Args, Debug)]
+pub struct ShellArgs {
+    /// The session.
+    pub name: String,
+    /// Attach to this running terminal (from `kubectl sandbox terminals`) instead of opening one.
+    #[arg(long, value_name = "TID", conflicts_with = "command")]
+    pub attach: Option<String>,
+    /// Rows of the terminal (1 to 1000); set, the size no longer follows this terminal's.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub rows: Option<u16>,
+    /// Columns of the terminal (1 to 1000); set, the size no longer follows this terminal's.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub cols: Option<u16>,
+    /// The command instead of a login shell: one argument is a shell line, several are quoted
+    /// one by one.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// `port-forward`'s arguments.
+#[derive(Args, Debug)]
+pub struct PortForwardArgs {
+    /// The session.
+    pub name: String,
+    /// What to forward, one or more: `LOCAL:REMOTE`, `REMOTE` (the same port here) or `:REMOTE`
+    /// (a free local port).
+    #[arg(required = true, num_args = 1.., value_name = "[LOCAL:]REMOTE", value_parser = ports::parse_mapping)]
+    pub mappings: Vec<ports::Mapping>,
+    /// The local IP address to listen on (`localhost` is 127.0.0.1).
+    #[arg(long, default_value = "127.0.0.1", value_parser = ports::parse_address)]
+    pub address: std::net::IpAddr,
+}
+
 /// `ops`' arguments.
 #[derive(Args, Debug)]
 pub struct OpsArgs {
@@ -257,6 +334,15 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
             timeout,
             command,
         } => workspace::exec(&target, &name, &command, timeout).await,
+        Command::Shell(args) => terminal::shell(&target, &args).await,
+        Command::Terminals { name, kill } => match kill {
+            Some(tid) => terminal::kill(&target, &name, &tid).await.map(|()| 0),
+            None => terminal::list(&target, &name).await.map(|()| 0),
+        },
+        Command::PortForward(args) => ports::forward(&target, &args).await,
+        Command::Ports { name, open, close } => ports::ports(&target, &name, &open, &close)
+            .await
+            .map(|()| 0),
         Command::Cp { src, dst } => workspace::cp(&target, &src, &dst).await.map(|()| 0),
         Command::Ls { name, path } => workspace::ls(&target, &name, &path).await.map(|()| 0),
         Command::Tree { name, path } => workspace::tree(&target, &name, &path).await.map(|()| 0),
@@ -321,6 +407,110 @@ mod tests {
                 assert_eq!(command, ["ls", "-la", "/"]);
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn shell_opens_with_a_command_or_attaches_without_one() {
+        let cli = Cli::parse_from([
+            "kubectl-sandbox",
+            "shell",
+            "s1",
+            "--rows",
+            "30",
+            "--",
+            "echo $((6*7)); exit 7",
+        ]);
+        match cli.command {
+            Command::Shell(a) => {
+                assert_eq!(a.name, "s1");
+                assert_eq!((a.rows, a.cols, a.attach), (Some(30), None, None));
+                assert_eq!(a.command, ["echo $((6*7)); exit 7"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::parse_from(["kubectl-sandbox", "shell", "s1", "--attach", "term-1"]);
+        match cli.command {
+            Command::Shell(a) => {
+                assert_eq!(a.attach.as_deref(), Some("term-1"));
+                assert!(a.command.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        for refused in [
+            &["shell", "s1", "--attach", "term-1", "--", "ls"][..],
+            &["shell", "s1", "--rows", "0"][..],
+            &["shell", "s1", "--cols", "1001"][..],
+        ] {
+            let args = std::iter::once("kubectl-sandbox").chain(refused.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");
+        }
+        let cli = Cli::parse_from(["kubectl-sandbox", "terminals", "s1", "--kill", "term-2"]);
+        match cli.command {
+            Command::Terminals { name, kill } => {
+                assert_eq!((name.as_str(), kill.as_deref()), ("s1", Some("term-2")));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn port_forward_takes_mappings_and_ports_opens_and_closes() {
+        let cli = Cli::parse_from([
+            "kubectl-sandbox",
+            "port-forward",
+            "s1",
+            "8080:3000",
+            ":4000",
+        ]);
+        match cli.command {
+            Command::PortForward(a) => {
+                assert_eq!(a.name, "s1");
+                assert_eq!(
+                    a.mappings,
+                    [
+                        ports::Mapping {
+                            local: 8080,
+                            remote: 3000
+                        },
+                        ports::Mapping {
+                            local: 0,
+                            remote: 4000
+                        }
+                    ]
+                );
+                assert_eq!(a.address.to_string(), "127.0.0.1");
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::parse_from([
+            "kubectl-sandbox",
+            "ports",
+            "s1",
+            "--open",
+            "3000",
+            "--open",
+            "3001",
+            "--close",
+            "4000",
+        ]);
+        match cli.command {
+            Command::Ports { name, open, close } => {
+                assert_eq!(
+                    (name.as_str(), open, close),
+                    ("s1", vec![3000, 3001], vec![4000])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for refused in [
+            &["port-forward", "s1"][..],
+            &["port-forward", "s1", "8080:http"][..],
+            &["port-forward", "s1", "3000", "--address", "somewhere"][..],
+            &["ports", "s1", "--open", "0"][..],
+        ] {
+            let args = std::iter::once("kubectl-sandbox").chain(refused.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");
         }
     }
 

@@ -55,19 +55,23 @@ pub fn quote(word: &str) -> String {
     }
 }
 
-/// `in 29m`, `3m ago`, from `now` to `t`.
-pub fn relative(t: Timestamp, now: Timestamp) -> String {
-    let secs = t.as_second() - now.as_second();
-    let span = |s: i64| match s {
+/// A span of seconds in its largest fitting unit: `30s`, `29m`, `3h`, `5d`.
+pub fn span(secs: u64) -> String {
+    match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 2 * 3600 => format!("{}m", s / 60),
         s if s < 2 * 86400 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86400),
-    };
+    }
+}
+
+/// `in 29m`, `3m ago`, from `now` to `t`.
+pub fn relative(t: Timestamp, now: Timestamp) -> String {
+    let secs = t.as_second() - now.as_second();
     if secs >= 0 {
-        format!("in {}", span(secs))
+        format!("in {}", span(secs.unsigned_abs()))
     } else {
-        format!("{} ago", span(-secs))
+        format!("{} ago", span(secs.unsigned_abs()))
     }
 }
 
@@ -123,6 +127,8 @@ mod tests {
         assert_eq!(relative(at(29 * 60), now), "in 29m");
         assert_eq!(relative(at(-3 * 3600), now), "3h ago");
         assert_eq!(relative(at(5 * 86400), now), "in 5d");
+        assert_eq!(span(0), "0s");
+        assert_eq!(span(3 * 60 + 59), "3m");
     }
 
     #[test]

@@ -288,6 +288,22 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_MAX_RUNS_PER_SESSION", default_value_t = 16)]
     pub max_runs_per_session: u32,
 
+    /// Terminals one session may have running at once (each a program on a pseudo-terminal
+    /// and up to 1 MiB of its output kept in the sandbox's agent); the next open is refused
+    /// with 429 until one ends.
+    #[arg(long, env = "SANDBOXD_MAX_TERMINALS_PER_SESSION", default_value_t = 8)]
+    pub max_terminals_per_session: u32,
+
+    /// Seconds a terminal may go with no input, no output and nobody attached before it is
+    /// closed; 0: never.
+    #[arg(long, env = "SANDBOXD_TERMINAL_IDLE_TIMEOUT", default_value_t = 3600)]
+    pub terminal_idle_timeout: u64,
+
+    /// Seconds a sandbox's port has to answer an HTTP request passed to it (the head of its
+    /// answer) before sandboxd answers 504 `port_timeout`.
+    #[arg(long, env = "SANDBOXD_PORT_ANSWER_TIMEOUT", default_value_t = 60)]
+    pub port_answer_timeout: u64,
+
     /// The uid (and gid) sandboxes run as and workspaces are owned by. Never 0.
     #[arg(long, env = "SANDBOXD_SANDBOX_UID", default_value_t = 10001)]
     pub sandbox_uid: u32,
@@ -800,6 +816,11 @@ impl Config {
                 "SANDBOXD_MAX_RUNS_PER_SESSION must be at least 1".into(),
             ));
         }
+        if self.max_terminals_per_session == 0 {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_MAX_TERMINALS_PER_SESSION must be at least 1".into(),
+            ));
+        }
         if self.cpus.is_nan() || self.cpus <= 0.0 {
             return Err(ConfigError::Invalid("SANDBOXD_CPUS must be above 0".into()));
         }
@@ -894,6 +915,11 @@ impl crate::service::Settings {
             max_read_bytes: c.max_read_bytes,
             max_output_bytes: c.max_output_bytes,
             max_runs_per_session: usize::try_from(c.max_runs_per_session).unwrap_or(usize::MAX),
+            terminals: crate::service::TerminalLimits {
+                max_per_session: c.max_terminals_per_session,
+                idle_timeout: std::time::Duration::from_secs(c.terminal_idle_timeout),
+            },
+            port_answer_timeout: std::time::Duration::from_secs(c.port_answer_timeout.max(1)),
             uid: c.sandbox_uid,
             network_mode: c.network_mode.clone(),
             runtime_network: c
@@ -990,6 +1016,10 @@ mod tests {
         assert_eq!(c.max_read_bytes, 8 * 1024 * 1024);
         assert_eq!(c.sandbox_uid, 10001);
         assert_eq!(c.max_runs_per_session, 16);
+        assert_eq!(
+            (c.max_terminals_per_session, c.terminal_idle_timeout),
+            (8, 3600)
+        );
         assert_eq!(c.network_mode, "none");
         assert_eq!(
             (c.cpus, c.pids_limit, c.tmpfs_size.as_str()),

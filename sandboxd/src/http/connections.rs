@@ -718,14 +718,20 @@ fn serve_connection<T>(
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let watch = Watch::new();
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
+    // HTTP/1.1 only, with upgrades (a terminal's WebSocket): once a connection is upgraded it
+    // is the handler's, and the timeouts below no longer hold it (a terminal may be quiet for
+    // hours); the handler bounds what it holds.
+    let builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_only();
+    let conn = builder.serve_connection_with_upgrades(
         TokioIo::new(Watched {
             io,
             watch: watch.clone(),
         }),
         service(router.clone(), watch.clone(), timeouts),
     );
-    let served = graceful.watch(conn);
+    let served = graceful.watch(conn.into_owned());
     tokio::spawn(async move {
         let _admitted = admitted;
         tokio::select! {

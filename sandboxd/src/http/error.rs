@@ -14,7 +14,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::run::RunError;
+use crate::run::ports::PortError;
+use crate::run::terminal::TermError;
 use crate::runtimes::RuntimeError;
+use crate::service::PortRefusal;
 use crate::service::ServiceError;
 use crate::workspace::FileError;
 pub use sandboxd_api::error::{ErrorBody, ErrorCode};
@@ -95,6 +98,23 @@ impl ServiceError {
             Self::RunNotRunning { .. } | Self::RunUnknown { .. } => (404, ErrorCode::RunNotFound),
             // nginx's "client closed request": nobody is left to read it.
             Self::RunCancelled => (499, ErrorCode::RunCancelled),
+            Self::Port(e) => match e {
+                PortRefusal::NotOpen { .. } => (404, ErrorCode::PortNotOpen),
+                PortRefusal::Limit { .. } => (429, ErrorCode::PortLimit),
+                PortRefusal::Timeout { .. } => (504, ErrorCode::PortTimeout),
+                PortRefusal::Connect(PortError::Closed(_)) => (502, ErrorCode::PortClosed),
+                PortRefusal::Connect(PortError::Unavailable(_)) => {
+                    (409, ErrorCode::TerminalsUnavailable)
+                }
+                PortRefusal::Connect(PortError::Failed(_)) => (502, ErrorCode::DockerError),
+            },
+            Self::Terminal(e) => match e {
+                TermError::Unavailable(_) => (409, ErrorCode::TerminalsUnavailable),
+                TermError::Limit(_) => (429, ErrorCode::TerminalLimit),
+                TermError::NotFound(_) => (404, ErrorCode::TerminalNotFound),
+                TermError::Exists(_) => (409, ErrorCode::RunExists),
+                TermError::Failed(_) => (502, ErrorCode::DockerError),
+            },
             Self::ContainersPersist => (409, ErrorCode::ContainersPersist),
             Self::NetworkUnavailable { .. } => (503, ErrorCode::NetworkUnavailable),
             Self::PolicyRefused(_) => (422, ErrorCode::PolicyRefused),
@@ -451,6 +471,23 @@ mod tests {
                 "Session 's-1' already has 8 of 8 runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one.".to_owned(),
             ),
             (
+                ServiceError::Port(PortRefusal::NotOpen {
+                    id: id(),
+                    port: 3000,
+                }),
+                404,
+                ErrorCode::PortNotOpen,
+                "Port 3000 of session 's-1' is not open: open it with POST /v1/sessions/s-1/ports {\"port\": 3000} (or the SandboxSession's spec.ports)".to_owned(),
+            ),
+            (
+                ServiceError::Terminal(TermError::Limit(
+                    "Session 's-1' already has 8 terminals running".to_owned(),
+                )),
+                429,
+                ErrorCode::TerminalLimit,
+                "Session 's-1' already has 8 terminals running".to_owned(),
+            ),
+            (
                 ServiceError::RunExists {
                     run_id: "r-1".to_owned(),
                 },
@@ -603,6 +640,8 @@ mod tests {
             | ServiceError::RunNotRunning { .. }
             | ServiceError::RunUnknown { .. }
             | ServiceError::RunCancelled
+            | ServiceError::Terminal(_)
+            | ServiceError::Port(_)
             | ServiceError::ContainersPersist
             | ServiceError::NetworkUnavailable { .. }
             | ServiceError::PolicyRefused(_)
@@ -624,7 +663,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 38, "one row per variant of ServiceError");
+        assert_eq!(variants.len(), 40, "one row per variant of ServiceError");
         for (e, status, code, message) in table {
             assert!(listed(&e));
             let what = format!("{e:?}");

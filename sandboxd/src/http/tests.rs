@@ -90,6 +90,8 @@ fn concrete(path: &str) -> String {
     path.replace("{id}", "s1")
         .replace("{session_id}", "s1")
         .replace("{run_id}", "0123456789abcdef0123456789abcdef")
+        .replace("{terminal_id}", "term-0123456789ab")
+        .replace("{port}", "3000")
         .replace("{*path}", "a.txt")
         .replace("{path}", "a.txt")
 }

@@ -50,6 +50,7 @@ use tracing::{debug, warn};
 use crate::container::docker::DockerEngine;
 use crate::container::{AgentMount, Engine};
 use crate::metrics::Metrics;
+use crate::run::terminal::{TermAttach, TermError};
 use crate::run::{ExecRunner, Output, RunError, RunEvent, RunOutcome, RunSpec, RunStatus, Runner};
 
 /// The static agent binary of this build (built by `build.rs` from the `agent/` crate).
@@ -62,7 +63,7 @@ pub use crate::container::docker::LABEL_AGENT;
 pub const BIN_FOLDER: &str = ".sandboxd-agent";
 
 /// How long a connect or a short request may take.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the agent may take to answer a handshake: longer than [`IO_TIMEOUT`], since the
 /// first after a start is answered once the sandbox has booted, which a gVisor sandbox held to
 /// a small CPU share does in seconds (its kernel boots in the sandbox's own CPU share).
@@ -106,8 +107,8 @@ pub struct AgentRunner {
 }
 
 /// Why a handshake failed.
-struct Refused {
-    message: String,
+pub(super) struct Refused {
+    pub(super) message: String,
     /// The request sent with the hello may have reached the agent (it went silent after it).
     maybe_started: bool,
     /// The socket is not the agent's: nothing was written to it, and it is never retried.
@@ -120,20 +121,24 @@ enum Reached {
     Fallback(String),
 }
 
-struct Conn {
-    r: BufReader<OwnedReadHalf>,
-    w: OwnedWriteHalf,
+pub(super) struct Conn {
+    pub(super) r: BufReader<OwnedReadHalf>,
+    pub(super) w: OwnedWriteHalf,
+    /// The protocol the agent chose in its welcome.
+    pub(super) protocol: u32,
 }
 
 impl Conn {
-    async fn recv(&mut self) -> Result<Option<Frame>, proto::FrameError> {
+    pub(super) async fn recv(&mut self) -> Result<Option<Frame>, proto::FrameError> {
         read_frame(&mut self.r).await
     }
 }
 
 /// Reads one frame; `None` at the end of the stream. Not cancel-safe: a frame half read is
 /// lost with the future (see [`next_frame`]).
-async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> Result<Option<Frame>, proto::FrameError> {
+pub(super) async fn read_frame(
+    r: &mut BufReader<OwnedReadHalf>,
+) -> Result<Option<Frame>, proto::FrameError> {
     let mut header = [0u8; 4];
     match r.read_exact(&mut header).await {
         Ok(_) => {}
@@ -363,7 +368,7 @@ impl AgentRunner {
     /// `request`, when given, is written in the same write as the hello (no round trip of its
     /// own): the agent reads it only after it has accepted the hello, so an agent of another
     /// session, or one that speaks no shared protocol, never acts on it.
-    async fn handshake(
+    pub(super) async fn handshake(
         &self,
         session: &str,
         container: Option<&str>,
@@ -397,6 +402,7 @@ impl AgentRunner {
         let mut conn = Conn {
             r: BufReader::with_capacity(256 * 1024, r),
             w,
+            protocol: 0,
         };
         let mut hello = proto::encode_msg(&Msg::Hello {
             protocols: (proto::MIN_PROTOCOL..=proto::PROTOCOL).collect(),
@@ -440,6 +446,7 @@ impl AgentRunner {
                         "the agent ({version}) chose protocol {protocol}, which this sandboxd does not speak"
                     )));
                 }
+                conn.protocol = protocol;
                 Ok(conn)
             }
             Some(Frame::Msg(Msg::Error { code, message })) => {
@@ -582,7 +589,7 @@ impl AgentRunner {
         let backstop = tokio::time::sleep(spec.timeout + BACKSTOP);
         tokio::pin!(backstop);
         let mut stop_sent = false;
-        let Conn { r, mut w } = conn;
+        let Conn { r, mut w, .. } = conn;
         let stop = proto::encode_msg(&Msg::Stop { run_id: None });
         // One frame is read at a time, by one future that lives until the frame is whole
         // (the other branches win often: a reader that came back for more output).
@@ -607,6 +614,9 @@ impl AgentRunner {
                     }
                     Ok(Some(Frame::Msg(other))) => {
                         return Err(RunError::Stream(format!("the agent sent {other:?} mid-run")));
+                    }
+                    Ok(Some(Frame::Stdin(_))) => {
+                        return Err(RunError::Stream("the agent sent input mid-run".to_owned()));
                     }
                     Ok(None) | Err(_) => return Err(self.lost_mid_run(&spec, frame.err()).await),
                     }
@@ -817,6 +827,46 @@ impl Runner for AgentRunner {
 
     fn finds_stopped_containers(&self) -> bool {
         true
+    }
+
+    fn terminal_open<'a>(
+        &'a self,
+        session: &'a str,
+        container: &'a str,
+        req: sandbox_agent::proto::TermRequest,
+    ) -> BoxFuture<'a, Result<sandbox_agent::proto::TermInfo, TermError>> {
+        Box::pin(self.term_open(session, container, req))
+    }
+
+    fn terminal_list<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<sandbox_agent::proto::TermInfo>, TermError>> {
+        Box::pin(self.term_list(session))
+    }
+
+    fn terminal_kill<'a>(
+        &'a self,
+        session: &'a str,
+        term_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, TermError>> {
+        Box::pin(self.term_kill(session, term_id))
+    }
+
+    fn terminal_attach<'a>(
+        &'a self,
+        session: &'a str,
+        term_id: &'a str,
+    ) -> BoxFuture<'a, Result<TermAttach, TermError>> {
+        Box::pin(self.term_attach(session, term_id))
+    }
+
+    fn port_connect<'a>(
+        &'a self,
+        session: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<crate::run::ports::PortStream, crate::run::ports::PortError>> {
+        Box::pin(AgentRunner::port_connect(self, session, port))
     }
 
     fn container_stopped<'a>(&'a self, session: &'a str, container: &'a str) -> BoxFuture<'a, ()> {

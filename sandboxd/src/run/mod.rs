@@ -9,6 +9,8 @@
 pub mod agent;
 mod exec;
 mod output;
+pub mod ports;
+pub mod terminal;
 
 pub use exec::ExecRunner;
 pub(crate) use output::*;
@@ -20,6 +22,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::container::AgentMount;
+use crate::run::ports::{PortError, PortStream};
+use crate::run::terminal::{TermAttach, TermError};
+use sandbox_agent::proto::{TermInfo, TermRequest};
 pub use sandboxd_api::run::{RunEvent, RunOutcome, RunStatus};
 
 /// What to run.
@@ -137,6 +142,66 @@ pub trait Runner: Send + Sync {
         let _ = (session, run_id);
         Box::pin(async { Ok(None) })
     }
+
+    /// Starts a terminal in the session's container (see [`terminal`]); a run path without
+    /// the agent has none.
+    fn terminal_open<'a>(
+        &'a self,
+        session: &'a str,
+        container: &'a str,
+        req: TermRequest,
+    ) -> BoxFuture<'a, Result<TermInfo, TermError>> {
+        let _ = (session, container, req);
+        Box::pin(async { Err(no_terminals()) })
+    }
+
+    /// The session's terminals, running and recently ended.
+    fn terminal_list<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<TermInfo>, TermError>> {
+        let _ = session;
+        Box::pin(async { Err(no_terminals()) })
+    }
+
+    /// Ends a terminal; whether it was running.
+    fn terminal_kill<'a>(
+        &'a self,
+        session: &'a str,
+        term_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, TermError>> {
+        let _ = (session, term_id);
+        Box::pin(async { Err(no_terminals()) })
+    }
+
+    /// Attaches to a terminal.
+    fn terminal_attach<'a>(
+        &'a self,
+        session: &'a str,
+        term_id: &'a str,
+    ) -> BoxFuture<'a, Result<TermAttach, TermError>> {
+        let _ = (session, term_id);
+        Box::pin(async { Err(no_terminals()) })
+    }
+
+    /// Connects to a port on the sandbox's loopback (see [`ports`]).
+    fn port_connect<'a>(
+        &'a self,
+        session: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<PortStream, PortError>> {
+        let _ = (session, port);
+        Box::pin(async { Err(PortError::from(no_terminals())) })
+    }
+}
+
+/// The refusal of a terminal by a run path without the agent.
+fn no_terminals() -> TermError {
+    TermError::Unavailable(
+        "this host runs commands through docker exec (SANDBOXD_RUN_BACKEND=exec), which has no \
+         terminals"
+            .to_owned(),
+    )
 }
 
 #[cfg(test)]

@@ -212,6 +212,12 @@ pub enum ServiceError {
         /// The run.
         run_id: String,
     },
+    /// A port not open, over the cap, or not reached; the text says which.
+    #[error("{0}")]
+    Port(super::PortRefusal),
+    /// A terminal the session cannot have, or does not have; the text says which.
+    #[error("{0}")]
+    Terminal(crate::run::terminal::TermError),
     /// The caller of a run went away before it ended: the run was stopped.
     #[error("the caller went away; the run was stopped")]
     RunCancelled,

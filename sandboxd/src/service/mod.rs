@@ -16,10 +16,12 @@ mod open;
 mod pause;
 pub mod policy;
 pub mod pool;
+mod ports;
 mod rebuild;
 mod reconcile;
 mod runs;
 mod sessions;
+mod terminals;
 mod tokens;
 mod usage;
 pub mod work;
@@ -27,10 +29,12 @@ pub mod work;
 pub use error::ServiceError;
 pub use health::Counts;
 use open::*;
+pub use ports::PortRefusal;
 pub use rebuild::RebuildRequest;
 pub use reconcile::Reconciled;
 use reconcile::*;
 use runs::*;
+pub use terminals::{SCROLLBACK_BYTES, TerminalLimits, terminal_view};
 pub use usage::{USAGE_FRESH, cpu_percent};
 
 use std::collections::{HashMap, HashSet};
@@ -75,6 +79,10 @@ pub struct Settings {
     pub max_output_bytes: usize,
     /// Runs one session may have in flight at once.
     pub max_runs_per_session: usize,
+    /// The bounds of terminals.
+    pub terminals: TerminalLimits,
+    /// How long a sandbox's port has to answer a request passed to it.
+    pub port_answer_timeout: Duration,
     /// Sandbox uid and gid.
     pub uid: u32,
     /// Network of sessions whose runtime needs none.
@@ -172,6 +180,8 @@ pub struct Core {
     runs: Mutex<HashMap<String, RunEntry>>,
     /// The sessions being rebuilt now: their runs are refused (see [`rebuild`]).
     rebuilding: Mutex<HashSet<String>>,
+    /// Held while a session's open ports change (one read-modify-write at a time).
+    port_changes: tokio::sync::Mutex<()>,
     metrics: Arc<Metrics>,
     /// The network of sessions whose runtime needs one; `None`: such a session gets
     /// `settings.runtime_network` as it is (unit tests only).
@@ -294,6 +304,7 @@ impl Core {
             opening: Mutex::default(),
             runs: Mutex::default(),
             rebuilding: Mutex::default(),
+            port_changes: tokio::sync::Mutex::default(),
             metrics,
             network: None,
             egress: None,

@@ -356,6 +356,28 @@ impl Core {
     }
 }
 
+/// A request's extra environment, checked: variable names as a shell takes them, no NUL in a
+/// value (a run's and a terminal's alike).
+pub(super) fn env_pairs(
+    env: Option<&HashMap<String, String>>,
+) -> Result<Vec<(String, String)>, ServiceError> {
+    let mut pairs = Vec::new();
+    for (k, v) in env.into_iter().flatten() {
+        let valid = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid || v.contains('\0') {
+            return Err(ServiceError::invalid(format!(
+                "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
+            )));
+        }
+        pairs.push((k.clone(), v.clone()));
+    }
+    Ok(pairs)
+}
+
 /// The environment of a run as `KEY=value` lines, once its request is checked: a command
 /// that is not empty and holds no NUL, a timeout of at least 1 s, variable names as a shell
 /// takes them; with tracing on, `TRACEPARENT` continues the run's trace (unless set).
@@ -372,20 +394,10 @@ fn run_env(req: &RunRequest) -> Result<Vec<String>, ServiceError> {
     {
         return Err(ServiceError::invalid("timeout_seconds must be at least 1"));
     }
-    let mut env = Vec::new();
-    for (k, v) in req.env.clone().unwrap_or_default() {
-        let valid = k
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid || v.contains('\0') {
-            return Err(ServiceError::invalid(format!(
-                "env: '{k}' is not a variable name ([A-Za-z_][A-Za-z0-9_]*) or its value holds a NUL byte"
-            )));
-        }
-        env.push(format!("{k}={v}"));
-    }
+    let mut env: Vec<String> = env_pairs(req.env.as_ref())?
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     // With tracing on, the program may continue the trace of its run (the W3C variable);
     // one the caller set is kept.
     if let Some(tp) = sandboxd_telemetry::traceparent()

@@ -126,6 +126,8 @@ pub struct SessionRow {
     /// What its last checkpoint or restore did (the API's `MemoryNote` as JSON); `None`
     /// before its first.
     pub memory: Option<String>,
+    /// The ports of its sandbox it opened to be reached through sandboxd, ascending.
+    pub ports: Vec<u16>,
 }
 
 /// A session to insert.
@@ -257,6 +259,8 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         warm: r.try_get::<String, _>("launch")? == "warm",
         incarnation: r.try_get("incarnation")?,
         memory: r.try_get("memory")?,
+        // Written only by [`Store::set_ports`]; a value that does not read is no port.
+        ports: serde_json::from_str(&r.try_get::<String, _>("ports")?).unwrap_or_default(),
     })
 }
 
@@ -558,6 +562,13 @@ impl Store {
     /// Records what session `id`'s last checkpoint or restore did (JSON).
     pub async fn set_memory(&self, id: &str, memory: &str) -> Result<(), sqlx::Error> {
         self.update("UPDATE sessions SET memory = ?2 WHERE id = ?1", id, memory)
+            .await
+    }
+
+    /// Records the ports session `id` has open.
+    pub async fn set_ports(&self, id: &str, ports: &[u16]) -> Result<(), sqlx::Error> {
+        let json = serde_json::to_string(ports).unwrap_or_else(|_| "[]".to_owned());
+        self.update("UPDATE sessions SET ports = ?2 WHERE id = ?1", id, &json)
             .await
     }
 

@@ -5,7 +5,7 @@
 //! surface imports the other; both are served by [`crate::http::router`].
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, any, delete, get, post};
 
 use crate::http::audited::Audited;
 use crate::http::extract::{Admin, ForSession};
@@ -15,16 +15,20 @@ use crate::service::Actor;
 mod admin;
 mod files;
 pub mod openapi;
+mod ports;
 mod runs;
 mod sessions;
+mod terminals;
 
 pub use crate::http::state::{AppState, Caller};
 pub use admin::*;
 pub use files::*;
+pub use ports::*;
 pub use runs::*;
 pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
+pub use terminals::*;
 
 /// The largest body a file write accepts.
 pub const MAX_WRITE_BYTES: usize = 256 * 1024 * 1024;
@@ -51,6 +55,25 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}/runs", post(run)),
         ("/v1/sessions/{id}/runs/{run_id}", get(run_status)),
         ("/v1/sessions/{id}/runs/{run_id}/stop", post(stop_run)),
+        (
+            "/v1/sessions/{id}/terminals",
+            get(terminals).post(open_terminal),
+        ),
+        (
+            "/v1/sessions/{id}/terminals/{terminal_id}",
+            delete(kill_terminal),
+        ),
+        (
+            "/v1/sessions/{id}/terminals/{terminal_id}/attach",
+            get(attach_terminal),
+        ),
+        ("/v1/sessions/{id}/ports", get(ports).post(open_port)),
+        (
+            "/v1/sessions/{id}/ports/{port}",
+            get(port_stream).delete(close_port),
+        ),
+        ("/v1/sessions/{id}/ports/{port}/", any(to_port_root)),
+        ("/v1/sessions/{id}/ports/{port}/{*path}", any(to_port)),
         (
             "/v1/sessions/{id}/files/{*path}",
             get(read_file)

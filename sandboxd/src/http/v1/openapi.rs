@@ -37,6 +37,34 @@ pub struct RunId {
     run_id: String,
 }
 
+/// `{terminal_id}`: a terminal of the session.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TerminalId {
+    /// The terminal id (`term-…`, as its open answered).
+    #[allow(dead_code)]
+    terminal_id: String,
+}
+
+/// `{port}`: a port of the session's sandbox.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct Port {
+    /// The port (1 to 65535) on the sandbox's loopback.
+    #[allow(dead_code)]
+    port: u16,
+}
+
+/// `{path}`: the path passed to a port.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct PortPath {
+    /// The path of the request to the port, without its leading `/` (the rest of the URL; the
+    /// query string is passed on too).
+    #[allow(dead_code)]
+    path: String,
+}
+
 /// `{path}`: a file of the workspace.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -101,6 +129,38 @@ const WAKE: &[(u16, &[&str])] = &[
             "isolation_unavailable",
         ],
     ),
+    (507, &["host_disk_full"]),
+];
+/// What a request passed to a port may answer (any method, its root or a path).
+const TO_PORT: &[(u16, &[&str])] = &[
+    (400, &["bad_request"]),
+    AUTH,
+    ADMIN,
+    (404, &["session_not_found", "port_not_open"]),
+    (
+        409,
+        &[
+            "terminals_unavailable",
+            "session_opening",
+            "session_destroying",
+            "session_changed",
+            "session_rebuilding",
+            "runtime_preparing",
+        ],
+    ),
+    (410, &["session_lost", "session_gone"]),
+    (429, &["host_cap", "tenant_cap"]),
+    INTERNAL,
+    (502, &["port_closed", "docker_error"]),
+    (
+        503,
+        &[
+            "network_unavailable",
+            "runtime_failed",
+            "isolation_unavailable",
+        ],
+    ),
+    (504, &["port_timeout"]),
     (507, &["host_disk_full"]),
 ];
 /// A file operation refused a worker or memory, or stopped at its deadline.
@@ -332,6 +392,166 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         ],
     ),
     (
+        "POST /v1/sessions/{id}/terminals",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &[
+                    "terminals_unavailable",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "session_rebuilding",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost", "session_gone"]),
+            (413, &["too_large"]),
+            (429, &["terminal_limit", "host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/terminals",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (409, &["terminals_unavailable"]),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "DELETE /v1/sessions/{id}/terminals/{terminal_id}",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "terminal_not_found"]),
+            (409, &["terminals_unavailable"]),
+            (410, &["session_lost"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/terminals/{terminal_id}/attach",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "terminal_not_found"]),
+            (
+                409,
+                &[
+                    "terminals_unavailable",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "session_rebuilding",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost", "session_gone"]),
+            (429, &["host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/ports",
+        &[AUTH, ADMIN, (404, &["session_not_found"]), INTERNAL],
+    ),
+    (
+        "POST /v1/sessions/{id}/ports",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (413, &["too_large"]),
+            (429, &["port_limit"]),
+            INTERNAL,
+        ],
+    ),
+    (
+        "DELETE /v1/sessions/{id}/ports/{port}",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "port_not_open"]),
+            INTERNAL,
+        ],
+    ),
+    (
+        "GET /v1/sessions/{id}/ports/{port}",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "port_not_open"]),
+            (
+                409,
+                &[
+                    "terminals_unavailable",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "session_rebuilding",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost", "session_gone"]),
+            (429, &["host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["port_closed", "docker_error"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    ("GET /v1/sessions/{id}/ports/{port}/", TO_PORT),
+    ("POST /v1/sessions/{id}/ports/{port}/", TO_PORT),
+    ("PUT /v1/sessions/{id}/ports/{port}/", TO_PORT),
+    ("DELETE /v1/sessions/{id}/ports/{port}/", TO_PORT),
+    ("PATCH /v1/sessions/{id}/ports/{port}/", TO_PORT),
+    ("GET /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
+    ("POST /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
+    ("PUT /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
+    ("DELETE /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
+    ("PATCH /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
+    (
         "GET /v1/sessions/{id}/files/{path}",
         &[
             (400, &["invalid_path"]),
@@ -553,6 +773,16 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::run,
         crate::http::v1::run_status,
         crate::http::v1::stop_run,
+        crate::http::v1::terminals,
+        crate::http::v1::open_terminal,
+        crate::http::v1::kill_terminal,
+        crate::http::v1::attach_terminal,
+        crate::http::v1::ports,
+        crate::http::v1::open_port,
+        crate::http::v1::close_port,
+        crate::http::v1::port_stream,
+        crate::http::v1::to_port,
+        crate::http::v1::to_port_root,
         crate::http::v1::read_file,
         crate::http::v1::write_file,
         crate::http::v1::remove_file,
