@@ -8,6 +8,8 @@
 #   egress    time to first byte and throughput through the egress proxy against direct
 #   isolation a runtime on gVisor against the same on runc: opens, runs, files, sleep and wake
 #   wire      the seed's sandboxd against ours, through pydantic-ai-backend's client
+#   interactive  a terminal's keystroke echo, HTTP and a stream through the ports route,
+#             against sandboxd's floor and the same work inside the sandbox
 # Without BENCH, every one runs, one after the other (about 15 minutes).
 source "$(dirname "$0")/lib.sh"
 eval "$("$HACK_DIR/env.sh")"
@@ -23,7 +25,7 @@ run() {
   "$@"
 }
 
-benches=("${1:-sandboxd open operator egress isolation wire}")
+benches=("${1:-sandboxd open operator egress isolation wire interactive}")
 for b in ${benches[*]}; do
   case "$b" in
     sandboxd) run "$b" "$bin/sandboxd-bench" --runs 200 --opens 10 --warm 40 --files 20 ;;
@@ -31,7 +33,8 @@ for b in ${benches[*]}; do
     operator) run "$b" "$bin/operator-bench" --sessions 1000 --idle-watch 5 --driver noop ;;
     egress) run "$b" "$bin/egress-bench" ;;
     isolation) run "$b" "$bin/isolation-bench" --opens 10 --warm 10 --runs 200 --files 20 --sleeps 5 ;;
+    interactive) run "$b" "$bin/interactive-bench" --keys 500 --requests 300 --mib 512 ;;
     wire) run "$b" "$("$HACK_DIR/wire-venv.sh")" tests/bench/wire_bench.py --sandboxd "$bin/sandboxd" --opens 10 --runs 100 --files 10 ;;
-    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, isolation, wire" ;;
+    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, isolation, wire, interactive" ;;
   esac
 done

@@ -36,6 +36,15 @@
 //! - [`Msg::TermKill`]: ends a terminal's program and everything of its session; answers
 //!   [`Msg::TermKilled`].
 //!
+//! File watch (protocol 2 too): [`Msg::Watch`] watches a folder of the sandbox (and, with
+//! `recursive`, every folder below it, those made later included) with inotify; the agent
+//! answers [`Msg::Watching`], then sends [`Msg::FsEvents`] as changes come (gathered for a few
+//! milliseconds, a file written many times in that time reported once), until the connection
+//! closes. More folders than `max_watches` are not watched: one [`FsEvent`] of kind `limit`
+//! says so, once; `overflow` says changes were lost (the agent then watches the tree anew).
+//! Refused with `bad_request` (not an absolute path to a folder, `max_watches` 0, the kernel's
+//! own limit); sandboxd keeps watches inside the workspace.
+//!
 //! Ports (protocol 2 too): [`Msg::PortConnect`] connects to a port on the sandbox's own
 //! loopback, inside its network namespace (so it works with no network at all); after
 //! [`Msg::PortConnected`] the connection carries the TCP stream's bytes both ways, unframed,
@@ -201,6 +210,25 @@ pub struct TermInfo {
     pub age_ms: u64,
 }
 
+/// One change a watch saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsEvent {
+    /// `created`, `modified`, `deleted`, `renamed`; `limit` when a folder was left unwatched
+    /// (the bound was reached); `overflow` when the kernel dropped events (its queue was full).
+    pub kind: String,
+    /// The path, relative to the watched folder's root given in [`Msg::Watch`] (`a/b.txt`,
+    /// `` for the root itself: its `deleted` is the last event, then the watch ends); for
+    /// `renamed`, where it was.
+    pub path: String,
+    /// For `renamed`: where it went (a move out of the watched tree is `deleted`, one into it
+    /// `created`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Whether it is a folder.
+    #[serde(default)]
+    pub dir: bool,
+}
+
 /// A JSON message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -316,6 +344,25 @@ pub enum Msg {
     TermListReply {
         /// The terminals.
         terms: Vec<TermInfo>,
+    },
+    /// sandboxd: watch a folder (see the module docs).
+    Watch {
+        /// The folder, absolute, in the sandbox (sandboxd names one under `/workspace`).
+        path: String,
+        /// Every folder below it too.
+        recursive: bool,
+        /// The most folders watched at once.
+        max_watches: u32,
+    },
+    /// Agent: the watch is in place; `watched` folders are watched.
+    Watching {
+        /// Folders watched.
+        watched: u32,
+    },
+    /// Agent: changes a watch saw, oldest first.
+    FsEvents {
+        /// The changes.
+        events: Vec<FsEvent>,
     },
     /// sandboxd: connect to `127.0.0.1:port` (else `[::1]:port`) in the sandbox.
     PortConnect {

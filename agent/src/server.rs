@@ -2,7 +2,8 @@
 //! runs on its Unix socket. Plain threads: a run is a process group, one thread reading its two
 //! pipes (without blocking, so the supervisor may read them too), one supervising its timeout
 //! and exit; a connection is one thread writing and one reading. Terminals are in
-//! [`crate::terminal`]; this serves their requests and reaps their programs.
+//! [`crate::terminal`]; this serves their requests and reaps their programs. Ports and file
+//! watches are served on their connection's thread by `ports` and `watch`.
 //!
 //! Over 600 lines: the agent's side of its one protocol (hello, run, output, stop, status), which reads best in one place.
 
@@ -713,6 +714,29 @@ impl Agent {
                 )?;
             }
             Msg::PortConnect { port } => crate::ports::connect(port, conn, tracked)?,
+            Msg::Watch { .. } if protocol < proto::TERMINALS_PROTOCOL => {
+                proto::write_msg(
+                    &mut conn,
+                    &error(
+                        "bad_request",
+                        format!(
+                            "file watch needs protocol {}, not {protocol}",
+                            proto::TERMINALS_PROTOCOL
+                        ),
+                    ),
+                )?;
+            }
+            Msg::Watch { path, .. } if crowded => {
+                proto::write_msg(
+                    &mut conn,
+                    &crowded_error(&format!("a watch of {path}"), None),
+                )?;
+            }
+            Msg::Watch {
+                path,
+                recursive,
+                max_watches,
+            } => crate::watch::watch(&path, recursive, max_watches, conn, tracked)?,
             Msg::TermOpen(req) if crowded => {
                 let program = req.argv.first().map_or("a terminal", String::as_str);
                 proto::write_msg(&mut conn, &crowded_error(program, None))?;

@@ -1,17 +1,17 @@
 //! Terminals end to end: the built agent binary started as an ordinary child process (not
 //! PID 1, no `--user`), driven over its socket as sandboxd would drive it, one request per
 //! connection, and used the way a person uses a terminal: type, read, resize, go away, come
-//! back.
+//! back. Ports and file watches too, as they are served the same way.
 #![cfg(target_os = "linux")]
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use sandbox_agent::proto::{self, Frame, Msg, TermExit, TermInfo, TermRequest};
+use sandbox_agent::proto::{self, Frame, FsEvent, Msg, TermExit, TermInfo, TermRequest};
 
 /// How long one read of the socket may wait; generous, for a slow machine.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -582,4 +582,436 @@ fn a_port_connection_carries_bytes_both_ways_and_a_closed_port_is_refused() {
         }
         other => panic!("expected port_closed, got {other:?}"),
     }
+}
+
+/// A watch connection past its `watching`, and how many folders it watches.
+fn watch(agent: &Agent, root: &Path, recursive: bool, max_watches: u32) -> (UnixStream, u32) {
+    let mut conn = agent.connect();
+    proto::write_msg(
+        &mut conn,
+        &Msg::Watch {
+            path: root.display().to_string(),
+            recursive,
+            max_watches,
+        },
+    )
+    .expect("watch");
+    match read(&mut conn) {
+        Some(Frame::Msg(Msg::Watching { watched })) => (conn, watched),
+        other => panic!("expected watching, got {other:?}"),
+    }
+}
+
+/// Reads a watch's events until one is `kind` of `path`; every event read, in order.
+fn events_until(conn: &mut UnixStream, kind: &str, path: &str) -> Vec<FsEvent> {
+    let deadline = Instant::now() + EXPECT_WITHIN;
+    let mut seen = Vec::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "never saw {kind} {path}; saw {seen:?}"
+        );
+        match read(conn) {
+            Some(Frame::Msg(Msg::FsEvents { events })) => {
+                assert!(!events.is_empty(), "an empty frame of events");
+                let done = events.iter().any(|e| e.kind == kind && e.path == path);
+                seen.extend(events);
+                if done {
+                    return seen;
+                }
+            }
+            other => panic!("expected fs_events, got {other:?} after {seen:?}"),
+        }
+    }
+}
+
+/// The events that are not `modified` (the kernel may give those more often than once), as
+/// kind, path, where to and whether a folder.
+fn changes(events: &[FsEvent]) -> Vec<(String, String, Option<String>, bool)> {
+    events
+        .iter()
+        .filter(|e| e.kind != "modified")
+        .map(|e| (e.kind.clone(), e.path.clone(), e.to.clone(), e.dir))
+        .collect()
+}
+
+/// An expected change.
+fn change(
+    kind: &str,
+    path: &str,
+    to: Option<&str>,
+    dir: bool,
+) -> (String, String, Option<String>, bool) {
+    (kind.into(), path.into(), to.map(Into::into), dir)
+}
+
+/// Asserts that every `modified` among `events` is of a file among `paths`.
+fn only_modified(events: &[FsEvent], paths: &[&str]) {
+    for e in events.iter().filter(|e| e.kind == "modified") {
+        assert!(
+            paths.contains(&e.path.as_str()) && !e.dir && e.to.is_none(),
+            "unexpected {e:?}"
+        );
+    }
+}
+
+/// The inotify instances a process holds, from /proc; `None` when they cannot be read (the
+/// agent is not dumpable: only root reads its descriptors).
+fn inotify_fds(pid: u32) -> Option<usize> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut n = 0;
+    for fd in fds.flatten() {
+        if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
+            n += 1;
+        }
+    }
+    Some(n)
+}
+
+/// A folder for a watch in the agent's temporary folder.
+fn folder(agent: &Agent, name: &str) -> PathBuf {
+    let root = agent.dir.join(name);
+    std::fs::create_dir_all(&root).expect("a folder to watch");
+    root
+}
+
+/// File watch: a recursive watch reports creations, writes, renames and deletions in order,
+/// with paths relative to its root, in folders made, moved in or renamed later too; a
+/// folder moved out is no longer reported.
+#[test]
+fn a_recursive_watch_reports_changes_in_order() {
+    use std::fs;
+
+    let agent = Agent::start();
+    let root = folder(&agent, "w");
+    let (mut conn, watched) = watch(&agent, &root, true, 100);
+    assert_eq!(watched, 1);
+
+    fs::write(root.join("a.txt"), "one").expect("a file");
+    let seen = events_until(&mut conn, "created", "a.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![change("created", "a.txt", None, false)]
+    );
+    only_modified(&seen, &["a.txt"]);
+
+    fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("a.txt"))
+        .and_then(|mut f| f.write_all(b"two"))
+        .expect("a write");
+    let seen = events_until(&mut conn, "modified", "a.txt");
+    assert_eq!(changes(&seen), vec![]);
+
+    fs::rename(root.join("a.txt"), root.join("b.txt")).expect("a rename");
+    fs::remove_file(root.join("b.txt")).expect("a delete");
+    fs::create_dir(root.join("sub")).expect("a subfolder");
+    fs::write(root.join("sub/c.txt"), "three").expect("a file in it");
+    let seen = events_until(&mut conn, "created", "sub/c.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![
+            change("renamed", "a.txt", Some("b.txt"), false),
+            change("deleted", "b.txt", None, false),
+            change("created", "sub", None, true),
+            change("created", "sub/c.txt", None, false),
+        ]
+    );
+    only_modified(&seen, &["a.txt", "sub/c.txt"]);
+
+    // A folder renamed: what happens in it has its new path.
+    fs::rename(root.join("sub"), root.join("moved")).expect("a folder renamed");
+    fs::write(root.join("moved/d.txt"), "four").expect("a file in it");
+    let seen = events_until(&mut conn, "created", "moved/d.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![
+            change("renamed", "sub", Some("moved"), true),
+            change("created", "moved/d.txt", None, false),
+        ]
+    );
+    only_modified(&seen, &["sub/c.txt", "moved/d.txt"]);
+
+    // A folder moved in with things inside: reported, and watched.
+    let outside = agent.dir.join("outside");
+    fs::create_dir_all(outside.join("inner")).expect("a folder outside");
+    fs::write(outside.join("inner/e.txt"), "five").expect("a file outside");
+    fs::rename(&outside, root.join("in")).expect("moved in");
+    let seen = events_until(&mut conn, "created", "in/inner/e.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![
+            change("created", "in", None, true),
+            change("created", "in/inner", None, true),
+            change("created", "in/inner/e.txt", None, false),
+        ]
+    );
+    fs::write(root.join("in/inner/f.txt"), "six").expect("a file in it");
+    let seen = events_until(&mut conn, "created", "in/inner/f.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![change("created", "in/inner/f.txt", None, false)]
+    );
+
+    // A folder moved out: deleted, and what happens in it afterwards is not reported.
+    fs::rename(root.join("moved"), &outside).expect("moved out");
+    let seen = events_until(&mut conn, "deleted", "moved");
+    assert_eq!(changes(&seen), vec![change("deleted", "moved", None, true)]);
+    fs::write(outside.join("g.txt"), "seven").expect("a file outside");
+    fs::write(root.join("end"), "").expect("a marker");
+    let seen = events_until(&mut conn, "created", "end");
+    assert_eq!(changes(&seen), vec![change("created", "end", None, false)]);
+    only_modified(&seen, &["in/inner/f.txt", "end"]);
+
+    // The watched folder itself removed: the last event, and the watch ends.
+    fs::remove_dir_all(&root).expect("the root removed");
+    let seen = events_until(&mut conn, "deleted", "");
+    assert_eq!(seen.last().map(|e| e.dir), Some(true));
+    assert!(read(&mut conn).is_none(), "a frame after the root went");
+}
+
+/// File watch: a watch that is not recursive reports its folder's entries, not theirs.
+#[test]
+fn a_flat_watch_does_not_see_into_subfolders() {
+    let agent = Agent::start();
+    let root = folder(&agent, "flat");
+    std::fs::create_dir(root.join("old")).expect("a subfolder");
+    let (mut conn, watched) = watch(&agent, &root, false, 100);
+    assert_eq!(watched, 1);
+    std::fs::write(root.join("old/x.txt"), "").expect("a file in the old one");
+    std::fs::create_dir(root.join("sub")).expect("a new subfolder");
+    std::fs::write(root.join("sub/c.txt"), "").expect("a file in it");
+    std::fs::write(root.join("d.txt"), "").expect("a marker");
+    let seen = events_until(&mut conn, "created", "d.txt");
+    assert_eq!(
+        changes(&seen),
+        vec![
+            change("created", "sub", None, true),
+            change("created", "d.txt", None, false),
+        ]
+    );
+    only_modified(&seen, &["d.txt"]);
+}
+
+/// File watch: beyond `max_watches` folders, one `limit` event; the watched ones still report.
+#[test]
+fn a_watch_watches_at_most_max_watches_folders() {
+    let agent = Agent::start();
+    let root = folder(&agent, "ten");
+    for i in 0..9 {
+        std::fs::create_dir(root.join(format!("d{i}"))).expect("a subfolder");
+    }
+    let (mut conn, watched) = watch(&agent, &root, true, 3);
+    assert_eq!(watched, 3);
+    for i in 0..9 {
+        std::fs::write(root.join(format!("d{i}/f")), "").expect("a file");
+    }
+    // Made after the bound was reached: reported, not watched, no second `limit`.
+    std::fs::create_dir(root.join("late")).expect("a late folder");
+    std::fs::write(root.join("late/f"), "").expect("a file in it");
+    std::fs::write(root.join("end"), "").expect("a marker");
+    let seen = events_until(&mut conn, "created", "end");
+    let limits: Vec<&FsEvent> = seen.iter().filter(|e| e.kind == "limit").collect();
+    assert_eq!(limits.len(), 1, "{seen:?}");
+    assert!(
+        limits[0].dir && limits[0].path.starts_with('d'),
+        "{limits:?}"
+    );
+    let files: Vec<&str> = seen
+        .iter()
+        .filter(|e| e.kind == "created" && e.path.ends_with("/f"))
+        .map(|e| e.path.as_str())
+        .collect();
+    assert_eq!(files.len(), 2, "{seen:?}");
+    assert!(files.iter().all(|f| f.starts_with('d')), "{files:?}");
+    assert!(
+        seen.iter()
+            .any(|e| e.kind == "created" && e.path == "late" && e.dir)
+    );
+    // The watched ones go on reporting.
+    let watched_file = files[0].to_owned();
+    std::fs::write(root.join(&watched_file), "again").expect("a write");
+    let seen = events_until(&mut conn, "modified", &watched_file);
+    assert!(seen.iter().all(|e| e.kind != "limit"));
+}
+
+/// File watch: what is not a folder is refused, and so is a watch below protocol 2.
+#[test]
+fn a_watch_of_no_folder_is_refused() {
+    let agent = Agent::start();
+    let file = agent.dir.join("file");
+    std::fs::write(&file, "").expect("a file");
+    let link = agent.dir.join("link");
+    std::os::unix::fs::symlink(&agent.dir, &link).expect("a link to a folder");
+    for (path, words) in [
+        (file.display().to_string(), "is not a folder"),
+        (link.display().to_string(), "is not a folder"),
+        (agent.dir.join("none").display().to_string(), "no folder"),
+        ("relative".to_owned(), "not an absolute path"),
+    ] {
+        match agent.request(&Msg::Watch {
+            path: path.clone(),
+            recursive: true,
+            max_watches: 10,
+        }) {
+            Msg::Error { code, message } => {
+                assert_eq!(code, "bad_request", "{message}");
+                assert!(message.contains(words), "{path}: {message}");
+            }
+            other => panic!("expected bad_request for {path}, got {other:?}"),
+        }
+    }
+
+    let mut conn = UnixStream::connect(&agent.socket).expect("connect");
+    conn.set_read_timeout(Some(READ_TIMEOUT)).expect("timeout");
+    proto::write_msg(
+        &mut conn,
+        &Msg::Hello {
+            protocols: vec![1],
+            session: SESSION.into(),
+        },
+    )
+    .expect("hello");
+    assert!(matches!(
+        read(&mut conn),
+        Some(Frame::Msg(Msg::Welcome { protocol: 1, .. }))
+    ));
+    proto::write_msg(
+        &mut conn,
+        &Msg::Watch {
+            path: agent.dir.display().to_string(),
+            recursive: false,
+            max_watches: 10,
+        },
+    )
+    .expect("watch");
+    match read(&mut conn) {
+        Some(Frame::Msg(Msg::Error { code, message })) => {
+            assert_eq!(code, "bad_request");
+            assert!(message.contains("protocol 2"), "{message}");
+        }
+        other => panic!("expected bad_request, got {other:?}"),
+    }
+}
+
+/// File watch: closing the connection ends the watch and lets its inotify instance go; the
+/// agent serves the next one.
+#[test]
+fn closing_a_watch_ends_it() {
+    let agent = Agent::start();
+    let root = folder(&agent, "closed");
+    let pid = agent.child.id();
+    let before = inotify_fds(pid);
+    let (mut conn, _) = watch(&agent, &root, true, 10);
+    if let Some(before) = before {
+        assert_eq!(inotify_fds(pid), Some(before + 1));
+    } else {
+        eprintln!("the agent's descriptors cannot be read (not root): not counted");
+    }
+    std::fs::write(root.join("one"), "").expect("a file");
+    events_until(&mut conn, "created", "one");
+    drop(conn);
+    if let Some(before) = before {
+        let deadline = Instant::now() + EXPECT_WITHIN;
+        while inotify_fds(pid) != Some(before) {
+            assert!(
+                Instant::now() < deadline,
+                "the inotify instance outlived its watch"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let (mut again, watched) = watch(&agent, &root, true, 10);
+    assert_eq!(watched, 1);
+    std::fs::write(root.join("two"), "").expect("a file");
+    let seen = events_until(&mut again, "created", "two");
+    assert_eq!(changes(&seen), vec![change("created", "two", None, false)]);
+}
+
+/// File watch: a watch of a large tree is bounded, and the agent answers other requests
+/// promptly while it watches and a program makes thousands of files.
+#[test]
+fn a_watch_of_a_large_tree_is_bounded() {
+    let agent = Agent::start();
+    let root = folder(&agent, "large");
+    for i in 0..40 {
+        for j in 0..50 {
+            std::fs::create_dir_all(root.join(format!("a{i}/b{j}"))).expect("a folder");
+        }
+    }
+    let started = Instant::now();
+    let (mut conn, watched) = watch(&agent, &root, true, 100);
+    assert_eq!(watched, 100);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let writer = {
+        let root = root.clone();
+        std::thread::spawn(move || {
+            for i in 0..40 {
+                for j in 0..50 {
+                    std::fs::write(root.join(format!("a{i}/b{j}/f")), "x").expect("a file");
+                }
+                std::fs::write(root.join(format!("f{i}")), "x").expect("a file");
+            }
+        })
+    };
+    for _ in 0..5 {
+        let asked = Instant::now();
+        assert!(matches!(
+            agent.request(&Msg::TermList),
+            Msg::TermListReply { .. }
+        ));
+        assert!(asked.elapsed() < Duration::from_secs(2));
+    }
+    writer.join().expect("the writer");
+    std::fs::write(root.join("end"), "").expect("a marker");
+    let seen = events_until(&mut conn, "created", "end");
+    assert_eq!(seen.iter().filter(|e| e.kind == "limit").count(), 1);
+    assert!(seen.iter().any(|e| e.kind == "created" && e.path == "f39"));
+    // Only watched folders report: the root and 99 below it.
+    let reporting: std::collections::HashSet<&str> = seen
+        .iter()
+        .filter(|e| e.kind == "created" && !e.dir)
+        .map(|e| e.path.rsplit_once('/').map_or("", |(folder, _)| folder))
+        .collect();
+    assert!(
+        reporting.len() <= 100,
+        "{} folders reported",
+        reporting.len()
+    );
+}
+
+/// File watch: a peer that does not read while the tree changes fast makes the kernel drop
+/// events: one `overflow` says so, and the watch goes on, its subfolders watched again.
+#[test]
+fn a_watch_that_falls_behind_reports_an_overflow_and_goes_on() {
+    let agent = Agent::start();
+    let root = folder(&agent, "flood");
+    std::fs::create_dir(root.join("sub")).expect("a subfolder");
+    let (mut conn, watched) = watch(&agent, &root, true, 10);
+    assert_eq!(watched, 2);
+    // Nothing is read meanwhile: events of long names fill the connection, so the agent waits
+    // to write; then writes to two files by turns (the kernel merges only repeats of its last
+    // event) fill the kernel's queue (16,384 events by default).
+    let long = "n".repeat(200);
+    for i in 0..2000 {
+        std::fs::File::create(root.join(format!("{long}{i}"))).expect("a file");
+    }
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(root.join(name))
+            .expect("a file to write")
+    };
+    let (mut a, mut b) = (open("a"), open("b"));
+    for _ in 0..20_000 {
+        a.write_all(b"a").expect("a write");
+        b.write_all(b"b").expect("a write");
+    }
+    let seen = events_until(&mut conn, "overflow", "");
+    assert!(seen.len() < 40_000, "{} events", seen.len());
+    // What came after the overflow is reported again, below the root too.
+    std::fs::write(root.join("sub/after"), "").expect("a file below");
+    let seen = events_until(&mut conn, "created", "sub/after");
+    assert!(seen.iter().all(|e| e.kind != "limit"), "{seen:?}");
 }

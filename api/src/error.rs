@@ -101,6 +101,8 @@ pub enum ErrorCode {
     PortTimeout,
     /// The session has as many ports open as it may (429).
     PortLimit,
+    /// The session has as many file watches open as it may (429).
+    WatchLimit,
     /// The run was cancelled before it started.
     RunCancelled,
     /// A policy change was refused (422).
@@ -146,7 +148,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 59] = [
+    pub const ALL: [ErrorCode; 60] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -186,6 +188,7 @@ impl ErrorCode {
         Self::PortClosed,
         Self::PortTimeout,
         Self::PortLimit,
+        Self::WatchLimit,
         Self::ProcessLimit,
         Self::RunCancelled,
         Self::PolicyRefused,
@@ -250,6 +253,7 @@ impl ErrorCode {
             Self::PortClosed => "port_closed",
             Self::PortTimeout => "port_timeout",
             Self::PortLimit => "port_limit",
+            Self::WatchLimit => "watch_limit",
             Self::ProcessLimit => "process_limit",
             Self::RunCancelled => "run_cancelled",
             Self::PolicyRefused => "policy_refused",
@@ -317,6 +321,7 @@ impl From<&str> for ErrorCode {
             "port_closed" => Self::PortClosed,
             "port_timeout" => Self::PortTimeout,
             "port_limit" => Self::PortLimit,
+            "watch_limit" => Self::WatchLimit,
             "process_limit" => Self::ProcessLimit,
             "run_cancelled" => Self::RunCancelled,
             "policy_refused" => Self::PolicyRefused,

@@ -50,6 +50,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/sessions/{id}/mkdir",
     "GET /v1/sessions/{id}/ls",
     "GET /v1/sessions/{id}/tree",
+    "GET /v1/sessions/{id}/watch",
     "GET /v1/sessions/{id}/events",
     "GET /v1/sessions/{id}/egress",
     "PUT /v1/sessions/{id}/credentials",

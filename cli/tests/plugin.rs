@@ -2,64 +2,19 @@
 //! a real sandboxd on the project's dockerd and the real operator (scoped by a label, so it
 //! touches only this test's objects). Asserts what a person sees: output and exit status.
 
-use std::process::{Command, Output};
+mod common;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
-use rand::Rng;
-use sandboxd_crds::v1alpha1::{Runtime, SandboxHost};
-use sandboxd_tests::host::{Host, bin, free_port};
-use sandboxd_tests::process::Operator;
-use sandboxd_tests::{TestNamespace, base_image, client, install_crds, within};
+use common::{TestScope, ok, plugin, plugin_command, strip_and_delete, text};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use sandboxd_tests::host::{Host, free_port};
+use sandboxd_tests::{base_image, within};
 use serde_json::json;
-
-const SCOPE_LABEL: &str = "sandboxd.dev/test-scope";
-
-/// The operator of this test's scope (`selector`) in namespace `ns`, started; killed when
-/// dropped.
-fn operator(ns: &str, selector: &str, identity: &str) -> Operator {
-    let mut op = Operator::new(bin("sandbox-operator"), ns, selector);
-    op.identity = Some(identity.to_owned());
-    op.launch().expect("the operator starts");
-    op
-}
-
-/// Runs the plugin in the test's namespace.
-fn plugin(ns: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kubectl-sandbox"))
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("kubectl-sandbox runs")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn ok(ns: &str, args: &[&str]) -> (String, String) {
-    let o = plugin(ns, args);
-    let (out, err) = text(&o);
-    assert!(
-        o.status.success(),
-        "kubectl sandbox {args:?} failed ({:?}):\n{out}\n{err}",
-        o.status
-    );
-    (out, err)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts() {
-    let client = client().await;
-    install_crds(&client).await;
-    let namespace = TestNamespace::create(&client, "plugin").await;
-    let ns = namespace.name.clone();
-    let scope = format!("plugin-{:08x}", rand::rng().random::<u32>());
-    let labels = json!({ SCOPE_LABEL: scope });
-    let selector = format!("{SCOPE_LABEL}={scope}");
+    let test = TestScope::new("plugin", "plugin").await;
+    let (ns, scope, selector) = (test.ns.clone(), test.scope.clone(), test.selector.clone());
     let host_name = format!("plugin-host-{scope}");
 
     // One sandboxd, registered as a SandboxHost with its admin token, and the operator.
@@ -68,60 +23,14 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
         .tempdir()
         .expect("temp dir");
     let sandboxd_host = Host::start(&host_name, &[]);
-    let token = sandboxd_host.sandboxd.token.clone();
     let endpoint = sandboxd_host.endpoint();
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "host-admin", "labels": labels},
-        "stringData": {"token": token},
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("secret created");
-    let host = |name: &str, endpoint: &str| -> SandboxHost {
-        serde_json::from_value(json!({
-            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
-            "metadata": {"name": name, "labels": labels},
-            // The node each host's sandboxd takes the token of (a host names its node, or the
-            // operator sends it nothing).
-            "spec": {"endpoint": endpoint, "node": name, "adminTokenSecret": {"namespace": ns, "name": "host-admin"}},
-        }))
-        .expect("host")
-    };
-    let hosts = Api::<SandboxHost>::all(client.clone());
-    hosts
-        .create(&PostParams::default(), &host(&host_name, &endpoint))
-        .await
-        .expect("host created");
-    let runtime: Runtime = serde_json::from_value(json!({
-        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-        "metadata": {"name": format!("base-{scope}"), "labels": labels},
-        "spec": {"description": "the local base image", "image": base_image(), "default": true},
-    }))
-    .expect("runtime");
-    let runtimes = Api::<Runtime>::all(client.clone());
-    runtimes
-        .create(&PostParams::default(), &runtime)
-        .await
-        .expect("runtime created");
-    let operator = operator(&ns, &selector, &scope);
+    // Its node is its name: the node its sandboxd takes the token of.
+    test.register_host(&sandboxd_host).await;
+    test.create_base_runtime().await;
+    let operator = test.operator();
 
     // open: created, progress in words, then running with the next commands.
-    let label = format!("{SCOPE_LABEL}={scope}");
-    let (out, err) = ok(
-        &ns,
-        &[
-            "open",
-            "s1",
-            "--tenant",
-            "org-1",
-            "--label",
-            &label,
-            "--timeout",
-            "120",
-        ],
-    );
+    let (out, err) = test.open("s1");
     assert!(
         err.contains(&format!(
             "created SandboxSession s1 in namespace {ns} (tenant org-1, scope conversation)"
@@ -245,8 +154,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     assert!(out.contains("notes/report.txt"), "{out}");
 
     // ops --follow: the feed so far, then each new entry as it comes.
-    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-sandbox"))
-        .args(["-n", &ns, "ops", "s1", "--follow", "--limit", "3"])
+    let mut follow = plugin_command(&ns, &["ops", "s1", "--follow", "--limit", "3"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -291,19 +199,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     let _ = follow.wait();
 
     // top: both sessions of the namespace, what each uses.
-    ok(
-        &ns,
-        &[
-            "open",
-            "s2",
-            "--tenant",
-            "org-1",
-            "--label",
-            &label,
-            "--timeout",
-            "120",
-        ],
-    );
+    test.open("s2");
     ok(&ns, &["exec", "s2", "--", "true"]);
     let (out, _) = ok(&ns, &["top"]);
     let lines: Vec<&str> = out.lines().collect();
@@ -342,17 +238,12 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
 
     // pause and resume: a gvisor session sleeps with its processes and memory and says so in
     // its status; a runc one is refused with the reason.
-    let secure: Runtime = serde_json::from_value(json!({
-        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-        "metadata": {"name": format!("secure-{scope}"), "labels": labels},
-        "spec": {"description": "the base image on gVisor", "image": base_image(), "isolation": "gvisor"},
-    }))
-    .expect("runtime");
-    runtimes
-        .create(&PostParams::default(), &secure)
-        .await
-        .expect("runtime created");
     let secure_alias = format!("secure-{scope}");
+    test.create_runtime(
+        &secure_alias,
+        json!({"description": "the base image on gVisor", "image": base_image(), "isolation": "gvisor"}),
+    )
+    .await;
     ok(
         &ns,
         &[
@@ -361,7 +252,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
             "--tenant",
             "org-1",
             "--label",
-            &label,
+            &selector,
             "--runtime",
             &secure_alias,
             "--timeout",
@@ -379,7 +270,7 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     );
     let (out, _) = ok(&ns, &["pause", "g1"]);
     assert_eq!(out, "session g1 paused: asleep with its memory\n");
-    let sessions = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns);
+    let sessions = test.sessions();
     let memory_kept = |reason: &'static str| {
         let sessions = sessions.clone();
         async move {
@@ -498,13 +389,8 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     );
     assert!(out.ends_with("1 SandboxHosts healthy\n"), "{out}");
     let dead = format!("http://127.0.0.1:{}", free_port());
-    hosts
-        .create(
-            &PostParams::default(),
-            &host(&format!("plugin-dead-{scope}"), &dead),
-        )
-        .await
-        .expect("dead host created");
+    let dead_name = format!("plugin-dead-{scope}");
+    test.create_host(&dead_name, &dead, &dead_name, None).await;
     let sick = plugin(&ns, &["doctor", "-l", &selector]);
     let (out, err) = text(&sick);
     assert_eq!(sick.status.code(), Some(1), "{out}{err}");
@@ -528,43 +414,13 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     // Clean up: the operator is stopped first, so drop finalizers.
     drop(operator);
     drop(sandboxd_host);
-    for name in [host_name.clone(), format!("plugin-dead-{scope}")] {
-        strip_and_delete(&hosts, &name).await;
-    }
-    strip_and_delete(&runtimes, &format!("base-{scope}")).await;
-    strip_and_delete(&runtimes, &format!("secure-{scope}")).await;
-    for name in ["s1", "s2", "g1"] {
-        strip_and_delete(
-            &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
-            name,
-        )
-        .await;
-    }
-    let tombstones = Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone());
-    if let Ok(list) = tombstones
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await
-    {
-        for t in list.items {
-            strip_and_delete(&tombstones, &kube::ResourceExt::name_any(&t)).await;
-        }
-    }
-    namespace.delete().await;
-}
-
-async fn strip_and_delete<K>(api: &Api<K>, name: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let patch = json!({"metadata": {"finalizers": null}});
-    let _ = api
-        .patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await;
-    let _ = api.delete(name, &kube::api::DeleteParams::default()).await;
+    let base = test.base_runtime();
+    test.clean_up(
+        &[&host_name, &dead_name],
+        &[&base, &secure_alias],
+        &["s1", "s2", "g1"],
+    )
+    .await;
 }
 
 /// Over https: the plugin trusts the CA the operator put in the session's token Secret
@@ -572,13 +428,8 @@ where
 /// do, and `doctor` checks the host with its spec.caSecret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_another() {
-    let client = client().await;
-    install_crds(&client).await;
-    let namespace = TestNamespace::create(&client, "plugin-tls").await;
-    let ns = namespace.name.clone();
-    let scope = format!("plugin-tls-{:08x}", rand::rng().random::<u32>());
-    let labels = json!({ SCOPE_LABEL: scope });
-    let selector = format!("{SCOPE_LABEL}={scope}");
+    let test = TestScope::new("plugin-tls", "plugin-tls").await;
+    let (ns, scope, selector) = (test.ns.clone(), test.scope.clone(), test.selector.clone());
     let host_name = format!("plugin-tls-host-{scope}");
     let dir = tempfile::Builder::new()
         .prefix("sandboxd-plugin-tls-")
@@ -597,67 +448,16 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
             ("SANDBOXD_TLS_KEY_FILE", leaf.key.to_str().expect("utf-8")),
         ],
     );
-    let token = sandboxd_host.sandboxd.token.clone();
     let endpoint = sandboxd_host.endpoint();
     assert!(endpoint.starts_with("https://"), "{endpoint}");
-    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    for (name, key, value) in [
-        ("host-admin", "token", &token),
-        ("host-ca", "ca.crt", &ca.pem),
-    ] {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": labels},
-            "stringData": {key: value},
-        }))
-        .expect("secret");
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("secret created");
-    }
-    let sbh: SandboxHost = serde_json::from_value(json!({
-        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxHost",
-        "metadata": {"name": host_name, "labels": labels},
-        "spec": {
-            "endpoint": endpoint,
-            "node": sandboxd_host.node,
-            "adminTokenSecret": {"namespace": ns, "name": "host-admin"},
-            "caSecret": {"namespace": ns, "name": "host-ca"},
-        },
-    }))
-    .expect("host");
-    let hosts = Api::<SandboxHost>::all(client.clone());
-    hosts
-        .create(&PostParams::default(), &sbh)
-        .await
-        .expect("host created");
-    let runtime: Runtime = serde_json::from_value(json!({
-        "apiVersion": "sandboxd.dev/v1alpha1", "kind": "Runtime",
-        "metadata": {"name": format!("base-{scope}"), "labels": labels},
-        "spec": {"description": "the local base image", "image": base_image(), "default": true},
-    }))
-    .expect("runtime");
-    let runtimes = Api::<Runtime>::all(client.clone());
-    runtimes
-        .create(&PostParams::default(), &runtime)
-        .await
-        .expect("runtime created");
-    let operator = operator(&ns, &selector, &scope);
+    test.create_admin_secret(&sandboxd_host).await;
+    test.create_secret("host-ca", "ca.crt", &ca.pem).await;
+    test.create_host(&host_name, &endpoint, &sandboxd_host.node, Some("host-ca"))
+        .await;
+    test.create_base_runtime().await;
+    let operator = test.operator();
 
-    let label = format!("{SCOPE_LABEL}={scope}");
-    ok(
-        &ns,
-        &[
-            "open",
-            "s1",
-            "--tenant",
-            "org-1",
-            "--label",
-            &label,
-            "--timeout",
-            "120",
-        ],
-    );
+    test.open("s1");
     // No flag: the CA comes from the session's token Secret.
     let (out, _) = ok(&ns, &["exec", "s1", "--", "echo", "over-https"]);
     assert_eq!(out, "over-https\n");
@@ -690,23 +490,8 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
 
     drop(operator);
     drop(sandboxd_host);
-    strip_and_delete(&hosts, &host_name).await;
-    strip_and_delete(&runtimes, &format!("base-{scope}")).await;
-    strip_and_delete(
-        &Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns),
-        "s1",
-    )
-    .await;
-    let tombstones = Api::<sandboxd_crds::v1alpha1::Tombstone>::all(client.clone());
-    if let Ok(list) = tombstones
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await
-    {
-        for t in list.items {
-            strip_and_delete(&tombstones, &kube::ResourceExt::name_any(&t)).await;
-        }
-    }
-    namespace.delete().await;
+    let base = test.base_runtime();
+    test.clean_up(&[&host_name], &[&base], &["s1"]).await;
 }
 
 /// A session no running operator selects: within seconds `open` names the operators'
@@ -714,15 +499,11 @@ async fn over_https_the_plugin_trusts_the_ca_of_the_token_secret_and_refuses_ano
 /// session it made; that command's session is then picked up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_names_the_operators_selectors_when_none_picks_the_session_up() {
-    let client = client().await;
-    install_crds(&client).await;
-    let namespace = TestNamespace::create(&client, "plugin-unhandled").await;
-    let ns = namespace.name.clone();
-    let scope = format!("plugin-{:08x}", rand::rng().random::<u32>());
-    let selector = format!("{SCOPE_LABEL}={scope}");
-    let operator = operator(&ns, &selector, &scope);
+    let test = TestScope::new("plugin-unhandled", "plugin").await;
+    let (ns, selector) = (test.ns.clone(), test.selector.clone());
+    let operator = test.operator();
     // The operator leads: its Lease carries its selector.
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns);
+    let leases = Api::<Lease>::namespaced(test.client.clone(), &ns);
     within(
         std::time::Duration::from_secs(60),
         kube::runtime::wait::await_condition(leases, "sandbox-operator", |l: Option<&_>| {
@@ -758,7 +539,7 @@ async fn open_names_the_operators_selectors_when_none_picks_the_session_up() {
         )),
         "{err}"
     );
-    let sessions = Api::<sandboxd_crds::v1alpha1::SandboxSession>::namespaced(client.clone(), &ns);
+    let sessions = test.sessions();
     assert!(
         sessions.get_opt("lone").await.expect("get").is_none(),
         "the session open made is removed again"
@@ -789,5 +570,5 @@ async fn open_names_the_operators_selectors_when_none_picks_the_session_up() {
 
     drop(operator);
     strip_and_delete(&sessions, "lone").await;
-    namespace.delete().await;
+    test.delete_namespace().await;
 }

@@ -304,6 +304,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOXD_PORT_ANSWER_TIMEOUT", default_value_t = 60)]
     pub port_answer_timeout: u64,
 
+    /// Folders one file watch watches at most (each an inotify watch in the sandbox); past it a
+    /// watch says which folder it left out.
+    #[arg(long, env = "SANDBOXD_WATCH_MAX_FOLDERS", default_value_t = 4096)]
+    pub watch_max_folders: u32,
+
     /// The uid (and gid) sandboxes run as and workspaces are owned by. Never 0.
     #[arg(long, env = "SANDBOXD_SANDBOX_UID", default_value_t = 10001)]
     pub sandbox_uid: u32,
@@ -920,6 +925,7 @@ impl crate::service::Settings {
                 idle_timeout: std::time::Duration::from_secs(c.terminal_idle_timeout),
             },
             port_answer_timeout: std::time::Duration::from_secs(c.port_answer_timeout.max(1)),
+            watch_max_folders: c.watch_max_folders.max(1),
             uid: c.sandbox_uid,
             network_mode: c.network_mode.clone(),
             runtime_network: c

@@ -149,6 +149,11 @@ pub struct Metrics {
     pub agent_deaths: Counter,
     /// Checkpoints and restores of gVisor sandboxes by outcome.
     pub checkpoints: Family<CheckpointLabels, Counter>,
+    /// Terminal opens by outcome: opened, refused (the cap, a bad request), failed.
+    pub terminal_opens: Family<Outcome, Counter>,
+    /// Connections to sandboxes' ports by outcome: connected, not_open, closed (nothing
+    /// answered), failed.
+    pub port_connections: Family<Outcome, Counter>,
     /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
     /// or a run folder or socket that is not sandboxd's alone).
     pub agent_untrusted: Counter,
@@ -227,6 +232,18 @@ impl Default for Metrics {
             "checkpoints",
             "Checkpoints (sleeps with memory) and restores (their wakes) of gVisor sandboxes, by outcome",
             checkpoints.clone(),
+        );
+        let terminal_opens = Family::<Outcome, Counter>::default();
+        registry.register(
+            "terminal_opens",
+            "Terminal opens by outcome (opened, refused: the cap or a bad request, failed)",
+            terminal_opens.clone(),
+        );
+        let port_connections = Family::<Outcome, Counter>::default();
+        registry.register(
+            "port_connections",
+            "Connections to sandboxes' ports through sandboxd by outcome (connected, not_open, closed, failed)",
+            port_connections.clone(),
         );
         let agent_untrusted = Counter::default();
         registry.register(
@@ -405,6 +422,12 @@ impl Default for Metrics {
         for outcome in ["exited", "failed", "timed_out", "stopped"] {
             let _ = runs.get_or_create(&Outcome::new(outcome));
         }
+        for outcome in ["opened", "refused", "failed"] {
+            let _ = terminal_opens.get_or_create(&Outcome::new(outcome));
+        }
+        for outcome in ["connected", "not_open", "closed", "failed"] {
+            let _ = port_connections.get_or_create(&Outcome::new(outcome));
+        }
         for op in ["checkpoint", "restore"] {
             for outcome in ["ok", "failed"] {
                 let _ = checkpoints.get_or_create(&CheckpointLabels {
@@ -472,6 +495,8 @@ impl Default for Metrics {
             run_paths,
             agent_deaths,
             checkpoints,
+            terminal_opens,
+            port_connections,
             agent_untrusted,
             agent_pid_lookups,
             audit_rows_dropped,

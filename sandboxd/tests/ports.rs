@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Backend, Daemon, raw, until};
+use common::{Backend, Daemon, counter, metrics, raw, until};
 use reqwest::Method;
 use sandboxd_api::audit::{Op, OperationQuery};
 use sandboxd_api::client::Client;
@@ -228,7 +228,12 @@ http.server.HTTPServer(('127.0.0.1', 3001), H).serve_forever()\n";
     let (status, _) = raw(Method::GET, &url("hello.txt"), Some(&token), None).await;
     assert_eq!(status, 404);
 
-    // Every connection is in the audit log.
+    // Every connection is counted by its outcome, and is in the audit log.
+    let m = metrics(&d).await;
+    for (outcome, at_least) in [("connected", 4), ("not_open", 2), ("closed", 1)] {
+        let series = format!("sandboxd_port_connections_total{{outcome=\"{outcome}\"}}");
+        assert!(counter(&m, &series) >= at_least, "{series}: {m}");
+    }
     let page = d
         .admin()
         .operations(&OperationQuery {

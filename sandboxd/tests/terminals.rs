@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Backend, Daemon, until};
+use common::{Backend, Daemon, counter, metrics, until};
 use sandboxd_api::audit::{Op, OperationQuery};
 use sandboxd_api::client::{Client, ClientError};
 use sandboxd_api::error::ErrorCode;
@@ -281,6 +281,12 @@ async fn terminals_are_capped_refused_in_words_and_kept_to_their_session() {
     }
     let refused = flood.await.expect("the flood");
     assert_eq!(refused, 10_000, "every open past the cap is refused");
+    let m = metrics(&d).await;
+    assert!(
+        counter(&m, "sandboxd_terminal_opens_total{outcome=\"refused\"}") >= 10_001,
+        "the refusals are counted"
+    );
+    assert!(counter(&m, "sandboxd_terminal_opens_total{outcome=\"opened\"}") >= 3);
     assert!(served > 0);
     eprintln!(
         "10,000 refused opens in {:.1} s; {served} runs of another session meanwhile",

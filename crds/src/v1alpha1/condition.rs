@@ -44,6 +44,9 @@ pub enum ConditionType {
     /// (its Runtime's and its own `spec.egress.credentials`); False says why: one refused, a
     /// Secret missing, a host that does not support them.
     CredentialsApplied,
+    /// `PortsOpen`: whether every port of the session's `spec.ports` is open on its host
+    /// (False: the host refused one, the message says which and why; the others are open).
+    PortsOpen,
     /// `MemoryKept`: whether the session's last sleep with memory (a checkpoint of a gvisor
     /// sandbox) or its wake from one (a restore) kept its processes and memory; False says
     /// what failed and what the session was left with. Only on sessions of gvisor runtimes.
@@ -67,6 +70,7 @@ impl ConditionType {
             Self::Rebuilt => "Rebuilt",
             Self::EgressApplied => "EgressApplied",
             Self::CredentialsApplied => "CredentialsApplied",
+            Self::PortsOpen => "PortsOpen",
             Self::MemoryKept => "MemoryKept",
         }
     }
@@ -132,6 +136,15 @@ pub enum SessionReason {
     /// `CredentialsApplied=False`: the session's host does not serve the credentials route (an
     /// older sandboxd), or this operator runs without egress credentials.
     CredentialsUnsupported,
+    /// `PortsOpen=True`: every port of the session's `spec.ports` is open on its host.
+    PortsOpened,
+    /// `PortsOpen=False`: the host refused to open (or close) a port of `spec.ports` (its cap
+    /// of open ports reached, a port it does not take); the others are applied and the
+    /// session is otherwise untouched. Tried again at each reconcile.
+    PortsRefused,
+    /// `PortsOpen=False`: the session's host does not serve the ports routes (an older
+    /// sandboxd).
+    PortsUnsupported,
     /// `Admitted=False`: the open failed on the host (its disk is full, Docker failed, …); it is
     /// tried again with backoff.
     OpenFailed,
@@ -209,6 +222,9 @@ impl SessionReason {
             Self::CredentialInvalid => "CredentialInvalid",
             Self::CredentialSecretMissing => "CredentialSecretMissing",
             Self::CredentialsUnsupported => "CredentialsUnsupported",
+            Self::PortsOpened => "PortsOpened",
+            Self::PortsRefused => "PortsRefused",
+            Self::PortsUnsupported => "PortsUnsupported",
             Self::OpenFailed => "OpenFailed",
             Self::TokenSecretNotWritten => "TokenSecretNotWritten",
             Self::NotOnHost => "NotOnHost",

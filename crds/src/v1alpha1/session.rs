@@ -164,6 +164,24 @@ pub struct SandboxSessionSpec {
     /// is refused (condition EgressApplied False) and the policy sent before stays in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Egress>,
+
+    /// Ports of the sandbox's loopback reachable through its host's sandboxd (HTTP under
+    /// /v1/sessions/{id}/ports/{port}/, a TCP stream with kubectl sandbox port-forward): the
+    /// operator opens each on the host once the session is open, and closes one it opened
+    /// when it leaves this list; a port opened through the API directly is left alone. At most
+    /// 16 (sandboxd's cap of open ports per session), each 1 to 65535; a port listed twice
+    /// counts once. May be changed while the session runs; a port the host refuses (its cap
+    /// reached by ports opened otherwise) shows as condition PortsOpen False, the session
+    /// otherwise untouched. Unset: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // An integer of the API's own format (the server warns about uint16), bounded to a port;
+    // 16 is sandboxd's `sandboxd_api::ports::MAX_PORTS` (the operator's tests hold them equal).
+    #[schemars(
+        with = "Vec<i32>",
+        length(max = 16),
+        inner(range(min = 1, max = 65535))
+    )]
+    pub ports: Vec<u16>,
 }
 
 /// Resource overrides for one session.
@@ -289,8 +307,14 @@ pub struct SandboxSessionStatus {
     /// comes from and whether it has a value; never a value. Empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialStatus>,
+    /// The ports of spec.ports the operator opened on the host and has not closed since,
+    /// ascending: what it last applied there, so the host is called only when spec.ports
+    /// differs. Ports opened through the API directly are not in it. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<i32>", inner(range(min = 1, max = 65535)))]
+    pub ports: Vec<u16>,
     /// The latest observations: Placed, RuntimeReady, Admitted, Ready, RebuildNeeded, Rebuilt,
-    /// EgressApplied, CredentialsApplied, MemoryKept.
+    /// EgressApplied, CredentialsApplied, PortsOpen, MemoryKept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.

@@ -6,8 +6,9 @@
 //! A reconcile runs the steps in order, each in its module, and stops at the first that has
 //! nothing more to do now: [`place`] (the Runtime, a host, the claim), [`open`] (the open on the
 //! host and the token Secret), [`egress`] (an open session's egress policies kept current on
-//! its host), [`follow`] (the session's life, decided by a pure function, and through
-//! [`credentials`] its egress credentials kept current on its host);
+//! its host), [`ports`] (its `spec.ports` kept open on its host), [`follow`] (the session's
+//! life, decided by a pure function, and through [`credentials`] its egress credentials kept
+//! current on its host);
 //! [`cleanup`] runs when the object is deleted. Before them, [`orphan`] deletes a session its
 //! namespace left behind.
 //!
@@ -20,6 +21,7 @@ pub mod follow;
 mod open;
 pub mod orphan;
 mod place;
+pub mod ports;
 pub mod rebuild;
 mod step;
 mod token;
@@ -455,6 +457,11 @@ async fn advance(
     egress::keep_current(s, ctx, &mut status, &placed, &id, uid.as_deref())
         .instrument(tracing::info_span!("egress"))
         .await?;
+    // 2c. Its spec.ports, opened (and those dropped from it closed) on its host when they
+    // differ from what was applied there.
+    ports::keep_current(s, ctx, &mut status, &placed, &id)
+        .instrument(tracing::info_span!("ports"))
+        .await;
     // 3. Follow the session on the host (just opened: the open answered with it).
     follow::follow(
         s,

@@ -98,6 +98,7 @@ impl ServiceError {
             Self::RunNotRunning { .. } | Self::RunUnknown { .. } => (404, ErrorCode::RunNotFound),
             // nginx's "client closed request": nobody is left to read it.
             Self::RunCancelled => (499, ErrorCode::RunCancelled),
+            Self::WatchLimit { .. } => (429, ErrorCode::WatchLimit),
             Self::Port(e) => match e {
                 PortRefusal::NotOpen { .. } => (404, ErrorCode::PortNotOpen),
                 PortRefusal::Limit { .. } => (429, ErrorCode::PortLimit),
@@ -471,6 +472,12 @@ mod tests {
                 "Session 's-1' already has 8 of 8 runs in flight (SANDBOXD_MAX_RUNS_PER_SESSION). Wait for one to finish or stop one.".to_owned(),
             ),
             (
+                ServiceError::WatchLimit { id: id() },
+                429,
+                ErrorCode::WatchLimit,
+                "Session 's-1' already has 8 watches open, the most a session may have: close one first".to_owned(),
+            ),
+            (
                 ServiceError::Port(PortRefusal::NotOpen {
                     id: id(),
                     port: 3000,
@@ -642,6 +649,7 @@ mod tests {
             | ServiceError::RunCancelled
             | ServiceError::Terminal(_)
             | ServiceError::Port(_)
+            | ServiceError::WatchLimit { .. }
             | ServiceError::ContainersPersist
             | ServiceError::NetworkUnavailable { .. }
             | ServiceError::PolicyRefused(_)
@@ -663,7 +671,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 40, "one row per variant of ServiceError");
+        assert_eq!(variants.len(), 41, "one row per variant of ServiceError");
         for (e, status, code, message) in table {
             assert!(listed(&e));
             let what = format!("{e:?}");

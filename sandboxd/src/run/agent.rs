@@ -869,6 +869,22 @@ impl Runner for AgentRunner {
         Box::pin(AgentRunner::port_connect(self, session, port))
     }
 
+    fn watch<'a>(
+        &'a self,
+        session: &'a str,
+        path: &'a str,
+        recursive: bool,
+        max_watches: u32,
+    ) -> BoxFuture<'a, Result<crate::run::watch::Watch, TermError>> {
+        Box::pin(AgentRunner::watch(
+            self,
+            session,
+            path,
+            recursive,
+            max_watches,
+        ))
+    }
+
     fn container_stopped<'a>(&'a self, session: &'a str, container: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let Ok(docker) = self.engine.docker().map(DockerEngine::client) else {

@@ -11,6 +11,7 @@ mod exec;
 mod output;
 pub mod ports;
 pub mod terminal;
+pub mod watch;
 
 pub use exec::ExecRunner;
 pub(crate) use output::*;
@@ -182,6 +183,24 @@ pub trait Runner: Send + Sync {
     ) -> BoxFuture<'a, Result<TermAttach, TermError>> {
         let _ = (session, term_id);
         Box::pin(async { Err(no_terminals()) })
+    }
+
+    /// Watches a folder of the sandbox (see [`watch`]).
+    fn watch<'a>(
+        &'a self,
+        session: &'a str,
+        path: &'a str,
+        recursive: bool,
+        max_watches: u32,
+    ) -> BoxFuture<'a, Result<watch::Watch, TermError>> {
+        let _ = (session, path, recursive, max_watches);
+        Box::pin(async {
+            Err(TermError::Unavailable(
+                no_terminals()
+                    .to_string()
+                    .replace("terminals", "file watch"),
+            ))
+        })
     }
 
     /// Connects to a port on the sandbox's loopback (see [`ports`]).

@@ -212,6 +212,15 @@ pub enum ServiceError {
         /// The run.
         run_id: String,
     },
+    /// The session has as many watches open as it may.
+    #[error(
+        "Session '{id}' already has {max} watches open, the most a session may have: close one first",
+        max = super::watches::MAX_WATCHES_PER_SESSION
+    )]
+    WatchLimit {
+        /// The session.
+        id: String,
+    },
     /// A port not open, over the cap, or not reached; the text says which.
     #[error("{0}")]
     Port(super::PortRefusal),

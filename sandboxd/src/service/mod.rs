@@ -24,6 +24,7 @@ mod sessions;
 mod terminals;
 mod tokens;
 mod usage;
+pub mod watches;
 pub mod work;
 
 pub use error::ServiceError;
@@ -83,6 +84,8 @@ pub struct Settings {
     pub terminals: TerminalLimits,
     /// How long a sandbox's port has to answer a request passed to it.
     pub port_answer_timeout: Duration,
+    /// Folders one watch watches at most.
+    pub watch_max_folders: u32,
     /// Sandbox uid and gid.
     pub uid: u32,
     /// Network of sessions whose runtime needs none.
@@ -180,6 +183,8 @@ pub struct Core {
     runs: Mutex<HashMap<String, RunEntry>>,
     /// The sessions being rebuilt now: their runs are refused (see [`rebuild`]).
     rebuilding: Mutex<HashSet<String>>,
+    /// Watches open, by session (see [`watches`]).
+    watches: Mutex<HashMap<String, usize>>,
     /// Held while a session's open ports change (one read-modify-write at a time).
     port_changes: tokio::sync::Mutex<()>,
     metrics: Arc<Metrics>,
@@ -305,6 +310,7 @@ impl Core {
             runs: Mutex::default(),
             rebuilding: Mutex::default(),
             port_changes: tokio::sync::Mutex::default(),
+            watches: Mutex::default(),
             metrics,
             network: None,
             egress: None,

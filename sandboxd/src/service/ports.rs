@@ -111,6 +111,7 @@ impl Core {
         let started = Instant::now();
         let row = self.row(id).await?;
         if !row.ports.contains(&port) {
+            self.count_connection("not_open");
             return Err(ServiceError::Port(PortRefusal::NotOpen {
                 id: id.to_owned(),
                 port,
@@ -137,6 +138,19 @@ impl Core {
             },
             started,
         );
+        self.count_connection(match &connected {
+            Ok(_) => "connected",
+            Err(PortError::Closed(_)) => "closed",
+            Err(_) => "failed",
+        });
         connected.map_err(|e| ServiceError::Port(PortRefusal::Connect(e)))
+    }
+
+    /// Counts a connection to a port by its outcome (`sandboxd_port_connections_total`).
+    fn count_connection(&self, outcome: &str) {
+        self.metrics
+            .port_connections
+            .get_or_create(&crate::metrics::Outcome::new(outcome))
+            .inc();
     }
 }

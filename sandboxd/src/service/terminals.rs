@@ -144,6 +144,15 @@ impl Core {
             ),
         };
         self.record(id, who, Op::Terminal, &target, outcome, started);
+        let counted = match &opened {
+            Ok(_) => "opened",
+            Err(TermError::Limit(_) | TermError::Unavailable(_)) => "refused",
+            Err(_) => "failed",
+        };
+        self.metrics
+            .terminal_opens
+            .get_or_create(&crate::metrics::Outcome::new(counted))
+            .inc();
         opened
             .map(terminal_view)
             .map_err(|e| self.terminal_error(id, &term_id, e))

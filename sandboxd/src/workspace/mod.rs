@@ -43,6 +43,7 @@ mod writes;
 
 pub use error::FileError;
 pub use operations::{ReadResult, RemoveResult};
+pub use paths::workspace_relative;
 use paths::*;
 use tree::*;
 pub use tree::{EXCLUDED_NAMES, EXCLUDED_PREFIXES, ListRules, TreeLimits, TreeOptions};

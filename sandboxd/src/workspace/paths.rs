@@ -171,6 +171,13 @@ pub(super) fn normalize(path: &str) -> Result<Vec<String>, FileError> {
     Ok(comps)
 }
 
+/// `path` as a path below the workspace root (`a/b`, `` for the root), `.` and `..` resolved
+/// lexically; refused as [`normalize`] refuses. For what names a place in the sandbox rather
+/// than opens it here (a folder to watch).
+pub fn workspace_relative(path: &str) -> Result<String, FileError> {
+    Ok(normalize(path)?.join("/"))
+}
+
 /// `path` fit to be shown in a message (NUL bytes spelled out).
 pub(super) fn shown(path: &str) -> String {
     path.replace('\0', "\\0")

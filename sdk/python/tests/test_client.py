@@ -192,3 +192,76 @@ def test_a_traceparent_goes_on_the_session_and_a_malformed_one_is_refused(stack:
     for bad in ("", "01-" + trace + "-" + span + "-01", f"00-{trace.upper()}-{span}-01", f"00-{'0' * 32}-{span}-01"):
         with pytest.raises(ValueError, match="is not a W3C traceparent"):
             sandboxes.session(tenant="org-x", subject="c-x", traceparent=bad)
+
+
+@pytest.mark.anyio
+async def test_a_terminal_and_a_port_through_the_async_client(stack: Stack) -> None:
+    sandboxes = AsyncSandboxes(namespace=stack.namespace, labels=stack.labels)
+    async with sandboxes.session(tenant=f"org-{secrets.token_hex(3)}", subject=f"c-{secrets.token_hex(6)}") as sbx:
+        try:
+            # A terminal, typed into and read like a person would; left and found again.
+            term = await sbx.terminals.open(rows=30, cols=100)
+            assert term.running
+            assert (term.rows, term.cols) == (30, 100)
+            seen = b""
+            async with await sbx.terminals.attach(term.id) as attached:
+                assert attached.terminal is not None
+                assert attached.terminal.id == term.id
+                await attached.send("echo $((6*7)); stty size\n")
+                with anyio.fail_after(20):
+                    async for chunk in attached:
+                        seen += chunk
+                        if b"42" in seen and b"30 100" in seen:
+                            break
+            async with await sbx.terminals.attach(term.id) as again:
+                assert again.scrollback > 0
+                await again.send("exit 5\n")
+                with anyio.fail_after(20):
+                    async for _ in again:
+                        pass
+                assert again.exit is not None
+                assert (again.exit.exit_code, again.exit.reason) == (5, "exited")
+            [ended] = [t for t in await sbx.terminals.list() if t.id == term.id]
+            assert (ended.running, ended.exit_code) == (False, 5)
+            with pytest.raises(SandboxHTTPError) as refused:
+                await sbx.terminals.attach("term-000000000000")
+            assert refused.value.code == "terminal_not_found"
+
+            # A port: closed until opened, then its answer through sandboxd, in the background.
+            perl = (
+                '$s=IO::Socket::INET->new(LocalAddr=>"127.0.0.1:3000",Listen=>5,ReuseAddr=>1) or die; '
+                "while($c=$s->accept){while(<$c>){last if /^\\r?\\n$/} "
+                'print $c "HTTP/1.0 200 OK\\r\\n\\r\\nhi\\n"; close $c}'
+            )
+            server = await sbx.run(
+                f"(nohup perl -MIO::Socket::INET -e '{perl}' >/dev/null 2>&1 &)",
+                background=True,
+            )
+            await server.wait()
+            assert await sbx.ports.list() == []
+            assert await sbx.ports.open(3000) == [3000]
+            url = await sbx.ports.url(3000, "hi.txt")
+            api = await sbx._session_api()
+            with anyio.fail_after(20):
+                while True:
+                    response = await api._client().get(url)
+                    if response.status_code == 200:
+                        break
+                    await anyio.sleep(0.2)
+            assert response.text == "hi\n"
+            assert await sbx.ports.close(3000) == []
+
+            # A watch: what a run makes comes as events, paths from the workspace root.
+            await sbx.run("mkdir -p watched")
+            changes: list[tuple[str, str | None]] = []
+            with anyio.fail_after(30):
+                async for event in sbx.watch("watched", recursive=True):
+                    changes.append((event.kind, event.path))
+                    if event.kind == "watching":
+                        await sbx.run("echo x > watched/new.txt", background=True)
+                    if event.kind == "created":
+                        break
+            assert changes[0] == ("watching", "watched")
+            assert changes[-1] == ("created", "watched/new.txt")
+        finally:
+            assert await sbx.destroy()

@@ -19,6 +19,7 @@ mod ports;
 mod runs;
 mod sessions;
 mod terminals;
+mod watch;
 
 pub use crate::http::state::{AppState, Caller};
 pub use admin::*;
@@ -29,6 +30,7 @@ pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
 pub use terminals::*;
+pub use watch::*;
 
 /// The largest body a file write accepts.
 pub const MAX_WRITE_BYTES: usize = 256 * 1024 * 1024;
@@ -84,6 +86,7 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}/mkdir", post(mkdir)),
         ("/v1/sessions/{id}/ls", get(ls)),
         ("/v1/sessions/{id}/tree", get(tree)),
+        ("/v1/sessions/{id}/watch", get(watch)),
         ("/v1/sessions/{id}/events", get(events)),
         ("/v1/sessions/{id}/egress", get(egress)),
         (

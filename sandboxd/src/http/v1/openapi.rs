@@ -483,6 +483,43 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         ],
     ),
     (
+        "GET /v1/sessions/{id}/watch",
+        &[
+            (400, &["bad_request", "invalid_path"]),
+            AUTH,
+            (
+                403,
+                &["forbidden", "outside_workspace", "permission_denied"],
+            ),
+            (404, &["session_not_found", "not_found"]),
+            (
+                409,
+                &[
+                    "not_a_directory",
+                    "terminals_unavailable",
+                    "session_opening",
+                    "session_destroying",
+                    "session_changed",
+                    "session_rebuilding",
+                    "runtime_preparing",
+                ],
+            ),
+            (410, &["session_lost", "session_gone"]),
+            (429, &["watch_limit", "host_cap", "tenant_cap"]),
+            INTERNAL,
+            (502, &["docker_error"]),
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                ],
+            ),
+            (507, &["host_disk_full"]),
+        ],
+    ),
+    (
         "GET /v1/sessions/{id}/ports",
         &[AUTH, ADMIN, (404, &["session_not_found"]), INTERNAL],
     ),
@@ -789,6 +826,7 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::mkdir,
         crate::http::v1::ls,
         crate::http::v1::tree,
+        crate::http::v1::watch,
         crate::http::v1::events,
         crate::http::v1::egress,
         crate::http::v1::put_credentials,

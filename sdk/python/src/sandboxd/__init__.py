@@ -23,7 +23,7 @@ from .api import (
     SessionUsage,
     Tree,
 )
-from .client import AsyncSandboxes, BackgroundRun, Files, Sandbox, Sandboxes
+from .client import AsyncSandboxes, BackgroundRun, Files, Ports, Sandbox, Sandboxes, Terminals
 from .errors import (
     SandboxError,
     SandboxHTTPError,
@@ -33,22 +33,27 @@ from .errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
+from .interactive import AsyncTerminal, Terminal, TerminalExit, WatchEvent
 from .key import Actor, Scope, SessionKeyError, TriggerActor, session_key
 from .kube import SessionInfo, SessionRef
-from .sandbox import AsyncBackgroundRun, AsyncFiles, AsyncSandbox
+from .sandbox import AsyncBackgroundRun, AsyncFiles, AsyncPorts, AsyncSandbox, AsyncTerminals
 
 __all__ = (
     "Actor",
     "AsyncBackgroundRun",
     "AsyncFiles",
+    "AsyncPorts",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncTerminal",
+    "AsyncTerminals",
     "BackgroundRun",
     "Entry",
     "Files",
     "Listing",
     "Operation",
     "OperationPage",
+    "Ports",
     "RunResult",
     "RunStatus",
     "Sandbox",
@@ -67,7 +72,11 @@ __all__ = (
     "SessionKeyError",
     "SessionRef",
     "SessionUsage",
+    "Terminal",
+    "TerminalExit",
+    "Terminals",
     "Tree",
     "TriggerActor",
+    "WatchEvent",
     "session_key",
 )

@@ -20,6 +20,7 @@ import anyio
 import httpx
 
 from .errors import SandboxHTTPError
+from .interactive import Terminal, WatchEvent
 
 __all__ = (
     "Entry",
@@ -193,19 +194,22 @@ class SessionApi:
     """Sent as `traceparent` (W3C trace context): sandboxd's spans of each call join that trace."""
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if self.agent:
+            headers["X-Sandbox-Agent"] = self.agent
+        if self.traceparent:
+            headers["traceparent"] = self.traceparent
+        return headers
+
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             verify: ssl.SSLContext | bool = True
             if self.ca_pem:
                 verify = ssl.create_default_context(cadata=self.ca_pem)
-            headers = {"Authorization": f"Bearer {self.token}"}
-            if self.agent:
-                headers["X-Sandbox-Agent"] = self.agent
-            if self.traceparent:
-                headers["traceparent"] = self.traceparent
             self._http = httpx.AsyncClient(
                 base_url=self.endpoint.rstrip("/"),
-                headers=headers,
+                headers=self._headers(),
                 verify=verify,
                 timeout=httpx.Timeout(60.0, connect=10.0),
             )
@@ -313,6 +317,71 @@ class SessionApi:
                 if line.strip():
                     event: dict[str, Any] = json.loads(line)
                     yield event
+
+    async def open_terminal(
+        self, *, command: str | None = None, rows: int = 24, cols: int = 80, env: Mapping[str, str] | None = None
+    ) -> Terminal:
+        """Starts a login shell (or `command` under `/bin/sh -c`) on a terminal of `rows` x `cols`."""
+        body: dict[str, Any] = {"rows": rows, "cols": cols}
+        if command is not None:
+            body["command"] = command
+        if env:
+            body["env"] = dict(env)
+        return Terminal.of((await self._request("POST", self._path("/terminals"), json=body)).json())
+
+    async def terminals(self) -> list[Terminal]:
+        """The session's terminals, running ones first (none while it sleeps)."""
+        data = (await self._request("GET", self._path("/terminals"))).json()
+        return [Terminal.of(t) for t in data.get("terminals", [])]
+
+    async def kill_terminal(self, terminal_id: str) -> None:
+        """Ends a terminal's program and everything it started."""
+        await self._request("DELETE", self._path(f"/terminals/{quote(terminal_id, safe='')}"))
+
+    async def ports(self) -> list[int]:
+        """The ports of the sandbox the session has open."""
+        return [int(p) for p in (await self._request("GET", self._path("/ports"))).json().get("ports", [])]
+
+    async def open_port(self, port: int) -> list[int]:
+        """Opens `port` of the sandbox's loopback to be reached through sandboxd."""
+        data = (await self._request("POST", self._path("/ports"), json={"port": port})).json()
+        return [int(p) for p in data.get("ports", [])]
+
+    async def close_port(self, port: int) -> list[int]:
+        """Closes `port` to new connections."""
+        data = (await self._request("DELETE", self._path(f"/ports/{int(port)}"))).json()
+        return [int(p) for p in data.get("ports", [])]
+
+    def port_url(self, port: int, path: str = "") -> str:
+        """The URL of `path` on an open `port`, through sandboxd (send the session token with it)."""
+        return self.endpoint.rstrip("/") + self._path(f"/ports/{int(port)}/{path.lstrip('/')}")
+
+    async def watch(self, path: str = "", *, recursive: bool = False) -> AsyncIterator[WatchEvent]:
+        """The changes of a workspace folder as they come (Server-Sent Events), until the loop
+        stops; across a sleep of the session, `sleeping` then `resumed`."""
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        async with self._client().stream(
+            "GET", self._path("/watch"), params=params, timeout=httpx.Timeout(None, connect=10.0)
+        ) as response:
+            if response.is_error:
+                raise _error(response.status_code, await response.aread())
+            kind = ""
+            data = ""
+            async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif not line and kind:
+                    body: dict[str, Any] = json.loads(data) if data else {}
+                    yield WatchEvent(
+                        kind=kind,
+                        path=None if body.get("path") is None else str(body["path"]),
+                        to=None if body.get("to") is None else str(body["to"]),
+                        dir=bool(body.get("dir", False)),
+                        data=body,
+                    )
+                    kind, data = "", ""
 
     async def run_status(self, run_id: str) -> RunStatus:
         """A run in flight (or, on the agent path, one of the last that finished)."""

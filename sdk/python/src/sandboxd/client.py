@@ -21,11 +21,12 @@ from .api import (
     SessionUsage,
     Tree,
 )
+from .interactive import Terminal
 from .key import Actor, Scope
 from .kube import Cluster, SessionInfo, SessionRef
 from .sandbox import DEFAULT_PREPARE_TIMEOUT, AsyncBackgroundRun, AsyncSandbox
 
-__all__ = ("AsyncSandboxes", "BackgroundRun", "Files", "Sandbox", "Sandboxes")
+__all__ = ("AsyncSandboxes", "BackgroundRun", "Files", "Ports", "Sandbox", "Sandboxes", "Terminals")
 
 T = TypeVar("T")
 
@@ -168,6 +169,8 @@ class Sandbox:
         """The async sandbox behind this one."""
         self._portal = portal
         self.files = Files(self)
+        self.terminals = Terminals(self)
+        self.ports = Ports(self)
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         return self._portal.call(functools.partial(fn, *args, **kwargs))
@@ -274,6 +277,52 @@ class Sandbox:
     def close(self) -> None:
         """Closes the connections; the sandbox stays."""
         self._call(self.aio.aclose)
+
+
+class Terminals:
+    """`AsyncTerminals`, blocking; watching and typing (`attach`) is the async client's."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._terminals = sandbox.aio.terminals
+
+    def open(
+        self, command: str | None = None, *, rows: int = 24, cols: int = 80, env: Mapping[str, str] | None = None
+    ) -> Terminal:
+        """Starts a login shell (or `command`) on a terminal."""
+        return self._sandbox._call(self._terminals.open, command, rows=rows, cols=cols, env=env)
+
+    def list(self) -> list[Terminal]:
+        """Running terminals first, then recently ended ones."""
+        return self._sandbox._call(self._terminals.list)
+
+    def kill(self, terminal_id: str) -> None:
+        """Ends a terminal and everything it started."""
+        self._sandbox._call(self._terminals.kill, terminal_id)
+
+
+class Ports:
+    """`AsyncPorts`, blocking."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._ports = sandbox.aio.ports
+
+    def open(self, port: int) -> list[int]:
+        """Opens `port`; the session's open ports."""
+        return self._sandbox._call(self._ports.open, port)
+
+    def close(self, port: int) -> list[int]:
+        """Closes `port` to new connections; the session's open ports."""
+        return self._sandbox._call(self._ports.close, port)
+
+    def list(self) -> list[int]:
+        """The session's open ports."""
+        return self._sandbox._call(self._ports.list)
+
+    def url(self, port: int, path: str = "") -> str:
+        """The URL of `path` on `port` through sandboxd (send the session token with it)."""
+        return self._sandbox._call(self._ports.url, port, path)
 
 
 class Files:

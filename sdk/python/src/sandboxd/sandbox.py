@@ -8,7 +8,7 @@ import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 import anyio
 import httpx
@@ -33,10 +33,11 @@ from .errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
+from .interactive import AsyncTerminal, Terminal, WatchEvent, attach
 from .key import Actor, Scope, session_key
 from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef, is_transient
 
-__all__ = ("AsyncBackgroundRun", "AsyncFiles", "AsyncSandbox")
+__all__ = ("AsyncBackgroundRun", "AsyncFiles", "AsyncPorts", "AsyncSandbox", "AsyncTerminals")
 
 T = TypeVar("T")
 _log = logging.getLogger("sandboxd")
@@ -112,6 +113,8 @@ class AsyncSandbox:
         self._api: SessionApi | None = None
         self._lock = anyio.Lock()
         self.files = AsyncFiles(self)
+        self.terminals = AsyncTerminals(self)
+        self.ports = AsyncPorts(self)
 
     @property
     def ref(self) -> SessionRef | None:
@@ -217,10 +220,12 @@ class AsyncSandbox:
                 info.message or f"SandboxSession {ref} is {info.phase}", phase=str(info.phase)
             ) from cause
 
+    @overload
     async def run(
         self,
         command: str,
         *,
+        background: Literal[False] = False,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         on_stdout: OutputCallback | None = None,
@@ -228,10 +233,42 @@ class AsyncSandbox:
         run_id: str | None = None,
         raise_on_timeout: bool = False,
         on_start: Callable[[], object] | None = None,
-    ) -> RunResult:
+    ) -> RunResult: ...
+
+    @overload
+    async def run(
+        self,
+        command: str,
+        *,
+        background: Literal[True],
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        run_id: str | None = None,
+        raise_on_timeout: bool = False,
+        on_start: Callable[[], object] | None = None,
+    ) -> AsyncBackgroundRun: ...
+
+    async def run(
+        self,
+        command: str,
+        *,
+        background: bool = False,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        run_id: str | None = None,
+        raise_on_timeout: bool = False,
+        on_start: Callable[[], object] | None = None,
+    ) -> RunResult | AsyncBackgroundRun:
         """Runs a shell command in `/workspace` and waits for it, streaming its output to
         `on_stdout`/`on_stderr` in order as it comes. A non-zero exit is a result. With
-        `raise_on_timeout`, a run past `timeout` raises `SandboxTimeoutError` with its output."""
+        `raise_on_timeout`, a run past `timeout` raises `SandboxTimeoutError` with its output.
+        `background=True` returns once the run is under way, with a handle (as `start`)."""
+        if background:
+            return await self.start(command, env=env, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         seconds = None if timeout is None else max(1, int(-(-timeout // 1)))
 
         async def go(api: SessionApi) -> RunResult:
@@ -269,6 +306,14 @@ class AsyncSandbox:
         run = AsyncBackgroundRun(self, command, env=env, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         await run._started()
         return run
+
+    async def watch(self, path: str = "", *, recursive: bool = False) -> AsyncIterator[WatchEvent]:
+        """The changes of a workspace folder as they come: `async for e in sbx.watch("src",
+        recursive=True): print(e.kind, e.path)`. The first event is `watching`; a sleep of the
+        session comes as `sleeping`, then `resumed` once it runs again."""
+        api = await self._session_api()
+        async for event in api.watch(path, recursive=recursive):
+            yield event
 
     async def operations(
         self,
@@ -392,6 +437,58 @@ class AsyncFiles:
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Removes a file, or a folder with `recursive=True`."""
         await self._sandbox._call(lambda api: api.remove(path, recursive=recursive))
+
+
+class AsyncTerminals:
+    """The sandbox's terminals: a login shell (or a command) on a pseudo-terminal, held by the
+    sandbox so it outlives every connection; `attach` to watch and type."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    async def open(
+        self, command: str | None = None, *, rows: int = 24, cols: int = 80, env: Mapping[str, str] | None = None
+    ) -> Terminal:
+        """Starts a terminal (waking a sleeping sandbox)."""
+        return await self._sandbox._call(lambda api: api.open_terminal(command=command, rows=rows, cols=cols, env=env))
+
+    async def list(self) -> list[Terminal]:
+        """Running terminals first, then recently ended ones."""
+        return await self._sandbox._call(lambda api: api.terminals())
+
+    async def kill(self, terminal_id: str) -> None:
+        """Ends a terminal and everything it started."""
+        await self._sandbox._call(lambda api: api.kill_terminal(terminal_id))
+
+    async def attach(self, terminal_id: str) -> AsyncTerminal:
+        """Watches and types into a terminal: its scrollback (the last 1 MiB), then what it
+        prints. Use it with `async with`; leaving detaches, the terminal runs on."""
+        return await self._sandbox._call(lambda api: attach(api, terminal_id))
+
+
+class AsyncPorts:
+    """Ports of the sandbox's loopback reached through sandboxd (even with no network): open
+    one, then send HTTP to `url(port, path)` with the session token."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    async def open(self, port: int) -> list[int]:
+        """Opens `port`; the session's open ports."""
+        return await self._sandbox._call(lambda api: api.open_port(port))
+
+    async def close(self, port: int) -> list[int]:
+        """Closes `port` to new connections; the session's open ports."""
+        return await self._sandbox._call(lambda api: api.close_port(port))
+
+    async def list(self) -> list[int]:
+        """The session's open ports."""
+        return await self._sandbox._call(lambda api: api.ports())
+
+    async def url(self, port: int, path: str = "") -> str:
+        """The URL of `path` on `port` through sandboxd."""
+        api = await self._sandbox._session_api()
+        return api.port_url(port, path)
 
 
 class AsyncBackgroundRun:
