@@ -9,6 +9,7 @@ PINS=(
   "kubernetes-asyncio==${SDK_KUBERNETES_ASYNCIO_VERSION:?}"
   "aiohttp==${SDK_AIOHTTP_VERSION:?}"
   "requests==${TEST_REQUESTS_VERSION:?}"
+  "mcp==${TEST_MCP_VERSION:?}"
   "pydantic-ai-slim==${SDK_PYDANTIC_AI_SLIM_VERSION:?}"
   "pytest==${SDK_PYTEST_VERSION:?}"
   "ruff==${SDK_RUFF_VERSION:?}"

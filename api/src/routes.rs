@@ -51,6 +51,7 @@ pub const ROUTES: &[&str] = &[
     "GET /v1/sessions/{id}/ls",
     "GET /v1/sessions/{id}/tree",
     "GET /v1/sessions/{id}/watch",
+    "POST /v1/sessions/{id}/mcp",
     "GET /v1/sessions/{id}/events",
     "GET /v1/sessions/{id}/egress",
     "PUT /v1/sessions/{id}/credentials",

@@ -90,6 +90,19 @@ pub enum Command {
     /// sandbox's ports must be open (`kubectl sandbox ports NAME --open PORT`); a sandbox
     /// without network is reached too. Runs until interrupted.
     PortForward(PortForwardArgs),
+    /// The URL of the session's MCP server and a configuration for an agent.
+    ///
+    /// The server (Streamable HTTP, at /v1/sessions/ID/mcp on the session's sandboxd) has the
+    /// tools run, run_status, read_file, write_file, edit_file, list, tree, glob and grep on
+    /// this sandbox, and its files as resources; it takes the session token as a bearer. The
+    /// configuration names the token's Secret; --show-token writes the token itself into it.
+    Mcp {
+        /// The session.
+        name: String,
+        /// Put the session token itself in the configuration (it reaches this session only).
+        #[arg(long)]
+        show_token: bool,
+    },
     /// The session's open ports, one a line; with --open and --close, open and close some first.
     ///
     /// An open port of the sandbox is reached through sandboxd (`port-forward`, or HTTP under
@@ -340,6 +353,9 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
             None => terminal::list(&target, &name).await.map(|()| 0),
         },
         Command::PortForward(args) => ports::forward(&target, &args).await,
+        Command::Mcp { name, show_token } => {
+            ports::mcp(&target, &name, show_token).await.map(|()| 0)
+        }
         Command::Ports { name, open, close } => ports::ports(&target, &name, &open, &close)
             .await
             .map(|()| 0),

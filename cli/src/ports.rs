@@ -109,6 +109,53 @@ pub async fn ports(t: &Target, name: &str, open: &[u16], close: &[u16]) -> Resul
     Ok(())
 }
 
+/// `mcp`: the URL of the session's MCP server, then a configuration an agent (Claude Code,
+/// Cursor, any client of Streamable HTTP) takes as it is.
+pub async fn mcp(t: &Target, name: &str, show_token: bool) -> Result<(), Error> {
+    let r = t.reach(name).await?;
+    print!("{}", mcp_text(name, &t.namespace, &r, show_token));
+    Ok(())
+}
+
+/// What `mcp` prints.
+pub fn mcp_text(
+    name: &str,
+    namespace: &str,
+    r: &crate::session::Reach,
+    show_token: bool,
+) -> String {
+    let url = format!(
+        "{}/v1/sessions/{}/mcp",
+        r.endpoint.trim_end_matches('/'),
+        r.id
+    );
+    let bearer = if show_token {
+        format!("Bearer {}", r.token)
+    } else {
+        "Bearer ${SANDBOX_TOKEN}".to_owned()
+    };
+    let config = serde_json::json!({
+        "mcpServers": {
+            format!("sandbox-{name}"): {
+                "type": "http",
+                "url": url,
+                "headers": {"Authorization": bearer},
+            }
+        }
+    });
+    let mut out = format!(
+        "MCP server of session {name}: {url}\n\n{}\n",
+        serde_json::to_string_pretty(&config).unwrap_or_default()
+    );
+    if !show_token {
+        out.push_str(&format!(
+            "\nSANDBOX_TOKEN is the session token, in Secret {namespace}/{}:\n  export SANDBOX_TOKEN=\"$(kubectl get secret -n {namespace} {} -o jsonpath='{{.data.token}}' | base64 -d)\"\n(or run this command with --show-token to write it into the configuration)\n",
+            r.secret, r.secret
+        ));
+    }
+    out
+}
+
 /// `port-forward`: checks every remote port is open, listens on each local one, prints
 /// `Forwarding from ADDRESS:PORT -> REMOTE` for each, then carries every connection until
 /// interrupted (SIGINT or SIGTERM: exit status 0).

@@ -36,6 +36,21 @@ pub struct Target {
     pub ca_file: Option<std::path::PathBuf>,
 }
 
+/// What reaches a session's sandboxd: its endpoint, the session's id there, and the token (with
+/// the Secret it is kept in) and trust of a client.
+pub struct Reach {
+    /// The sandboxd's base URL.
+    pub endpoint: String,
+    /// The session's id on that host.
+    pub id: String,
+    /// The Secret holding the session's token (key `token`).
+    pub secret: String,
+    /// The session's token.
+    pub token: String,
+    /// The trust of a client.
+    pub trust: sandboxd_api::client::Trust,
+}
+
 /// The trust of a sandboxd client: the CA in `ca_file` if given, else `ca` (a Secret's
 /// `ca.crt`, from `origin`), else the system's roots.
 pub fn trust(
@@ -80,6 +95,16 @@ impl Target {
         &self,
         name: &str,
     ) -> Result<(sandboxd_api::client::Client, String), Error> {
+        let r = self.reach(name).await?;
+        Ok((
+            sandboxd_api::client::Client::with_trust(&r.endpoint, &r.token, &r.trust),
+            r.id,
+        ))
+    }
+
+    /// Where the session's sandboxd is and what reaches it: the session must have a sandbox
+    /// (as [`Target::sandbox`] says).
+    pub async fn reach(&self, name: &str) -> Result<Reach, Error> {
         let s = self.find(name).await?;
         self.usable(&s)?;
         let status = s.status.clone().unwrap_or_default();
@@ -116,10 +141,13 @@ impl Target {
             ca.as_deref(),
             &format!("Secret {}/{secret} key ca.crt", self.namespace),
         )?;
-        Ok((
-            sandboxd_api::client::Client::with_trust(&endpoint, &token, &trust),
+        Ok(Reach {
+            endpoint,
             id,
-        ))
+            secret,
+            token,
+            trust,
+        })
     }
 
     /// Refuses a session in a phase that has no sandbox to talk to.

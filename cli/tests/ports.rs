@@ -45,6 +45,28 @@ fn get(port: u16, path: &str) -> String {
     )
 }
 
+/// The JSON body of an HTTP/1.1 POST of `body` to `url` (`http://127.0.0.1:PORT/path`) with
+/// `authorization`.
+fn post_json(url: &str, authorization: &str, body: &serde_json::Value) -> serde_json::Value {
+    let rest = url.strip_prefix("http://").expect("a plain HTTP endpoint");
+    let (authority, path) = rest.split_at(rest.find('/').expect("a path"));
+    let body = body.to_string();
+    let mut conn = TcpStream::connect(authority).expect("sandboxd takes the connection");
+    conn.set_read_timeout(Some(STEP)).expect("a read timeout");
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: {authorization}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request sent");
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).expect("the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    let (_, json) = answer.split_once("\r\n\r\n").expect("a body");
+    serde_json::from_str(json).expect("a JSON body")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_in_a_sandbox_without_network_is_reached_through_a_local_port() {
     let tools = std::env::var("SANDBOXD_TOOLS_IMAGE")
@@ -151,6 +173,49 @@ async fn a_server_in_a_sandbox_without_network_is_reached_through_a_local_port()
     assert!(
         err.contains("open it with `kubectl sandbox ports s1 --open 3999`"),
         "{err}"
+    );
+
+    // The MCP server: its URL and a configuration that works as printed, through sandboxd into
+    // this sandbox without network.
+    let printed = ok_stdout(&ns, &["mcp", "s1", "--show-token"]);
+    let config: serde_json::Value =
+        serde_json::from_str(&printed[printed.find('{').expect("a configuration")..])
+            .expect("the configuration is JSON");
+    let server = &config["mcpServers"]["sandbox-s1"];
+    let (url, bearer) = (
+        server["url"].as_str().expect("a url"),
+        server["headers"]["Authorization"]
+            .as_str()
+            .expect("a bearer"),
+    );
+    assert_eq!(server["type"], "http");
+    assert!(url.ends_with("/mcp"), "{url}");
+    assert!(
+        printed.starts_with(&format!("MCP server of session s1: {url}\n")),
+        "{printed}"
+    );
+    let called = post_json(
+        url,
+        bearer,
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "read_file", "arguments": {"path": "site/hello.txt"}}}),
+    );
+    assert_eq!(
+        called,
+        json!({"jsonrpc": "2.0", "id": 7,
+               "result": {"content": [{"type": "text", "text": "     1\thello"}], "isError": false}})
+    );
+    // Without --show-token the token stays out, and the Secret that holds it is named.
+    let token = bearer.strip_prefix("Bearer ").expect("a bearer token");
+    let hidden = ok_stdout(&ns, &["mcp", "s1"]);
+    assert!(!hidden.contains(token), "{hidden}");
+    assert!(
+        hidden.contains("\"Authorization\": \"Bearer ${SANDBOX_TOKEN}\""),
+        "{hidden}"
+    );
+    assert!(
+        hidden.contains(&format!("kubectl get secret -n {ns} ")),
+        "{hidden}"
     );
 
     // Clean up: the operator is stopped first, so drop finalizers.

@@ -77,6 +77,15 @@ pub struct CheckpointLabels {
     pub outcome: String,
 }
 
+/// The labels of an MCP tool call: which tool, and whether it answered an error.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct McpToolLabels {
+    /// The tool (`run`, `read_file`, …).
+    pub tool: String,
+    /// ok, or error (the tool's answer was an error the agent reads).
+    pub outcome: String,
+}
+
 /// A label set with one `op` label: a workspace operation as the audit log names it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -154,6 +163,8 @@ pub struct Metrics {
     /// Connections to sandboxes' ports by outcome: connected, not_open, closed (nothing
     /// answered), failed.
     pub port_connections: Family<Outcome, Counter>,
+    /// MCP tool calls by tool and outcome.
+    pub mcp_tool_calls: Family<McpToolLabels, Counter>,
     /// Sockets of a session's agent refused as not the agent's (not PID 1 of the container,
     /// or a run folder or socket that is not sandboxd's alone).
     pub agent_untrusted: Counter,
@@ -244,6 +255,12 @@ impl Default for Metrics {
             "port_connections",
             "Connections to sandboxes' ports through sandboxd by outcome (connected, not_open, closed, failed)",
             port_connections.clone(),
+        );
+        let mcp_tool_calls = Family::<McpToolLabels, Counter>::default();
+        registry.register(
+            "mcp_tool_calls",
+            "Tool calls of sessions' MCP servers by tool and outcome (ok, error)",
+            mcp_tool_calls.clone(),
         );
         let agent_untrusted = Counter::default();
         registry.register(
@@ -497,6 +514,7 @@ impl Default for Metrics {
             checkpoints,
             terminal_opens,
             port_connections,
+            mcp_tool_calls,
             agent_untrusted,
             agent_pid_lookups,
             audit_rows_dropped,

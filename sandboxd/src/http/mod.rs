@@ -14,6 +14,7 @@ mod audited;
 pub mod connections;
 pub mod error;
 pub(crate) mod extract;
+pub mod mcp;
 pub mod openapi;
 pub mod router;
 pub mod service;

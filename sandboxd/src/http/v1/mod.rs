@@ -87,6 +87,7 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}/ls", get(ls)),
         ("/v1/sessions/{id}/tree", get(tree)),
         ("/v1/sessions/{id}/watch", get(watch)),
+        ("/v1/sessions/{id}/mcp", post(crate::http::mcp::mcp)),
         ("/v1/sessions/{id}/events", get(events)),
         ("/v1/sessions/{id}/egress", get(egress)),
         (

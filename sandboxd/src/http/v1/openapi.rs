@@ -742,6 +742,15 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         &[(400, &["bad_request"]), AUTH, ADMIN],
     ),
     (
+        "POST /v1/sessions/{id}/mcp",
+        &[
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (413, &["too_large"]),
+        ],
+    ),
+    (
         "GET /v1/sessions/{id}/egress",
         &[
             (400, &["bad_request"]),
@@ -827,6 +836,7 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::ls,
         crate::http::v1::tree,
         crate::http::v1::watch,
+        crate::http::mcp::mcp,
         crate::http::v1::events,
         crate::http::v1::egress,
         crate::http::v1::put_credentials,

@@ -352,6 +352,16 @@ class SessionApi:
         data = (await self._request("DELETE", self._path(f"/ports/{int(port)}"))).json()
         return [int(p) for p in data.get("ports", [])]
 
+    @property
+    def mcp_url(self) -> str:
+        """The session's MCP server (Streamable HTTP); send `auth_headers` with every request."""
+        return self.endpoint.rstrip("/") + self._path("/mcp")
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The headers that carry the session token (and the agent and trace, when set)."""
+        return self._headers()
+
     def port_url(self, port: int, path: str = "") -> str:
         """The URL of `path` on an open `port`, through sandboxd (send the session token with it)."""
         return self.endpoint.rstrip("/") + self._path(f"/ports/{int(port)}/{path.lstrip('/')}")

@@ -189,6 +189,17 @@ class Sandbox:
         """Creates (or attaches to) the SandboxSession and waits until it can take work."""
         return self._call(self.aio.open)
 
+    @property
+    def mcp_url(self) -> str:
+        """The URL of the session's MCP server (opens the session if needed); an MCP client sends
+        `mcp_headers` with every request."""
+        return self._call(self.aio.mcp_url)
+
+    @property
+    def mcp_headers(self) -> dict[str, str]:
+        """The headers an MCP client sends to `mcp_url`: the session token as a bearer."""
+        return self._call(self.aio.mcp_headers)
+
     @overload
     def run(
         self,

@@ -307,6 +307,16 @@ class AsyncSandbox:
         await run._started()
         return run
 
+    async def mcp_url(self) -> str:
+        """The URL of the session's MCP server (Streamable HTTP at `/v1/sessions/{id}/mcp`): tools
+        `run`, `read_file`, `write_file`, `edit_file`, `list`, `tree`, `glob`, `grep` on this
+        sandbox. Opens the session if needed; send `await mcp_headers()` with every request."""
+        return (await self._session_api()).mcp_url
+
+    async def mcp_headers(self) -> dict[str, str]:
+        """The headers an MCP client sends to `mcp_url()`: the session token as a bearer."""
+        return (await self._session_api()).auth_headers
+
     async def watch(self, path: str = "", *, recursive: bool = False) -> AsyncIterator[WatchEvent]:
         """The changes of a workspace folder as they come: `async for e in sbx.watch("src",
         recursive=True): print(e.kind, e.path)`. The first event is `watching`; a sleep of the
