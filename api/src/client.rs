@@ -884,6 +884,29 @@ impl Client {
             .ports)
     }
 
+    /// A signed preview link to open `port` (`POST /v1/sessions/{id}/previews`), lasting
+    /// `seconds` (default one hour, at most 7 days): its `path`, under this client's base URL,
+    /// reaches the port with no other credential. A port not open is 404 `port_not_open`.
+    pub async fn preview(
+        &self,
+        id: &str,
+        port: u16,
+        seconds: Option<u64>,
+    ) -> Result<crate::ports::Preview, ClientError> {
+        let body = serde_json::to_value(crate::ports::PreviewRequest {
+            port,
+            expires_in_seconds: seconds,
+        })
+        .map_err(|e| self.transport(e))?;
+        self.json(
+            Method::POST,
+            "POST /v1/sessions/{id}/previews",
+            &format!("/v1/sessions/{}/previews", enc(id)),
+            Some(body),
+        )
+        .await
+    }
+
     /// A TCP connection to `port` inside the session's sandbox, made by sandboxd
     /// (`GET /v1/sessions/{id}/ports/{port}`): a WebSocket over this client's own connection
     /// whose binary messages are the connection's bytes. A refusal before the upgrade is the

@@ -101,6 +101,11 @@ pub enum ErrorCode {
     PortTimeout,
     /// The session has as many ports open as it may (429).
     PortLimit,
+    /// A preview link that is malformed, not signed for its session and port, or whose session
+    /// is gone or has a new token (403).
+    PreviewInvalid,
+    /// A preview link past its expiry (403).
+    PreviewExpired,
     /// The session has as many file watches open as it may (429).
     WatchLimit,
     /// The run was cancelled before it started.
@@ -148,7 +153,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 60] = [
+    pub const ALL: [ErrorCode; 62] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -188,6 +193,8 @@ impl ErrorCode {
         Self::PortClosed,
         Self::PortTimeout,
         Self::PortLimit,
+        Self::PreviewInvalid,
+        Self::PreviewExpired,
         Self::WatchLimit,
         Self::ProcessLimit,
         Self::RunCancelled,
@@ -253,6 +260,8 @@ impl ErrorCode {
             Self::PortClosed => "port_closed",
             Self::PortTimeout => "port_timeout",
             Self::PortLimit => "port_limit",
+            Self::PreviewInvalid => "preview_invalid",
+            Self::PreviewExpired => "preview_expired",
             Self::WatchLimit => "watch_limit",
             Self::ProcessLimit => "process_limit",
             Self::RunCancelled => "run_cancelled",
@@ -321,6 +330,8 @@ impl From<&str> for ErrorCode {
             "port_closed" => Self::PortClosed,
             "port_timeout" => Self::PortTimeout,
             "port_limit" => Self::PortLimit,
+            "preview_invalid" => Self::PreviewInvalid,
+            "preview_expired" => Self::PreviewExpired,
             "watch_limit" => Self::WatchLimit,
             "process_limit" => Self::ProcessLimit,
             "run_cancelled" => Self::RunCancelled,

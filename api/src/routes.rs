@@ -44,6 +44,18 @@ pub const ROUTES: &[&str] = &[
     "PUT /v1/sessions/{id}/ports/{port}/{path}",
     "DELETE /v1/sessions/{id}/ports/{port}/{path}",
     "PATCH /v1/sessions/{id}/ports/{port}/{path}",
+    "POST /v1/sessions/{id}/previews",
+    "GET /preview/{token}",
+    "GET /preview/{token}/",
+    "POST /preview/{token}/",
+    "PUT /preview/{token}/",
+    "DELETE /preview/{token}/",
+    "PATCH /preview/{token}/",
+    "GET /preview/{token}/{path}",
+    "POST /preview/{token}/{path}",
+    "PUT /preview/{token}/{path}",
+    "DELETE /preview/{token}/{path}",
+    "PATCH /preview/{token}/{path}",
     "GET /v1/sessions/{id}/files/{path}",
     "PUT /v1/sessions/{id}/files/{path}",
     "DELETE /v1/sessions/{id}/files/{path}",
@@ -62,6 +74,10 @@ pub const ROUTES: &[&str] = &[
     "GET /v1/operations",
     "GET /v1/operations/stream",
 ];
+
+/// The prefix of preview links (`/preview/{token}/…`): their token is the credential, so they
+/// take no other (the router lets them through to the handler, which checks the link).
+pub const PREVIEW_PREFIX: &str = "/preview/";
 
 /// The routes the operator needs from a host's sandboxd; a host that lacks one is a
 /// `VersionMismatch`.

@@ -116,6 +116,13 @@ pub enum Command {
         /// Close this port (repeatable).
         #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
         close: Vec<u16>,
+        /// Print a signed preview link to this open port: a browser reaches it with no token
+        /// until it expires (the session's token rotated or the session gone end it too).
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+        preview: Option<u16>,
+        /// Seconds the preview link lasts (1 to 604800; one hour when not given).
+        #[arg(long, value_name = "SECONDS", requires = "preview")]
+        expires: Option<u64>,
     },
     /// Copy a file in or out: `cp ./local NAME:path` or `cp NAME:path ./local` (`-` is stdin/stdout).
     Cp {
@@ -356,7 +363,24 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Mcp { name, show_token } => {
             ports::mcp(&target, &name, show_token).await.map(|()| 0)
         }
-        Command::Ports { name, open, close } => ports::ports(&target, &name, &open, &close)
+        Command::Ports {
+            name,
+            open,
+            close,
+            preview: Some(port),
+            expires,
+        } if open.is_empty() && close.is_empty() => ports::preview(&target, &name, port, expires)
+            .await
+            .map(|()| 0),
+        Command::Ports {
+            preview: Some(_), ..
+        } => Err(Error::Usage(
+            "--preview is given alone: open the port first (`--open PORT`), then ask for its link"
+                .to_owned(),
+        )),
+        Command::Ports {
+            name, open, close, ..
+        } => ports::ports(&target, &name, &open, &close)
             .await
             .map(|()| 0),
         Command::Cp { src, dst } => workspace::cp(&target, &src, &dst).await.map(|()| 0),
@@ -511,10 +535,16 @@ mod tests {
             "4000",
         ]);
         match cli.command {
-            Command::Ports { name, open, close } => {
+            Command::Ports {
+                name,
+                open,
+                close,
+                preview,
+                expires,
+            } => {
                 assert_eq!(
-                    (name.as_str(), open, close),
-                    ("s1", vec![3000, 3001], vec![4000])
+                    (name.as_str(), open, close, preview, expires),
+                    ("s1", vec![3000, 3001], vec![4000], None, None)
                 );
             }
             other => panic!("{other:?}"),
@@ -524,6 +554,7 @@ mod tests {
             &["port-forward", "s1", "8080:http"][..],
             &["port-forward", "s1", "3000", "--address", "somewhere"][..],
             &["ports", "s1", "--open", "0"][..],
+            &["ports", "s1", "--expires", "60"][..],
         ] {
             let args = std::iter::once("kubectl-sandbox").chain(refused.iter().copied());
             assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");

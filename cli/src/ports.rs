@@ -109,6 +109,20 @@ pub async fn ports(t: &Target, name: &str, open: &[u16], close: &[u16]) -> Resul
     Ok(())
 }
 
+/// `ports NAME --preview PORT`: a signed preview link to the open port, its URL on a line of
+/// its own (for a browser, or a script), then until when it works.
+pub async fn preview(t: &Target, name: &str, port: u16, seconds: Option<u64>) -> Result<(), Error> {
+    let r = t.reach(name).await?;
+    let client = Client::with_trust(&r.endpoint, &r.token, &r.trust);
+    let link = client.preview(&r.id, port, seconds).await?;
+    println!("{}{}", r.endpoint.trim_end_matches('/'), link.path);
+    println!(
+        "reaches port {port} of session {name} with no token until {}",
+        link.expires_at
+    );
+    Ok(())
+}
+
 /// `mcp`: the URL of the session's MCP server, then a configuration an agent (Claude Code,
 /// Cursor, any client of Streamable HTTP) takes as it is.
 pub async fn mcp(t: &Target, name: &str, show_token: bool) -> Result<(), Error> {

@@ -175,6 +175,40 @@ async fn a_server_in_a_sandbox_without_network_is_reached_through_a_local_port()
         "{err}"
     );
 
+    // A preview link: its URL works with no token at all, from a plain client.
+    let printed = ok_stdout(
+        &ns,
+        &["ports", "s1", "--preview", "3000", "--expires", "600"],
+    );
+    let mut lines = printed.lines();
+    let link = lines.next().expect("the link").to_owned();
+    assert!(
+        lines
+            .next()
+            .is_some_and(|l| l.starts_with("reaches port 3000 of session s1 with no token until ")),
+        "{printed}"
+    );
+    let rest = link.strip_prefix("http://").expect("a plain HTTP endpoint");
+    let (authority, path) = rest.split_at(rest.find('/').expect("a path"));
+    let mut conn = TcpStream::connect(authority).expect("sandboxd takes the connection");
+    conn.set_read_timeout(Some(STEP)).expect("a read timeout");
+    write!(
+        conn,
+        "GET {path}hello.txt HTTP/1.0\r\nHost: {authority}\r\n\r\n"
+    )
+    .expect("sent");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("the answer");
+    assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\nhello\n"), "{answer}");
+    let alone = plugin(&ns, &["ports", "s1", "--preview", "3000", "--open", "3001"]);
+    let (_, err) = text(&alone);
+    assert_eq!(alone.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        "kubectl sandbox: --preview is given alone: open the port first (`--open PORT`), then ask for its link\n"
+    );
+
     // The MCP server: its URL and a configuration that works as printed, through sandboxd into
     // this sandbox without network.
     let printed = ok_stdout(&ns, &["mcp", "s1", "--show-token"]);

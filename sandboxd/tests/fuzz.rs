@@ -72,7 +72,8 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
             // there, a 500 of the port's own), so it is no server error of sandboxd's: its
             // refusals are `ports.rs`'s tests. A file watch streams until its client leaves. The
             // MCP route answers JSON-RPC (its errors are JSON-RPC's, not `{"code"}`): the SDK's
-            // `test_mcp.py` drives it with the official client.
+            // `test_mcp.py` drives it with the official client. A preview link's routes pass
+            // what they get to a port like `to_port`: their refusals are `ports.rs`'s tests.
             filters: &[
                 "--exclude-operation-id",
                 "put_runtimes",
@@ -88,6 +89,12 @@ fn fuzz(st: &str, d: &Daemon, token: &str, session: &str, label: &str) {
                 "watch",
                 "--exclude-operation-id",
                 "mcp",
+                "--exclude-operation-id",
+                "to_preview",
+                "--exclude-operation-id",
+                "to_preview_root",
+                "--exclude-operation-id",
+                "preview_bare",
             ],
         },
     );

@@ -302,3 +302,214 @@ async fn ports_are_bounded_and_checked() {
         "the open ports are kept with the session"
     );
 }
+
+/// A signed preview link: a browser reaches the port with no token, the link is bound to its
+/// session and port, and it stops working when it expires, when the session's token is
+/// rotated and when the port closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_link_reaches_its_port_without_the_token_until_it_expires() {
+    let d = tools();
+    let (s, token) = session(&d, "shown").await;
+    let (o, other_token) = session(&d, "private").await;
+    serve(&s, "shown", 3000).await;
+    serve(&o, "private", 3000).await;
+
+    // Only an open port gets a link.
+    let (status, body) = raw(
+        Method::POST,
+        &format!("{}/v1/sessions/shown/previews", d.base),
+        Some(&token),
+        Some("{\"port\": 3000}"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("port_not_open"))
+    );
+    s.open_port("shown", 3000).await.expect("open");
+    o.open_port("private", 3000).await.expect("open");
+    let link = s.preview("shown", 3000, None).await.expect("a link");
+    assert_eq!(link.port, 3000);
+    assert_eq!(link.path, format!("/preview/{}/", link.token));
+    let expires = chrono::DateTime::parse_from_rfc3339(&link.expires_at).expect("RFC 3339");
+    let left = expires.timestamp() - chrono::Utc::now().timestamp();
+    assert!(
+        (3590..=3600).contains(&left),
+        "an hour by default: {left} s"
+    );
+
+    // No token: the link is the credential.
+    let url = |path: &str| format!("{}{}", d.base, path);
+    let page = until("the server answers", Duration::from_secs(15), async || {
+        let (status, body) = raw(
+            Method::GET,
+            &url(&format!("{}hello.txt", link.path)),
+            None,
+            None,
+        )
+        .await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert_eq!(page, Value::String("hello-from-shown\n".to_owned()));
+    // The bare link goes to its root with a slash (followed: the server's listing).
+    let (status, listing) = raw(
+        Method::GET,
+        &url(&format!("/preview/{}", link.token)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        listing.as_str().unwrap_or_default().contains("hello.txt"),
+        "{listing}"
+    );
+
+    // Bound to its session and port: another session, another port or a forged expiry is
+    // refused, as is a token of another session asking for this one's link.
+    let (head, sig) = link.token.rsplit_once('.').expect("a signature");
+    let (id_part, rest) = head.split_once('.').expect("a session");
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+    };
+    let forged = [
+        format!("{}.{rest}.{sig}", b64("private")),
+        format!("{id_part}.{}.{sig}", rest.replacen("3000", "3001", 1)),
+        format!("{id_part}.3000.99999999999.{sig}"),
+        "not-a-link".to_owned(),
+    ];
+    for bad in &forged {
+        let (status, body) = raw(
+            Method::GET,
+            &url(&format!("/preview/{bad}/hello.txt")),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(status, 403, "{bad}: {body}");
+        assert_eq!(body["code"], "preview_invalid", "{bad}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("This preview link is not valid"),
+            "{body}"
+        );
+    }
+    let (status, body) = raw(
+        Method::POST,
+        &format!("{}/v1/sessions/shown/previews", d.base),
+        Some(&other_token),
+        Some("{\"port\": 3000}"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
+    for (bad, why) in [
+        (
+            "{\"port\": 3000, \"expires_in_seconds\": 0}",
+            "expires_in_seconds must be 1 to 604800 (7 days), not 0",
+        ),
+        (
+            "{\"port\": 3000, \"expires_in_seconds\": 604801}",
+            "expires_in_seconds must be 1 to 604800 (7 days), not 604801",
+        ),
+        ("{\"port\": 3000, \"expiry\": 5}", "invalid preview request"),
+    ] {
+        let (status, body) = raw(
+            Method::POST,
+            &format!("{}/v1/sessions/shown/previews", d.base),
+            Some(&token),
+            Some(bad),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["message"].as_str().unwrap_or_default().contains(why),
+            "{bad}: {body}"
+        );
+    }
+
+    // Expired: refused, saying when.
+    let short = s
+        .preview("shown", 3000, Some(1))
+        .await
+        .expect("a short link");
+    let (status, _) = raw(
+        Method::GET,
+        &url(&format!("{}hello.txt", short.path)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "before it expires");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (status, body) = raw(
+        Method::GET,
+        &url(&format!("{}hello.txt", short.path)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["code"], "preview_expired");
+    assert_eq!(
+        body["message"],
+        format!(
+            "This preview link expired at {}: ask for a new one (POST /v1/sessions/{{id}}/previews)",
+            short.expires_at
+        )
+    );
+
+    // A closed port is refused through its link; a rotated token ends every link.
+    s.close_port("shown", 3000).await.expect("close");
+    let (status, body) = raw(
+        Method::GET,
+        &url(&format!("{}hello.txt", link.path)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("port_not_open")),
+        "{body}"
+    );
+    s.open_port("shown", 3000).await.expect("open again");
+    let (status, _) = raw(
+        Method::GET,
+        &url(&format!("{}hello.txt", link.path)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "the link works again once the port is open");
+    d.admin().rotate_token("shown").await.expect("rotate");
+    let (status, body) = raw(
+        Method::GET,
+        &url(&format!("{}hello.txt", link.path)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("preview_invalid")),
+        "{body}"
+    );
+
+    // The other session was served all along.
+    let (status, _) = raw(
+        Method::GET,
+        &format!("{}/v1/sessions/private/ports/3000/hello.txt", d.base),
+        Some(&other_token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+}

@@ -103,6 +103,8 @@ impl ServiceError {
                 PortRefusal::NotOpen { .. } => (404, ErrorCode::PortNotOpen),
                 PortRefusal::Limit { .. } => (429, ErrorCode::PortLimit),
                 PortRefusal::Timeout { .. } => (504, ErrorCode::PortTimeout),
+                PortRefusal::PreviewInvalid => (403, ErrorCode::PreviewInvalid),
+                PortRefusal::PreviewExpired { .. } => (403, ErrorCode::PreviewExpired),
                 PortRefusal::Connect(PortError::Closed(_)) => (502, ErrorCode::PortClosed),
                 PortRefusal::Connect(PortError::Unavailable(_)) => {
                     (409, ErrorCode::TerminalsUnavailable)

@@ -85,7 +85,10 @@ async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let path = req.uri().path();
-    if PUBLIC_ROUTES.contains(&path) || crate::http::wire::PUBLIC_ROUTES.contains(&path) {
+    if PUBLIC_ROUTES.contains(&path)
+        || crate::http::wire::PUBLIC_ROUTES.contains(&path)
+        || path.starts_with(sandboxd_api::routes::PREVIEW_PREFIX)
+    {
         return next.run(req).await;
     }
     let v1 = path.starts_with("/v1/");

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import anyio
+import httpx
 import pytest
 
 from sandboxd import AsyncSandboxes, Sandbox, Sandboxes, SandboxHTTPError
@@ -249,6 +250,12 @@ async def test_a_terminal_and_a_port_through_the_async_client(stack: Stack) -> N
                         break
                     await anyio.sleep(0.2)
             assert response.text == "hi\n"
+            # A preview link: no token, for a browser.
+            link = await sbx.ports.preview(3000, expires_in=600)
+            assert link.url.endswith(f"/preview/{link.token}/")
+            async with httpx.AsyncClient(timeout=20) as browser:
+                assert (await browser.get(link.url + "hi.txt")).text == "hi\n"
+                assert (await browser.get(link.url.replace(".3000.", ".3001.") + "hi.txt")).status_code == 403
             assert await sbx.ports.close(3000) == []
 
             # A watch: what a run makes comes as events, paths from the workspace root.

@@ -76,6 +76,10 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ),
         ("/v1/sessions/{id}/ports/{port}/", any(to_port_root)),
         ("/v1/sessions/{id}/ports/{port}/{*path}", any(to_port)),
+        ("/v1/sessions/{id}/previews", post(open_preview)),
+        ("/preview/{token}", get(preview_bare)),
+        ("/preview/{token}/", any(to_preview_root)),
+        ("/preview/{token}/{*path}", any(to_preview)),
         (
             "/v1/sessions/{id}/files/{*path}",
             get(read_file)

@@ -163,6 +163,38 @@ const TO_PORT: &[(u16, &[&str])] = &[
     (504, &["port_timeout"]),
     (507, &["host_disk_full"]),
 ];
+/// What a request with a preview link may answer: the link's refusals, then what a request
+/// passed to a port may (its token is the credential: no 401 of a bearer).
+const TO_PREVIEW: &[(u16, &[&str])] = &[
+    (400, &["bad_request"]),
+    (403, &["preview_invalid", "preview_expired"]),
+    (404, &["port_not_open"]),
+    (
+        409,
+        &[
+            "terminals_unavailable",
+            "session_opening",
+            "session_destroying",
+            "session_changed",
+            "session_rebuilding",
+            "runtime_preparing",
+        ],
+    ),
+    (410, &["session_lost", "session_gone"]),
+    (429, &["host_cap", "tenant_cap"]),
+    INTERNAL,
+    (502, &["port_closed", "docker_error"]),
+    (
+        503,
+        &[
+            "network_unavailable",
+            "runtime_failed",
+            "isolation_unavailable",
+        ],
+    ),
+    (504, &["port_timeout"]),
+    (507, &["host_disk_full"]),
+];
 /// A file operation refused a worker or memory, or stopped at its deadline.
 const FILE_503: (u16, &[&str]) = (503, &["file_work_busy", "file_work_stopped", "memory_busy"]);
 const BODY: [(u16, &[&str]); 2] = [(400, &["bad_request"]), (413, &["too_large"])];
@@ -589,6 +621,31 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
     ("DELETE /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
     ("PATCH /v1/sessions/{id}/ports/{port}/{path}", TO_PORT),
     (
+        "POST /v1/sessions/{id}/previews",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found", "port_not_open"]),
+            (413, &["too_large"]),
+            INTERNAL,
+        ],
+    ),
+    (
+        "GET /preview/{token}",
+        &[(403, &["preview_invalid", "preview_expired"]), INTERNAL],
+    ),
+    ("GET /preview/{token}/", TO_PREVIEW),
+    ("POST /preview/{token}/", TO_PREVIEW),
+    ("PUT /preview/{token}/", TO_PREVIEW),
+    ("DELETE /preview/{token}/", TO_PREVIEW),
+    ("PATCH /preview/{token}/", TO_PREVIEW),
+    ("GET /preview/{token}/{path}", TO_PREVIEW),
+    ("POST /preview/{token}/{path}", TO_PREVIEW),
+    ("PUT /preview/{token}/{path}", TO_PREVIEW),
+    ("DELETE /preview/{token}/{path}", TO_PREVIEW),
+    ("PATCH /preview/{token}/{path}", TO_PREVIEW),
+    (
         "GET /v1/sessions/{id}/files/{path}",
         &[
             (400, &["invalid_path"]),
@@ -829,6 +886,10 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::port_stream,
         crate::http::v1::to_port,
         crate::http::v1::to_port_root,
+        crate::http::v1::open_preview,
+        crate::http::v1::to_preview,
+        crate::http::v1::to_preview_root,
+        crate::http::v1::preview_bare,
         crate::http::v1::read_file,
         crate::http::v1::write_file,
         crate::http::v1::remove_file,
@@ -949,8 +1010,10 @@ mod tests {
         let documented = documented();
         for (route, errors) in ERRORS {
             assert!(documented.contains(*route), "ERRORS names {route}");
-            if !crate::http::v1::PUBLIC_ROUTES
-                .contains(&route.split_once(' ').map_or("", |(_, p)| p))
+            let path = route.split_once(' ').map_or("", |(_, p)| p);
+            // A preview link is its own credential: refused 403 `preview_invalid`, never 401.
+            if !crate::http::v1::PUBLIC_ROUTES.contains(&path)
+                && !path.starts_with(sandboxd_api::routes::PREVIEW_PREFIX)
             {
                 assert!(
                     errors

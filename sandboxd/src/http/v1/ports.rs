@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt as _, StreamExt as _};
 use hyper_util::rt::TokioIo;
-use sandboxd_api::ports::{PortList, PortRequest};
+use sandboxd_api::ports::{PortList, PortRequest, Preview, PreviewRequest};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::openapi::{Port, SessionId};
@@ -152,7 +152,8 @@ pub(crate) async fn to_port(
     who: Actor,
     req: Request,
 ) -> Result<Response, ApiError> {
-    forward(&state, &id, port, &path, &who, req).await
+    let prefix = format!("/v1/sessions/{id}/ports/{port}");
+    forward(&state, &id, port, &path, &prefix, &who, req).await
 }
 
 /// `ANY /v1/sessions/{id}/ports/{port}/`: the port's root.
@@ -167,15 +168,116 @@ pub(crate) async fn to_port_root(
     who: Actor,
     req: Request,
 ) -> Result<Response, ApiError> {
-    forward(&state, &id, port, "", &who, req).await
+    let prefix = format!("/v1/sessions/{id}/ports/{port}");
+    forward(&state, &id, port, "", &prefix, &who, req).await
 }
 
-/// Passes `req` to `/{path}` of the port and its answer back.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/previews", tag = "ports", params(SessionId),
+    request_body = PreviewRequest,
+    responses((status = 201, description = "A signed preview link to an open port: `path` reaches it without the session token (for a browser) until `expires_at`", body = Preview))
+)]
+pub(crate) async fn open_preview(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    _: ForSession,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: PreviewRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid preview request: {e}")))?;
+    let preview = state
+        .core
+        .preview(&id, req.port, req.expires_in_seconds)
+        .await?;
+    Ok((axum::http::StatusCode::CREATED, Json(preview)).into_response())
+}
+
+/// `ANY /preview/{token}/{*path}`: a request with a signed preview link, passed to its port.
+#[utoipa::path(
+    method(get, post, put, delete, patch), path = "/preview/{token}/{path}", tag = "ports", params(PreviewToken, super::openapi::PortPath),
+    security(()),
+    responses((status = 200, description = "What the port the link names answered (as `/v1/sessions/{id}/ports/{port}/{path}` passes it on), with `X-Forwarded-Prefix: /preview/{token}`; no other credential is needed"))
+)]
+pub(crate) async fn to_preview(
+    State(state): State<AppState>,
+    Path((token, path)): Path<(String, String)>,
+    who: Actor,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (id, port) = state.core.preview_target(&token).await?;
+    forward(
+        &state,
+        &id,
+        port,
+        &path,
+        &format!("/preview/{token}"),
+        &who,
+        req,
+    )
+    .await
+}
+
+/// `ANY /preview/{token}/`: the root of the port a preview link names.
+#[utoipa::path(
+    method(get, post, put, delete, patch), path = "/preview/{token}/", tag = "ports", params(PreviewToken),
+    security(()),
+    responses((status = 200, description = "What the port the link names answered to a request for `/`"))
+)]
+pub(crate) async fn to_preview_root(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+    who: Actor,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (id, port) = state.core.preview_target(&token).await?;
+    forward(
+        &state,
+        &id,
+        port,
+        "",
+        &format!("/preview/{token}"),
+        &who,
+        req,
+    )
+    .await
+}
+
+/// `GET /preview/{token}`: to the link's root with a slash, so the page's relative links
+/// stay under the link.
+#[utoipa::path(
+    get, path = "/preview/{token}", tag = "ports", params(PreviewToken),
+    security(()),
+    responses((status = 308, description = "To `/preview/{token}/`"))
+)]
+pub(crate) async fn preview_bare(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+) -> Result<Response, ApiError> {
+    state.core.preview_target(&token).await?;
+    Ok((
+        axum::http::StatusCode::PERMANENT_REDIRECT,
+        [(header::LOCATION, format!("/preview/{token}/"))],
+    )
+        .into_response())
+}
+
+/// `{token}`: a preview link's token.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct PreviewToken {
+    /// The token, as `POST /v1/sessions/{id}/previews` answered it.
+    #[allow(dead_code)]
+    token: String,
+}
+
+/// Passes `req` to `/{path}` of the port and its answer back; the port is told the prefix it
+/// is served under.
 async fn forward(
     state: &AppState,
     id: &str,
     port: u16,
     path: &str,
+    prefix: &str,
     who: &Actor,
     req: Request,
 ) -> Result<Response, ApiError> {
@@ -207,7 +309,7 @@ async fn forward(
         .uri(format!("/{path}{query}"))
         .body(body)
         .map_err(|e| ApiError::bad_request(format!("the request cannot be passed on: {e}")))?;
-    *out.headers_mut() = passed_on(&parts.headers, port, upgrade.as_deref(), id);
+    *out.headers_mut() = passed_on(&parts.headers, port, upgrade.as_deref(), prefix);
     let client_upgrade = upgrade
         .is_some()
         .then(|| parts.extensions.remove::<hyper::upgrade::OnUpgrade>())
@@ -251,7 +353,7 @@ async fn forward(
 
 /// The headers the port gets: the caller's, without those of one hop and without the token;
 /// `Host` the port's; the prefix it is served under; an upgrade kept as asked.
-fn passed_on(headers: &HeaderMap, port: u16, upgrade: Option<&str>, id: &str) -> HeaderMap {
+fn passed_on(headers: &HeaderMap, port: u16, upgrade: Option<&str>, prefix: &str) -> HeaderMap {
     let mut out = headers.clone();
     for h in HOP_HEADERS {
         out.remove(h);
@@ -265,7 +367,7 @@ fn passed_on(headers: &HeaderMap, port: u16, upgrade: Option<&str>, id: &str) ->
     if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
         out.insert(header::HOST, host);
     }
-    if let Ok(prefix) = HeaderValue::from_str(&format!("/v1/sessions/{id}/ports/{port}")) {
+    if let Ok(prefix) = HeaderValue::from_str(prefix) {
         out.insert("x-forwarded-prefix", prefix);
     }
     if let Some(upgrade) = upgrade.and_then(|u| HeaderValue::from_str(u).ok()) {
@@ -293,7 +395,7 @@ mod tests {
         h.insert("x-hop", HeaderValue::from_static("1"));
         h.insert("x-kept", HeaderValue::from_static("2"));
         h.insert(header::HOST, HeaderValue::from_static("sandboxd:8080"));
-        let out = passed_on(&h, 3000, None, "s1");
+        let out = passed_on(&h, 3000, None, "/v1/sessions/s1/ports/3000");
         assert!(out.get(header::AUTHORIZATION).is_none());
         assert!(out.get("x-hop").is_none() && out.get(header::CONNECTION).is_none());
         assert_eq!(out.get("x-kept").map(|v| v.as_bytes()), Some(&b"2"[..]));
@@ -305,7 +407,7 @@ mod tests {
             out.get("x-forwarded-prefix").map(|v| v.as_bytes()),
             Some(&b"/v1/sessions/s1/ports/3000"[..])
         );
-        let up = passed_on(&h, 3000, Some("websocket"), "s1");
+        let up = passed_on(&h, 3000, Some("websocket"), "/v1/sessions/s1/ports/3000");
         assert_eq!(
             up.get(header::UPGRADE).map(|v| v.as_bytes()),
             Some(&b"websocket"[..])

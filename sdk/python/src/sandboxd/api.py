@@ -180,6 +180,17 @@ class OperationPage:
     next_cursor: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Preview:
+    """A signed preview link to an open port: `url` reaches it with no other credential (a
+    browser's) until `expires_at`; rotating the session's token, or the session going, ends it."""
+
+    port: int
+    url: str
+    token: str
+    expires_at: str
+
+
 @dataclass
 class SessionApi:
     """The `/v1` routes of one session on its sandboxd, with the session's own token."""
@@ -346,6 +357,20 @@ class SessionApi:
         """Opens `port` of the sandbox's loopback to be reached through sandboxd."""
         data = (await self._request("POST", self._path("/ports"), json={"port": port})).json()
         return [int(p) for p in data.get("ports", [])]
+
+    async def preview(self, port: int, expires_in: int | None = None) -> Preview:
+        """A signed preview link to open `port`, lasting `expires_in` seconds (one hour when None,
+        at most 7 days)."""
+        body: dict[str, int] = {"port": int(port)}
+        if expires_in is not None:
+            body["expires_in_seconds"] = int(expires_in)
+        data = (await self._request("POST", self._path("/previews"), json=body)).json()
+        return Preview(
+            port=int(data["port"]),
+            url=self.endpoint.rstrip("/") + str(data["path"]),
+            token=str(data["token"]),
+            expires_at=str(data["expires_at"]),
+        )
 
     async def close_port(self, port: int) -> list[int]:
         """Closes `port` to new connections."""

@@ -16,6 +16,7 @@ from .api import (
     OperationKind,
     OperationPage,
     OutputCallback,
+    Preview,
     RunResult,
     SessionEvents,
     SessionUsage,
@@ -330,6 +331,11 @@ class Ports:
     def list(self) -> list[int]:
         """The session's open ports."""
         return self._sandbox._call(self._ports.list)
+
+    def preview(self, port: int, expires_in: int | None = None) -> Preview:
+        """A signed preview link to open `port` for a browser (no token needed), lasting
+        `expires_in` seconds (one hour when None, at most 7 days)."""
+        return self._sandbox._call(self._ports.preview, port, expires_in)
 
     def url(self, port: int, path: str = "") -> str:
         """The URL of `path` on `port` through sandboxd (send the session token with it)."""

@@ -19,6 +19,7 @@ from .api import (
     OperationKind,
     OperationPage,
     OutputCallback,
+    Preview,
     RunResult,
     SessionApi,
     SessionEvent,
@@ -494,6 +495,11 @@ class AsyncPorts:
     async def list(self) -> list[int]:
         """The session's open ports."""
         return await self._sandbox._call(lambda api: api.ports())
+
+    async def preview(self, port: int, expires_in: int | None = None) -> Preview:
+        """A signed preview link to open `port` for a browser (no token needed), lasting
+        `expires_in` seconds (one hour when None, at most 7 days)."""
+        return await self._sandbox._call(lambda api: api.preview(port, expires_in))
 
     async def url(self, port: int, path: str = "") -> str:
         """The URL of `path` on `port` through sandboxd."""
