@@ -69,14 +69,16 @@ unit: ## the unit tests: no stack needed (no API server, dockerd or PostgreSQL),
 
 # The end-to-end tests start the workspace's binaries (sandboxd, sandbox-operator), so they are
 # built first. A hung test must not hold CI to its own limit: the run is bounded. Then the
-# hostile-sandbox suite and Pydantic AI's client suite again with every sandbox on gVisor
+# hostile-sandbox suite, Pydantic AI's client suite and the terminals, ports and watch tests
+# again with every sandbox on gVisor
 # (SANDBOXD_TEST_OCI_RUNTIME=runsc: the harness starts each sandboxd with that OCI runtime).
 e2e: up wire-venv schemathesis-venv ## the end-to-end tests (every crate's tests/): on the stack `make up` starts; the hostile and Pydantic AI suites on runc and on gVisor
 	$(CARGO) build --workspace --bins
 	$(ENV) && status=0 \
 	  && { timeout --kill-after=30 2700 $(CARGO) test --workspace --no-fail-fast --test '*' || status=$$?; } \
 	  && { SANDBOXD_TEST_OCI_RUNTIME=runsc timeout --kill-after=30 1500 $(CARGO) test -p sandboxd --no-fail-fast \
-	         --test 'hostile*' --test wire -- --skip seed_and_ours_side_by_side || status=$$?; } \
+	         --test 'hostile*' --test wire --test terminals --test ports --test watch \
+	         -- --skip seed_and_ours_side_by_side || status=$$?; } \
 	  && $(CARGO) test -p sandboxd --lib -- $(POSTGRES_UNIT) && exit $$status
 
 # kill -9 of the operator, a sandboxd, the API server, etcd and dockerd during a random workload

@@ -69,7 +69,7 @@ pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// a small CPU share does in seconds (its kernel boots in the sandbox's own CPU share).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a freshly started container's agent may take to listen.
-const LISTEN_WAIT: Duration = Duration::from_secs(5);
+pub(super) const LISTEN_WAIT: Duration = Duration::from_secs(5);
 /// What sandboxd adds to a run's timeout before it stops waiting for the agent's own.
 const BACKSTOP: Duration = Duration::from_secs(10);
 /// How long an agent may take to let go of its host sockets before a checkpoint (its own
@@ -110,9 +110,9 @@ pub struct AgentRunner {
 pub(super) struct Refused {
     pub(super) message: String,
     /// The request sent with the hello may have reached the agent (it went silent after it).
-    maybe_started: bool,
+    pub(super) maybe_started: bool,
     /// The socket is not the agent's: nothing was written to it, and it is never retried.
-    untrusted: bool,
+    pub(super) untrusted: bool,
 }
 
 /// How a session's agent was reached.

@@ -7,7 +7,7 @@ use sandbox_agent::proto::{self, Frame, Msg, TermExit, TermInfo, TermRequest};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::run::agent::{AgentRunner, Conn, IO_TIMEOUT, read_frame};
+use crate::run::agent::{AgentRunner, Conn, IO_TIMEOUT, LISTEN_WAIT, read_frame};
 
 /// How long a kill may take: the agent answers once the terminal's session is gone.
 const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -112,12 +112,24 @@ impl AgentRunner {
         msg: &Msg,
         within: std::time::Duration,
     ) -> Result<(Msg, Conn), TermError> {
-        let mut conn = self
-            .handshake(session, container, Some(msg))
-            .await
-            .map_err(|e| {
-                TermError::Failed(format!("cannot reach the sandbox's agent: {}", e.message))
-            })?;
+        // A container just started (a wake) has an agent about to listen: waited for as a run
+        // waits for it (under gVisor its kernel boots first). Never an agent that may have
+        // taken the request, nor a socket that is not the agent's.
+        let started = std::time::Instant::now();
+        let mut conn = loop {
+            match self.handshake(session, container, Some(msg)).await {
+                Ok(conn) => break conn,
+                Err(e) if !e.untrusted && !e.maybe_started && started.elapsed() < LISTEN_WAIT => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(e) => {
+                    return Err(TermError::Failed(format!(
+                        "cannot reach the sandbox's agent: {}",
+                        e.message
+                    )));
+                }
+            }
+        };
         // An agent of an older protocol closes the connection on a message it cannot read.
         if conn.protocol < proto::TERMINALS_PROTOCOL {
             return Err(TermError::Unavailable(
