@@ -8,7 +8,9 @@
 //!   against the same request made inside the sandbox by a client there (also a new
 //!   connection each time), so the difference is what the way through sandboxd adds;
 //! - one raw TCP stream through the port route (a WebSocket) reading 512 MiB, against the same
-//!   read inside the sandbox over its own loopback.
+//!   read inside the sandbox over its own loopback;
+//! - a file watch: a file written through the files API until its event reaches a watcher
+//!   (Server-Sent Events), against the same write with no watch waiting for it.
 //!
 //! Needs the project's dockerd and the tools image (python3): `eval "$(make -s env)"` after
 //! `make up`. Usage: `interactive-bench [--keys N] [--requests N] [--mib N]`
@@ -33,6 +35,9 @@ struct Args {
     /// MiB read through one stream, each way.
     #[arg(long, default_value_t = 512)]
     mib: usize,
+    /// Files written and watched.
+    #[arg(long, default_value_t = 200)]
+    watched: usize,
 }
 
 /// p-th percentile of `samples`, milliseconds.
@@ -247,6 +252,52 @@ async fn measure(args: &Args, base: &str, s: &Client, token: &str) -> Result<()>
         bail!("the stream carried {got} bytes, not {} MiB", args.mib);
     }
 
+    // A watch: each write through the files API until its event comes, against the writes
+    // alone (the same API, nothing waiting on them).
+    s.mkdir("ibench", "w").await?;
+    let mut alone = Vec::with_capacity(args.watched);
+    for i in 0..args.watched + 5 {
+        let t = Instant::now();
+        s.write("ibench", &format!("w/alone-{i}.txt"), b"x".to_vec())
+            .await?;
+        if i >= 5 {
+            alone.push(t.elapsed());
+        }
+    }
+    let mut watch = http
+        .get(format!("{base}/v1/sessions/ibench/watch?path=w"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    let mut seen = String::new();
+    let mut next_chunk = async |seen: &mut String| -> Result<()> {
+        match tokio::time::timeout(Duration::from_secs(5), watch.chunk()).await {
+            Ok(Ok(Some(b))) => {
+                seen.push_str(&String::from_utf8_lossy(&b));
+                Ok(())
+            }
+            other => bail!("the watch stopped: {other:?}"),
+        }
+    };
+    while !seen.contains("event: watching") {
+        next_chunk(&mut seen).await?;
+    }
+    seen.clear();
+    let mut events = Vec::with_capacity(args.watched);
+    for i in 0..args.watched + 5 {
+        let name = format!("w/watched-{i}.txt");
+        let t = Instant::now();
+        s.write("ibench", &name, b"x".to_vec()).await?;
+        let quoted = format!("\"{name}\"");
+        while !seen.contains(&quoted) {
+            next_chunk(&mut seen).await?;
+        }
+        if i >= 5 {
+            events.push(t.elapsed());
+        }
+        seen.clear();
+    }
+
     println!("| measure | baseline | p50 ms (or MB/s) | baseline p50 ms (or MB/s) | ratio |");
     println!("|---|---|---|---|---|");
     println!(
@@ -268,7 +319,18 @@ async fn measure(args: &Args, base: &str, s: &Client, token: &str) -> Result<()>
         inside_mbs,
         through_mbs / inside_mbs
     );
+    println!(
+        "| a write through the files API until its watch event arrives | the write alone | {:.2} | {:.2} | {:.2} |",
+        pct(&events, 0.5),
+        pct(&alone, 0.5),
+        pct(&events, 0.5) / pct(&alone, 0.5)
+    );
     println!();
+    println!(
+        "watch event p95 {:.2} ms, after the write's own p50 {:.2} ms (goal: event <= 20 ms p50 after the write)",
+        pct(&events, 0.95),
+        pct(&events, 0.5) - pct(&alone, 0.5)
+    );
     println!(
         "keystroke echo p95 {:.2} ms; small request p95 {:.2} ms, added p50 {:.2} ms (goals: echo p50 <= 2 ms, added <= 0.5 ms, stream >= 500 MB/s)",
         pct(&keys, 0.95),
