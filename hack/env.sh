@@ -11,6 +11,7 @@ export SANDBOXD_HELM=$HELM_BIN/helm
 export SANDBOXD_RUNSC=$("$HACK_DIR/runsc.sh" path)
 export SANDBOXD_TEST_POSTGRES_URL=$("$HACK_DIR/postgres.sh" url)
 ENV
+"$HACK_DIR/s3.sh" env
 # Runtime builds trust the host's CA bundle, so they reach PyPI where TLS is intercepted by a
 # proxy (the CI machines do that); elsewhere it only adds the public CAs.
 if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then

@@ -33,6 +33,7 @@ pub mod run;
 pub mod runtimes;
 pub mod server;
 pub mod service;
+pub mod snapshot;
 pub mod storage;
 pub mod tls;
 pub mod workspace;
