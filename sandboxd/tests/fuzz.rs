@@ -328,7 +328,15 @@ async fn the_served_document_describes_the_served_routes() {
                 None,
             )
             .await;
-            if public {
+            if path.starts_with(sandboxd_api::routes::PREVIEW_PREFIX) {
+                // A preview link is its own credential: one this host never signed is refused.
+                assert!(public, "{method} {path} takes no bearer");
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (403, Some("preview_invalid")),
+                    "{method} {path} with a link never signed"
+                );
+            } else if public {
                 assert_eq!(status, 200, "{method} {path} without a token");
             } else {
                 assert_eq!(

@@ -35,6 +35,18 @@ fn tools() -> Daemon {
     )
 }
 
+/// Posts each bad body to `url` with `token` and checks it is refused 400 with its words.
+async fn refused_400(url: &str, token: &str, cases: &[(&str, &str)]) {
+    for (bad, why) in cases {
+        let (status, body) = raw(Method::POST, url, Some(token), Some(bad)).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["message"].as_str().unwrap_or_default().contains(why),
+            "{bad}: {body}"
+        );
+    }
+}
+
 /// Starts `python3 -m http.server` on `port` of the sandbox's loopback, serving `/workspace/site`.
 async fn serve(s: &Client, id: &str, port: u16) {
     let started = s
@@ -280,24 +292,16 @@ async fn ports_are_bounded_and_checked() {
         body["message"],
         "Session 'many' already has 16 ports open, the most a session may have: close one (DELETE /v1/sessions/many/ports/{port})"
     );
-    for (bad, why) in [
-        ("{\"port\": 0}", "port must be 1 to 65535, not 0"),
-        ("{\"port\": 70000}", "invalid port request"),
-        ("{\"prot\": 1}", "invalid port request"),
-    ] {
-        let (status, body) = raw(
-            Method::POST,
-            &format!("{}/v1/sessions/many/ports", d.base),
-            Some(&token),
-            Some(bad),
-        )
-        .await;
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert!(
-            body["message"].as_str().unwrap_or_default().contains(why),
-            "{bad}: {body}"
-        );
-    }
+    refused_400(
+        &format!("{}/v1/sessions/many/ports", d.base),
+        &token,
+        &[
+            ("{\"port\": 0}", "port must be 1 to 65535, not 0"),
+            ("{\"port\": 70000}", "invalid port request"),
+            ("{\"prot\": 1}", "invalid port request"),
+        ],
+    )
+    .await;
     // The list survives a restart of sandboxd (a kill -9: nothing written at exit).
     let mut d = d;
     d.process.kill9();
@@ -417,30 +421,22 @@ async fn a_preview_link_reaches_its_port_without_the_token_until_it_expires() {
         (403, Some("forbidden")),
         "{body}"
     );
-    for (bad, why) in [
-        (
-            "{\"port\": 3000, \"expires_in_seconds\": 0}",
-            "expires_in_seconds must be 1 to 604800 (7 days), not 0",
-        ),
-        (
-            "{\"port\": 3000, \"expires_in_seconds\": 604801}",
-            "expires_in_seconds must be 1 to 604800 (7 days), not 604801",
-        ),
-        ("{\"port\": 3000, \"expiry\": 5}", "invalid preview request"),
-    ] {
-        let (status, body) = raw(
-            Method::POST,
-            &format!("{}/v1/sessions/shown/previews", d.base),
-            Some(&token),
-            Some(bad),
-        )
-        .await;
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert!(
-            body["message"].as_str().unwrap_or_default().contains(why),
-            "{bad}: {body}"
-        );
-    }
+    refused_400(
+        &format!("{}/v1/sessions/shown/previews", d.base),
+        &token,
+        &[
+            (
+                "{\"port\": 3000, \"expires_in_seconds\": 0}",
+                "expires_in_seconds must be 1 to 604800 (7 days), not 0",
+            ),
+            (
+                "{\"port\": 3000, \"expires_in_seconds\": 604801}",
+                "expires_in_seconds must be 1 to 604800 (7 days), not 604801",
+            ),
+            ("{\"port\": 3000, \"expiry\": 5}", "invalid preview request"),
+        ],
+    )
+    .await;
 
     // Expired: refused, saying when.
     let short = s

@@ -88,7 +88,21 @@ async def test_the_official_mcp_client_lists_the_tools_and_runs_each_one(stack: 
                     "Directory 'nowhere' is empty or does not exist",
                     False,
                 )
-                assert await call(mcp, "tree") == ("Tree of .:\n  src/\n  src/app.py", False)
+                assert await call(mcp, "tree", path="src") == ("Tree of src:\n  app.py", False)
+
+                # Twenty edits of one file at once: none is lost (each is a read and a write).
+                await call(mcp, "write_file", path="many.txt", content="".join(f"line {i};\n" for i in range(20)))
+
+                async def edit(i: int) -> None:
+                    assert (
+                        await call(mcp, "edit_file", path="many.txt", old_string=f"line {i};", new_string=f"LINE {i};")
+                    )[1] is False
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(20):
+                        tg.start_soon(edit, i)
+                text, _ = await call(mcp, "read_file", path="/workspace/many.txt")
+                assert all(f"LINE {i};" in text for i in range(20)), text
 
                 # Commands: output, a failure with its code, a timeout, one in the background.
                 assert await call(mcp, "run", command="echo $((6*7)); cat src/app.py") == (
@@ -141,7 +155,11 @@ async def test_the_official_mcp_client_lists_the_tools_and_runs_each_one(stack: 
                 # The workspace's files are resources.
                 resources = (await mcp.list_resources()).resources
                 uris = {str(r.uri) for r in resources}
-                assert {"file:///workspace/src/app.py", "file:///workspace/later.txt"} <= uris
+                assert {
+                    "file:///workspace/src/app.py",
+                    "file:///workspace/later.txt",
+                    "file:///workspace/many.txt",
+                } <= uris
                 read = await mcp.read_resource("file:///workspace/src/app.py")
                 [content] = read.contents
                 assert isinstance(content, TextResourceContents)
@@ -176,7 +194,7 @@ async def test_the_official_mcp_client_lists_the_tools_and_runs_each_one(stack: 
                 assert (await plain.post(url, json=body)).status_code == 401
                 metrics = (await plain.get(url.split("/v1/")[0] + "/metrics")).text
                 assert 'sandboxd_mcp_tool_calls_total{tool="edit_file",outcome="error"} 1' in metrics
-                assert 'sandboxd_mcp_tool_calls_total{tool="write_file",outcome="ok"} 1' in metrics
+                assert 'sandboxd_mcp_tool_calls_total{tool="write_file",outcome="ok"} 2' in metrics
         finally:
             await sbx.destroy()
             await other.destroy()

@@ -3,6 +3,7 @@
 //! `read_file` a read, an `edit_file` a read and a write, a `glob` or `grep` the run of the
 //! `find` or `grep` it made), answered with the seed console's words ([`super::text`]).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use base64::Engine as _;
@@ -177,46 +178,30 @@ fn args<T: DeserializeOwned>(tool: &str, arguments: Value) -> Result<T, Answer> 
 
 /// Calls tool `name`; `None` when there is no such tool (a protocol error, not a tool's).
 pub(super) async fn call(c: &Caller<'_>, name: &str, arguments: Value) -> Option<Answer> {
-    let answer = match name {
-        "run" => match args(name, arguments) {
-            Ok(a) => run(c, a).await,
-            Err(e) => e,
-        },
-        "run_status" => match args(name, arguments) {
-            Ok(a) => run_status(c, a).await,
-            Err(e) => e,
-        },
-        "read_file" => match args(name, arguments) {
-            Ok(a) => read_file(c, a).await,
-            Err(e) => e,
-        },
-        "write_file" => match args(name, arguments) {
-            Ok(a) => write_file(c, a).await,
-            Err(e) => e,
-        },
-        "edit_file" => match args(name, arguments) {
-            Ok(a) => edit_file(c, a).await,
-            Err(e) => e,
-        },
-        "list" => match args(name, arguments) {
-            Ok(a) => list_folder(c, a).await,
-            Err(e) => e,
-        },
-        "tree" => match args(name, arguments) {
-            Ok(a) => tree(c, a).await,
-            Err(e) => e,
-        },
-        "glob" => match args(name, arguments) {
-            Ok(a) => glob(c, a).await,
-            Err(e) => e,
-        },
-        "grep" => match args(name, arguments) {
-            Ok(a) => grep(c, a).await,
-            Err(e) => e,
-        },
+    Some(match name {
+        "run" => with(name, arguments, |a| run(c, a)).await,
+        "run_status" => with(name, arguments, |a| run_status(c, a)).await,
+        "read_file" => with(name, arguments, |a| read_file(c, a)).await,
+        "write_file" => with(name, arguments, |a| write_file(c, a)).await,
+        "edit_file" => with(name, arguments, |a| edit_file(c, a)).await,
+        "list" => with(name, arguments, |a| list_folder(c, a)).await,
+        "tree" => with(name, arguments, |a| tree(c, a)).await,
+        "glob" => with(name, arguments, |a| glob(c, a)).await,
+        "grep" => with(name, arguments, |a| grep(c, a)).await,
         _ => return None,
-    };
-    Some(answer)
+    })
+}
+
+/// Tool `name` run as `tool` with its `arguments`, or the error of arguments that do not fit.
+async fn with<A: DeserializeOwned, F: std::future::Future<Output = Answer>>(
+    name: &str,
+    arguments: Value,
+    tool: impl FnOnce(A) -> F,
+) -> Answer {
+    match args(name, arguments) {
+        Ok(a) => tool(a).await,
+        Err(e) => e,
+    }
 }
 
 fn default_path() -> String {
@@ -419,7 +404,28 @@ struct EditArgs {
     replace_all: bool,
 }
 
+/// The edits under way, one lock per session and file: an edit is a read and a write, so two
+/// edits of one file at once would lose one.
+static EDITING: std::sync::LazyLock<std::sync::Mutex<HashMap<(String, String), FileLock>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// One file's edit lock.
+type FileLock = std::sync::Arc<tokio::sync::Mutex<()>>;
+
+/// The lock of file `path` of session `id` (paths spelled two ways are one file).
+fn edit_lock(id: &str, path: &str) -> FileLock {
+    let file = crate::workspace::workspace_relative(path).unwrap_or_else(|_| path.to_owned());
+    let mut editing = EDITING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Locks no edit holds any more go (only this map holds them).
+    editing.retain(|_, lock| std::sync::Arc::strong_count(lock) > 1);
+    editing.entry((id.to_owned(), file)).or_default().clone()
+}
+
 async fn edit_file(c: &Caller<'_>, a: EditArgs) -> Answer {
+    let lock = edit_lock(c.id, &a.path);
+    let _editing = lock.lock().await;
     let data = match read_whole(c, &a.path).await {
         Ok(data) => data,
         Err(e) => return read_failed(&a.path, e),

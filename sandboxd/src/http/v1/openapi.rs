@@ -103,6 +103,15 @@ pub type Errors = (u16, &'static [&'static str]);
 const AUTH: (u16, &[&str]) = (401, &["unauthorized"]);
 const ADMIN: (u16, &[&str]) = (403, &["forbidden"]);
 const INTERNAL: (u16, &[&str]) = (500, &["internal"]);
+/// A route that starts or wakes a sandbox: its network, runtime or isolation could not be had.
+const START_503: (u16, &[&str]) = (
+    503,
+    &[
+        "network_unavailable",
+        "runtime_failed",
+        "isolation_unavailable",
+    ],
+);
 /// What a wake (`start`, `resume`) may answer.
 const WAKE: &[(u16, &[&str])] = &[
     AUTH,
@@ -121,14 +130,7 @@ const WAKE: &[(u16, &[&str])] = &[
     (429, &["host_cap", "tenant_cap"]),
     INTERNAL,
     (502, &["docker_error"]),
-    (
-        503,
-        &[
-            "network_unavailable",
-            "runtime_failed",
-            "isolation_unavailable",
-        ],
-    ),
+    START_503,
     (507, &["host_disk_full"]),
 ];
 /// What a request passed to a port may answer (any method, its root or a path).
@@ -152,14 +154,7 @@ const TO_PORT: &[(u16, &[&str])] = &[
     (429, &["host_cap", "tenant_cap"]),
     INTERNAL,
     (502, &["port_closed", "docker_error"]),
-    (
-        503,
-        &[
-            "network_unavailable",
-            "runtime_failed",
-            "isolation_unavailable",
-        ],
-    ),
+    START_503,
     (504, &["port_timeout"]),
     (507, &["host_disk_full"]),
 ];
@@ -184,14 +179,7 @@ const TO_PREVIEW: &[(u16, &[&str])] = &[
     (429, &["host_cap", "tenant_cap"]),
     INTERNAL,
     (502, &["port_closed", "docker_error"]),
-    (
-        503,
-        &[
-            "network_unavailable",
-            "runtime_failed",
-            "isolation_unavailable",
-        ],
-    ),
+    START_503,
     (504, &["port_timeout"]),
     (507, &["host_disk_full"]),
 ];
@@ -234,14 +222,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             ),
             INTERNAL,
             (502, &["docker_error", "open_failed"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
@@ -343,14 +324,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (410, &["session_lost"]),
             INTERNAL,
             (502, &["docker_error", "rebuild_failed"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
@@ -446,14 +420,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (429, &["terminal_limit", "host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
@@ -503,14 +470,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (429, &["host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
@@ -540,14 +500,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (429, &["watch_limit", "host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
@@ -599,14 +552,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (429, &["host_cap", "tenant_cap"]),
             INTERNAL,
             (502, &["port_closed", "docker_error"]),
-            (
-                503,
-                &[
-                    "network_unavailable",
-                    "runtime_failed",
-                    "isolation_unavailable",
-                ],
-            ),
+            START_503,
             (507, &["host_disk_full"]),
         ],
     ),
