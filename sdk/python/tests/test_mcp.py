@@ -191,6 +191,18 @@ async def test_the_official_mcp_client_lists_the_tools_and_runs_each_one(stack: 
                 assert unsupported.status_code == 400
                 assert unsupported.json()["error"]["code"] == -32022
                 assert (await plain.get(url, headers=await sbx.mcp_headers())).status_code == 405
+                ping = {"jsonrpc": "2.0", "method": "ping"}
+                batch = await plain.post(
+                    url, json=[{**ping, "id": 1}, {**ping, "id": 2}], headers=await sbx.mcp_headers()
+                )
+                assert [a["id"] for a in batch.json()] == [1, 2]
+                too_many = await plain.post(
+                    url, json=[{**ping, "id": i} for i in range(33)], headers=await sbx.mcp_headers()
+                )
+                assert too_many.status_code == 400
+                assert too_many.json()["error"]["message"] == (
+                    "Invalid Request: a batch holds at most 32 messages, not 33"
+                )
                 assert (await plain.post(url, json=body)).status_code == 401
                 metrics = (await plain.get(url.split("/v1/")[0] + "/metrics")).text
                 assert 'sandboxd_mcp_tool_calls_total{tool="edit_file",outcome="error"} 1' in metrics

@@ -5,7 +5,8 @@
 //!
 //! The server is stateless: it issues no `Mcp-Session-Id`, every POST carries one JSON-RPC
 //! message (or a batch) and is answered with one JSON body (`application/json`; never an
-//! event stream, since no tool sends progress), a notification or a response with `202`. A
+//! event stream, since no tool sends progress), a notification or a response with `202`; a batch
+//! holds at most [`MAX_BATCH`] messages. A
 //! `GET` (a server-to-client stream) and a `DELETE` (ending a protocol session) are answered
 //! `405`, as the transport allows a server without them. It speaks the handshake revisions
 //! [`PROTOCOL_VERSIONS`]; a request whose `MCP-Protocol-Version` names another is refused
@@ -34,6 +35,10 @@ pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26
 
 /// The largest request this route takes (a `write_file` carries the whole file).
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most messages one batch may hold: a batch is answered in one response, its calls one
+/// after the other.
+pub const MAX_BATCH: usize = 32;
 
 /// The header naming the revision a client negotiated.
 const VERSION_HEADER: &str = "mcp-protocol-version";
@@ -116,6 +121,18 @@ pub(crate) async fn mcp(
         actor: &actor,
     };
     match message {
+        Value::Array(batch) if batch.len() > MAX_BATCH => refused(
+            StatusCode::BAD_REQUEST,
+            error(
+                Value::Null,
+                INVALID_REQUEST,
+                format!(
+                    "Invalid Request: a batch holds at most {MAX_BATCH} messages, not {}",
+                    batch.len()
+                ),
+                None,
+            ),
+        ),
         Value::Array(batch) if !batch.is_empty() => {
             let mut answers = Vec::new();
             for m in batch {
