@@ -754,12 +754,17 @@ async fn the_firewall_heals_within_its_period_and_closes_the_nodes_own_addresses
     // While the rules cannot be installed again, sandboxd says it is not ready, and why.
     std::fs::write(wrappers.path().join("broken"), b"").expect("break iptables");
     iptables(&["-w", "-F", &input_chain]);
+    // The first 503 may say what changed before the repair has failed: wait for the answer
+    // that says both (health is cached for a second).
     let (status, body) = common::until(
-        "/healthz answering 503",
+        "/healthz answering 503, after the repair failed",
         Duration::from_secs(PERIOD + 3),
         async || {
             let (status, body) = health(&d).await;
-            (status == 503).then_some((status, body))
+            let failed = body["problems"][0]
+                .as_str()
+                .is_some_and(|p| p.contains("installing it again failed"));
+            (status == 503 && failed).then_some((status, body))
         },
     )
     .await;
