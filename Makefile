@@ -18,7 +18,7 @@ env: ## print the export lines for KUBECONFIG, DOCKER_HOST, SANDBOXD_BASE_IMAGE
 demo: ## the main job: build, up, CRDs, a sandboxd and the operator, a session opened with kubectl sandbox
 	hack/demo.sh
 
-bench: up ## the benchmarks, release builds, each against its own baseline (docs/benchmarks.md); BENCH=sandboxd|open|operator|egress|isolation|wire|interactive runs one
+bench: up ## the benchmarks, release builds, each against its own baseline (docs/benchmarks.md); BENCH=sandboxd|open|operator|egress|isolation|wire|interactive|snapshot runs one
 	hack/bench.sh $(BENCH)
 
 images: ## the sandboxd and sandbox-operator images, tagged with the workspace version (PROFILE=release|debug)

@@ -10,6 +10,8 @@
 #   wire      the seed's sandboxd against ours, through pydantic-ai-backend's client
 #   interactive  a terminal's keystroke echo, HTTP and a stream through the ports route,
 #             against sandboxd's floor and the same work inside the sandbox
+#   snapshot  snapshots and restores of large and small files, and a fork to Running, against
+#             tar | zstd to the same S3 store
 # Without BENCH, every one runs, one after the other (about 15 minutes).
 source "$(dirname "$0")/lib.sh"
 eval "$("$HACK_DIR/env.sh")"
@@ -25,7 +27,7 @@ run() {
   "$@"
 }
 
-benches=("${1:-sandboxd open operator egress isolation wire interactive}")
+benches=("${1:-sandboxd open operator egress isolation wire interactive snapshot}")
 for b in ${benches[*]}; do
   case "$b" in
     sandboxd) run "$b" "$bin/sandboxd-bench" --runs 200 --opens 10 --warm 40 --files 20 ;;
@@ -34,7 +36,8 @@ for b in ${benches[*]}; do
     egress) run "$b" "$bin/egress-bench" ;;
     isolation) run "$b" "$bin/isolation-bench" --opens 10 --warm 10 --runs 200 --files 20 --sleeps 5 ;;
     interactive) run "$b" "$bin/interactive-bench" --keys 500 --requests 300 --mib 512 ;;
+    snapshot) run "$b" "$bin/snapshot-bench" --mib 1024 --files 5000 --fork-mib 100 ;;
     wire) run "$b" "$("$HACK_DIR/wire-venv.sh")" tests/bench/wire_bench.py --sandboxd "$bin/sandboxd" --opens 10 --runs 100 --files 10 ;;
-    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, isolation, wire, interactive" ;;
+    *) die "no bench '$b': BENCH is one of sandboxd, open, operator, egress, isolation, wire, interactive, snapshot" ;;
   esac
 done

@@ -470,6 +470,7 @@ impl Client {
             limits: limits.cloned(),
             owner: owner.map(str::to_owned),
             egress: Vec::new(),
+            from_snapshot: None,
         })
         .await
     }
@@ -626,6 +627,56 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// Takes snapshot `scope/name` of session `id`'s workspace (admin token): a running
+    /// sandbox is paused while its files are read.
+    pub async fn take_snapshot(
+        &self,
+        id: &str,
+        scope: &str,
+        name: &str,
+    ) -> Result<crate::session::SnapshotView, ClientError> {
+        let body = crate::session::SnapshotRequest {
+            name: name.to_owned(),
+            scope: scope.to_owned(),
+        };
+        let body = serde_json::to_value(&body).map_err(|e| self.transport(e))?;
+        self.json(
+            Method::POST,
+            "POST /v1/sessions/{id}/snapshots",
+            &format!("/v1/sessions/{}/snapshots", enc(id)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Snapshot `scope/name` as the object store holds it (admin token).
+    pub async fn snapshot(
+        &self,
+        scope: &str,
+        name: &str,
+    ) -> Result<crate::session::SnapshotView, ClientError> {
+        self.json(
+            Method::GET,
+            "GET /v1/snapshots/{scope}/{name}",
+            &format!("/v1/snapshots/{}/{}", enc(scope), enc(name)),
+            None,
+        )
+        .await
+    }
+
+    /// Deletes snapshot `scope/name` (admin token); one already gone is fine.
+    pub async fn delete_snapshot(&self, scope: &str, name: &str) -> Result<(), ClientError> {
+        self.send(
+            Method::DELETE,
+            "DELETE /v1/snapshots/{scope}/{name}",
+            &format!("/v1/snapshots/{}/{}", enc(scope), enc(name)),
+            None,
+            None,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Runs a command and waits for it.

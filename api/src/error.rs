@@ -106,6 +106,12 @@ pub enum ErrorCode {
     PreviewInvalid,
     /// A preview link past its expiry (403).
     PreviewExpired,
+    /// No snapshot of that name in the object store (404).
+    SnapshotNotFound,
+    /// A snapshot whose chunks are missing or corrupt, or whose manifest is bad (422).
+    SnapshotCorrupt,
+    /// This host has no object store for snapshots, or the store failed (503).
+    SnapshotsUnavailable,
     /// The session has as many file watches open as it may (429).
     WatchLimit,
     /// The run was cancelled before it started.
@@ -153,7 +159,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this version knows.
-    pub const ALL: [ErrorCode; 62] = [
+    pub const ALL: [ErrorCode; 65] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -195,6 +201,9 @@ impl ErrorCode {
         Self::PortLimit,
         Self::PreviewInvalid,
         Self::PreviewExpired,
+        Self::SnapshotNotFound,
+        Self::SnapshotCorrupt,
+        Self::SnapshotsUnavailable,
         Self::WatchLimit,
         Self::ProcessLimit,
         Self::RunCancelled,
@@ -262,6 +271,9 @@ impl ErrorCode {
             Self::PortLimit => "port_limit",
             Self::PreviewInvalid => "preview_invalid",
             Self::PreviewExpired => "preview_expired",
+            Self::SnapshotNotFound => "snapshot_not_found",
+            Self::SnapshotCorrupt => "snapshot_corrupt",
+            Self::SnapshotsUnavailable => "snapshots_unavailable",
             Self::WatchLimit => "watch_limit",
             Self::ProcessLimit => "process_limit",
             Self::RunCancelled => "run_cancelled",
@@ -332,6 +344,9 @@ impl From<&str> for ErrorCode {
             "port_limit" => Self::PortLimit,
             "preview_invalid" => Self::PreviewInvalid,
             "preview_expired" => Self::PreviewExpired,
+            "snapshot_not_found" => Self::SnapshotNotFound,
+            "snapshot_corrupt" => Self::SnapshotCorrupt,
+            "snapshots_unavailable" => Self::SnapshotsUnavailable,
             "watch_limit" => Self::WatchLimit,
             "process_limit" => Self::ProcessLimit,
             "run_cancelled" => Self::RunCancelled,

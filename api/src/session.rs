@@ -31,6 +31,8 @@ pub enum Launch {
     Cold,
     /// Taken from its runtime's warm pool: started before the open asked for it.
     Warm,
+    /// Created for this session with its workspace restored from a snapshot first.
+    Restored,
 }
 
 /// Per-session resource limits, within the host's ceilings.
@@ -77,6 +79,50 @@ pub struct OpenRequest {
     /// runtime's policy and every one of these allow it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<sandboxd_catalog::egress::Egress>,
+    /// The snapshot a new session's workspace is restored from (`<scope>/<name>`, the key
+    /// `POST /v1/sessions/{id}/snapshots` answered with): every file is written and checked before
+    /// the container starts, and the session's launch is `restored`. A snapshot that is not
+    /// in the store, or whose chunks are missing or corrupt, fails the open and leaves
+    /// nothing behind. An open that finds the session already there restores nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")]
+    pub from_snapshot: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/snapshots`: what to call the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Its name, a DNS subdomain (a SandboxSnapshot's name); a snapshot of the same scope
+    /// and name is replaced.
+    pub name: String,
+    /// The scope it is kept under, a DNS label (the operator sends the session's namespace):
+    /// its key is `<scope>/<name>`, what a restore names.
+    pub scope: String,
+}
+
+/// A snapshot in the object store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SnapshotView {
+    /// `<scope>/<name>`: what an open's `from_snapshot` names.
+    pub key: String,
+    /// When it was taken (RFC 3339).
+    pub created_at: String,
+    /// The bytes of its files.
+    pub bytes: u64,
+    /// Its files, folders and symlinks.
+    pub entries: u64,
+    /// The distinct chunks it needs.
+    pub chunk_count: u64,
+    /// Chunks this snapshot sent (the others were in the store already); 0 when shown later.
+    #[serde(default)]
+    pub chunks_sent: u64,
+    /// Compressed bytes this snapshot sent; 0 when shown later.
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// How long the sandbox was paused for it, in milliseconds; 0 when shown later.
+    #[serde(default)]
+    pub paused_ms: u64,
 }
 
 /// What an open did.
@@ -121,7 +167,8 @@ pub struct SessionView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// How its container was last started: `warm` (taken from its runtime's warm pool) or
-    /// `cold` (created for it).
+    /// `cold` (created for it) or `restored` (created for it, its workspace restored from a
+    /// snapshot first).
     #[serde(default)]
     pub launch: Launch,
     /// The image its runtime names on this host now; another than `image` means the session

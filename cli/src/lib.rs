@@ -15,6 +15,7 @@ pub mod operators;
 pub mod ports;
 pub mod render;
 pub mod session;
+pub mod snapshot;
 pub mod terminal;
 pub mod top;
 pub mod workspace;
@@ -185,6 +186,30 @@ pub enum Command {
         name: String,
         /// Seconds to wait until it runs again.
         #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Snapshot the session's workspace into the object store (a SandboxSnapshot; the
+    /// sandbox paused for the moment of the copy) and wait until it is Ready. NAME defaults to
+    /// SESSION-<date>-<time>; the name is printed.
+    Snapshot {
+        /// The session.
+        session: String,
+        /// The snapshot's name.
+        name: Option<String>,
+        /// Seconds to wait until it is Ready.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Fork a session: snapshot SESSION (the snapshot is named NEW) and open the new
+    /// SandboxSession NEW from it with SESSION's spec, on any host; wait until it runs. The
+    /// two then go their own ways.
+    Fork {
+        /// The session to fork.
+        session: String,
+        /// The new session.
+        new: String,
+        /// Seconds to wait for the snapshot, then for the new session to run.
+        #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
     /// Pause the session with its processes and memory (a runtime of isolation gvisor): it
@@ -404,6 +429,30 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
                 .await
                 .map(|()| 0)
         }
+        Command::Snapshot {
+            session,
+            name,
+            timeout,
+        } => snapshot::snapshot(
+            &target,
+            &session,
+            name.as_deref(),
+            std::time::Duration::from_secs(timeout),
+        )
+        .await
+        .map(|()| 0),
+        Command::Fork {
+            session,
+            new,
+            timeout,
+        } => snapshot::fork(
+            &target,
+            &session,
+            &new,
+            std::time::Duration::from_secs(timeout),
+        )
+        .await
+        .map(|()| 0),
         Command::Pause { name } => session::pause(&target, &name).await.map(|()| 0),
         Command::Resume { name } => session::resume(&target, &name).await.map(|()| 0),
         Command::List {

@@ -230,7 +230,7 @@ pub fn progress(phase: SessionPhase, message: &str) -> String {
     }
 }
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut err = std::io::stderr();
     let _ = writeln!(err, "{line}");
     let _ = err.flush();

@@ -347,6 +347,41 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     let (out, _) = ok(&ns, &["exec", "s1", "--", "cat notes/report.txt"]);
     assert_eq!(out, payload);
 
+    // snapshot and fork: a SandboxSnapshot in the object store, a new session from one.
+    let (out, err) = ok(&ns, &["snapshot", "s1", "before-fork", "--timeout", "120"]);
+    assert_eq!(out, "before-fork\n");
+    assert!(
+        err.contains(&format!(
+            "snapshot before-fork is ready: taken on host {host_name}: "
+        )),
+        "{err}"
+    );
+    let (_, err) = ok(&ns, &["fork", "s1", "s1-fork", "--timeout", "120"]);
+    assert!(
+        err.contains("created SandboxSession s1-fork from snapshot s1-fork of s1")
+            && err.contains("fork s1-fork of s1 is running on host"),
+        "{err}"
+    );
+    let (out, _) = ok(&ns, &["exec", "s1-fork", "--", "cat notes/report.txt"]);
+    assert_eq!(out, payload, "the fork has the files");
+    ok(
+        &ns,
+        &["exec", "s1-fork", "--", "echo forked > notes/report.txt"],
+    );
+    let (out, _) = ok(&ns, &["exec", "s1", "--", "cat notes/report.txt"]);
+    assert_eq!(out, payload, "the two go their own ways");
+    let taken = plugin(&ns, &["fork", "s1", "s1-fork"]);
+    assert_eq!(taken.status.code(), Some(1));
+    assert!(
+        text(&taken).1.contains(&format!(
+            "SandboxSession s1-fork exists already in namespace {ns}: a fork opens a new session"
+        )),
+        "{}",
+        text(&taken).1
+    );
+    let failed = plugin(&ns, &["snapshot", "nope"]);
+    assert_eq!(failed.status.code(), Some(1));
+
     // briefing and list.
     let (out, _) = ok(&ns, &["briefing", "s1"]);
     assert!(out.contains("/bin/sh"), "{out}");

@@ -174,8 +174,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["sandboxsessions", "runtimes", "tombstones", "sandboxhosts"]
-                .map(|p| Path::new(CRD_DIR).join(format!("sandboxd.dev_{p}.yaml")))
+            [
+                "sandboxsessions",
+                "runtimes",
+                "tombstones",
+                "sandboxhosts",
+                "sandboxsnapshots"
+            ]
+            .map(|p| Path::new(CRD_DIR).join(format!("sandboxd.dev_{p}.yaml")))
         );
     }
 

@@ -23,6 +23,7 @@ pub mod run;
 pub mod runtime;
 pub mod session;
 pub mod signer;
+pub mod snapshot;
 pub mod tombstone;
 pub mod trust;
 

@@ -60,14 +60,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requires_the_four_crds() {
+    fn requires_the_five_crds() {
         assert_eq!(
             required_crds(),
             [
                 "sandboxsessions.sandboxd.dev",
                 "runtimes.sandboxd.dev",
                 "tombstones.sandboxd.dev",
-                "sandboxhosts.sandboxd.dev"
+                "sandboxhosts.sandboxd.dev",
+                "sandboxsnapshots.sandboxd.dev"
             ]
         );
     }

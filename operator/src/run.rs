@@ -90,6 +90,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ = crate::runtime::run(ctx.clone()) => {}
         _ = crate::session::run(ctx.clone()) => {}
         _ = crate::tombstone::run(ctx.clone()) => {}
+        _ = crate::snapshot::run(ctx.clone()) => {}
         _ = crate::discovery::run(ctx.clone()) => {}
         _ = crate::signer::run(ctx.clone()) => {}
     }

@@ -456,6 +456,47 @@ pub struct Config {
     /// Name of this sandboxd, written on the containers it owns.
     #[arg(long, env = "SANDBOXD_INSTANCE", default_value = "sandboxd")]
     pub instance: String,
+
+    /// The S3 endpoint snapshots are kept at (for example http://s3.example:7070); unset:
+    /// this host keeps no snapshots (their routes answer 503 `snapshots_unavailable`).
+    #[arg(long, env = "SANDBOXD_S3_ENDPOINT", default_value = "")]
+    pub s3_endpoint: String,
+
+    /// The bucket of the snapshots (it must exist).
+    #[arg(long, env = "SANDBOXD_S3_BUCKET", default_value = "")]
+    pub s3_bucket: String,
+
+    /// The bucket's region.
+    #[arg(long, env = "SANDBOXD_S3_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+
+    /// The access key id of the store.
+    #[arg(
+        long,
+        env = "SANDBOXD_S3_ACCESS_KEY_ID",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub s3_access_key_id: String,
+
+    /// The secret access key of the store.
+    #[arg(
+        long,
+        env = "SANDBOXD_S3_SECRET_ACCESS_KEY",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub s3_secret_access_key: String,
+
+    /// The path in the bucket this cluster's snapshots are under (chunks and manifests).
+    #[arg(long, env = "SANDBOXD_S3_PREFIX", default_value = "sandboxd")]
+    pub s3_prefix: String,
+
+    /// Seconds a chunk no snapshot names is kept before a collection may delete it: longer
+    /// than any snapshot takes (a snapshot under way has sent chunks its manifest does not
+    /// name yet).
+    #[arg(long, env = "SANDBOXD_SNAPSHOT_GRACE", default_value_t = 3600)]
+    pub snapshot_grace: u64,
 }
 
 impl std::fmt::Debug for Config {
@@ -516,6 +557,33 @@ pub fn check_node_name<'a>(what: &str, node: &'a str) -> Result<&'a str, ConfigE
 }
 
 impl Config {
+    /// The object store of snapshots, when SANDBOXD_S3_ENDPOINT names one; an endpoint
+    /// without a bucket, or one that is not a URL, is refused here.
+    pub fn snapshot_store(&self) -> Result<Option<crate::snapshot::StoreConfig>, ConfigError> {
+        let endpoint = self.s3_endpoint.trim();
+        if endpoint.is_empty() {
+            return Ok(None);
+        }
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(ConfigError::Invalid(format!(
+                "SANDBOXD_S3_ENDPOINT '{endpoint}' is not an http:// or https:// URL"
+            )));
+        }
+        if self.s3_bucket.trim().is_empty() {
+            return Err(ConfigError::Invalid(
+                "SANDBOXD_S3_ENDPOINT is set without SANDBOXD_S3_BUCKET: name the bucket snapshots are kept in".to_owned(),
+            ));
+        }
+        Ok(Some(crate::snapshot::StoreConfig {
+            endpoint: endpoint.to_owned(),
+            bucket: self.s3_bucket.trim().to_owned(),
+            region: self.s3_region.clone(),
+            access_key_id: self.s3_access_key_id.clone(),
+            secret_access_key: self.s3_secret_access_key.clone(),
+            prefix: self.s3_prefix.clone(),
+        }))
+    }
+
     /// The allowlist: SANDBOXD_RUNTIMES_FILE when set, else SANDBOXD_RUNTIMES (catalog format
     /// or compact form). A malformed list is refused here, with every error listed.
     pub fn allowlist(&self) -> Result<Allowlist, ConfigError> {

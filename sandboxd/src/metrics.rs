@@ -343,7 +343,7 @@ impl Default for Metrics {
         let open_seconds = Family::<LaunchLabel, Histogram>::new_with_constructor(latency);
         registry.register(
             "open_seconds",
-            "Wall time of opens that created a session, by launch (cold: created and started; warm: taken from a warm pool)",
+            "Wall time of opens that created a session, by launch (cold: created and started; warm: taken from a warm pool; restored: created with its workspace restored from a snapshot)",
             open_seconds.clone(),
         );
         let wake_seconds = Family::<WakeLabel, Histogram>::new_with_constructor(latency);
@@ -571,6 +571,7 @@ impl Metrics {
         let launch = match launch {
             Launch::Cold => "cold",
             Launch::Warm => "warm",
+            Launch::Restored => "restored",
         };
         self.open_seconds
             .get_or_create(&LaunchLabel {

@@ -141,19 +141,32 @@ async fn start_with(
             "no system roots (SANDBOXD_EGRESS_SYSTEM_ROOTS): sandboxes of allowlist runtimes keep their image's roots and get the egress CA at /etc/sandboxd/egress-ca.crt alone, so only Node trusts a credential's interception by itself; install ca-certificates on the node or point SANDBOXD_EGRESS_SYSTEM_ROOTS at a PEM bundle"
         );
     }
-    let core = Arc::new(
-        Core::new(
-            settings,
-            store,
-            engine,
-            runner,
-            runtimes,
-            audit.clone(),
-            metrics.clone(),
-        )
-        .with_network(network.clone())
-        .with_egress(egress.clone()),
-    );
+    let snapshots = match config.snapshot_store()? {
+        Some(store) => {
+            info!(endpoint = %store.endpoint, bucket = %store.bucket, prefix = %store.prefix, "snapshots are kept in the object store");
+            Some(crate::service::snapshots::Snapshots {
+                store: crate::snapshot::Store::new(&store)
+                    .context("the object store of snapshots (SANDBOXD_S3_*)")?,
+                grace: std::time::Duration::from_secs(config.snapshot_grace),
+            })
+        }
+        None => None,
+    };
+    let mut core = Core::new(
+        settings,
+        store,
+        engine,
+        runner,
+        runtimes,
+        audit.clone(),
+        metrics.clone(),
+    )
+    .with_network(network.clone())
+    .with_egress(egress.clone());
+    if let Some(snapshots) = snapshots {
+        core = core.with_snapshots(snapshots);
+    }
+    let core = Arc::new(core);
     // What an earlier run left in the trash is deleted in the background from now on; nothing
     // here waits for it.
     core.trash().spawn_sweeper();

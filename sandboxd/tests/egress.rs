@@ -313,6 +313,7 @@ async fn a_session_narrowed_at_open_reaches_less_and_keeps_it_across_a_restart()
         limits: None,
         owner: None,
         egress: vec![narrow],
+        from_snapshot: None,
     };
     let opened = d.admin().open_request(&req).await.expect("open narrowed");
     let token = opened.token.clone().expect("a token");
@@ -570,6 +571,7 @@ async fn a_session_of_an_open_runtime_that_narrows_is_put_where_its_policy_holds
         limits: None,
         owner: None,
         egress: vec![narrow],
+        from_snapshot: None,
     };
     let opened = d.admin().open_request(&req).await.expect("open narrowed");
     let c = d.client(&opened.token.expect("a token"));

@@ -172,7 +172,7 @@ async fn a_workspace_is_restored_whole_and_an_unchanged_one_sends_nothing() {
     );
     assert_eq!(
         store.snapshot("Bad/Name", &ws).await.err().map(|e| e.to_string()),
-        Some("'Bad/Name' is not a snapshot name: 1 to 253 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit".to_owned())
+        Some("'Bad/Name' is not a snapshot name: 1 to 253 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit, after its scope and a '/' when it has one (a DNS label)".to_owned())
     );
     let mut listed = store.list_snapshots().await.expect("list");
     listed.sort();

@@ -488,6 +488,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         "runtimes.sandboxd.dev",
         "sandboxhosts.sandboxd.dev",
         "tombstones.sandboxd.dev",
+        "sandboxsnapshots.sandboxd.dev",
     ] {
         crds.get(name)
             .await
@@ -1137,6 +1138,13 @@ async fn the_service_accounts_may_do_only_what_they_need() {
         &["patch", "sandboxsessions.sandboxd.dev/status", "-A"],
     );
     yes(&operator, &["create", "tombstones.sandboxd.dev"]);
+    // Snapshots: watched, their finalizer and owner written, their status applied.
+    yes(&operator, &["watch", "sandboxsnapshots.sandboxd.dev", "-A"]);
+    yes(&operator, &["patch", "sandboxsnapshots.sandboxd.dev", "-A"]);
+    yes(
+        &operator,
+        &["patch", "sandboxsnapshots.sandboxd.dev/status", "-A"],
+    );
     // Sessions a namespace left behind: namespaces watched, such a session deleted; namespaces
     // themselves never changed.
     yes(&operator, &["watch", "namespaces"]);

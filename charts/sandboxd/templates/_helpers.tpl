@@ -130,6 +130,30 @@ app.kubernetes.io/component: sandboxd
   valueFrom:
     secretKeyRef: {name: {{ . }}, key: url}
 {{- end }}
+{{- /* The object store of snapshots (kubectl sandbox snapshot and fork, spec.from), the same
+  for every node: a workspace snapshotted on one opens on any other. */}}
+{{- with .Values.snapshots.store }}
+{{- if .endpoint }}
+- name: SANDBOXD_S3_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: SANDBOXD_S3_BUCKET
+  value: {{ required "snapshots.store.bucket is required with snapshots.store.endpoint: the bucket snapshots are kept in" .bucket | quote }}
+- name: SANDBOXD_S3_REGION
+  value: {{ .region | quote }}
+- name: SANDBOXD_S3_PREFIX
+  value: {{ .prefix | quote }}
+{{- with .credentialsSecret }}
+- name: SANDBOXD_S3_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: accessKeyId}
+- name: SANDBOXD_S3_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: secretAccessKey}
+{{- end }}
+{{- end }}
+{{- end }}
+- name: SANDBOXD_SNAPSHOT_GRACE
+  value: {{ .Values.snapshots.graceSeconds | quote }}
 - name: SANDBOXD_INSTANCE
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}

@@ -209,8 +209,9 @@ impl TestScope {
     }
 
     /// The end of a test, once its operator is stopped (so nothing removes finalizers): the
-    /// SandboxHosts `hosts`, Runtimes `runtimes` and sessions `sessions` with their finalizers
-    /// dropped, the scope's Tombstones, then the namespace.
+    /// SandboxHosts `hosts`, Runtimes `runtimes`, sessions `sessions` and every other session
+    /// and SandboxSnapshot of the namespace with their finalizers dropped, the scope's
+    /// Tombstones, then the namespace.
     pub async fn clean_up(self, hosts: &[&str], runtimes: &[&str], sessions: &[&str]) {
         let host_api = Api::<SandboxHost>::all(self.client.clone());
         for name in hosts {
@@ -223,6 +224,21 @@ impl TestScope {
         let session_api = self.sessions();
         for name in sessions {
             strip_and_delete(&session_api, name).await;
+        }
+        // What the test made besides (a fork, snapshots): every one of the namespace.
+        if let Ok(left) = session_api.list(&Default::default()).await {
+            for s in left.items {
+                strip_and_delete(&session_api, &kube::ResourceExt::name_any(&s)).await;
+            }
+        }
+        let snapshots = Api::<sandboxd_crds::v1alpha1::SandboxSnapshot>::namespaced(
+            self.client.clone(),
+            &self.namespace.name,
+        );
+        if let Ok(left) = snapshots.list(&Default::default()).await {
+            for s in left.items {
+                strip_and_delete(&snapshots, &kube::ResourceExt::name_any(&s)).await;
+            }
         }
         self.delete_tombstones().await;
         self.delete_namespace().await;

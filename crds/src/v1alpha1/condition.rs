@@ -112,6 +112,13 @@ pub enum SessionReason {
     /// `Admitted=False`: the host refuses what the session asks (its `spec.resources` over the
     /// host's ceilings); the session is Failed until its spec changes.
     Refused,
+    /// `Admitted=False`: the SandboxSnapshot of `spec.from` is not Ready yet; the session
+    /// opens once it is.
+    WaitingForSnapshot,
+    /// `Admitted=False`: the SandboxSnapshot of `spec.from` does not exist in the session's
+    /// namespace, Failed, or cannot be restored (a chunk missing or corrupt, named); the
+    /// session is Failed.
+    SnapshotUnusable,
     /// `Admitted=False`: the session's or its Runtime's egress policy is not valid; the
     /// session is Failed until it is fixed.
     EgressInvalid,
@@ -214,6 +221,8 @@ impl SessionReason {
             Self::OwnerConflict => "OwnerConflict",
             Self::NameTaken => "NameTaken",
             Self::Refused => "Refused",
+            Self::WaitingForSnapshot => "WaitingForSnapshot",
+            Self::SnapshotUnusable => "SnapshotUnusable",
             Self::EgressInvalid => "EgressInvalid",
             Self::EgressWidened => "EgressWidened",
             Self::EgressCeiling => "EgressCeiling",

@@ -5,11 +5,13 @@ pub mod egress;
 pub mod host;
 pub mod runtime;
 pub mod session;
+pub mod snapshot;
 pub mod tombstone;
 
 pub use host::{SandboxHost, SandboxHostSpec, SandboxHostStatus};
 pub use runtime::{Runtime, RuntimeSpec, RuntimeStatus};
 pub use session::{SandboxSession, SandboxSessionSpec, SandboxSessionStatus, Scope};
+pub use snapshot::{SandboxSnapshot, SandboxSnapshotSpec, SandboxSnapshotStatus, SnapshotPhase};
 pub use tombstone::{Tombstone, TombstoneSpec, TombstoneStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -22,5 +24,6 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Runtime::crd(),
         Tombstone::crd(),
         SandboxHost::crd(),
+        SandboxSnapshot::crd(),
     ]
 }

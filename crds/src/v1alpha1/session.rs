@@ -182,6 +182,22 @@ pub struct SandboxSessionSpec {
         inner(range(min = 1, max = 65535))
     )]
     pub ports: Vec<u16>,
+
+    /// What a new session's workspace starts from: `snapshot` names a Ready SandboxSnapshot
+    /// in this namespace, whose files the session opens with on whatever host it is placed
+    /// (its launch `restored`). Unset: an empty workspace. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.from is immutable: a session starts from its snapshot once"))]
+    pub from: Option<SessionFrom>,
+}
+
+/// Where a session's workspace starts from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionFrom {
+    /// A SandboxSnapshot in the session's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub snapshot: String,
 }
 
 /// Resource overrides for one session.
@@ -218,6 +234,8 @@ pub enum Launch {
     Warm,
     /// Created and started for the session.
     Cold,
+    /// Created for the session, its workspace restored from a SandboxSnapshot first.
+    Restored,
 }
 
 /// Where a session is in its life.

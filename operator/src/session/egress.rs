@@ -75,6 +75,7 @@ pub(super) async fn keep_current(
                     limits: super::rebuild::asked(s.spec.resources.as_ref()),
                     owner: uid.map(str::to_owned),
                     egress: policies.clone(),
+                    from_snapshot: None,
                 })
                 .instrument(call)
                 .await;

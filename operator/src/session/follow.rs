@@ -199,6 +199,7 @@ pub fn decide(
     status.launch = Some(match view.launch {
         sandboxd_api::Launch::Warm => Launch::Warm,
         sandboxd_api::Launch::Cold => Launch::Cold,
+        sandboxd_api::Launch::Restored => Launch::Restored,
     });
 
     if !view.workspace_exists || view.state == SessionState::Lost {

@@ -23,7 +23,7 @@ pub mod orphan;
 mod place;
 pub mod ports;
 pub mod rebuild;
-mod step;
+pub(crate) mod step;
 mod token;
 
 use std::sync::Arc;

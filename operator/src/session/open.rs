@@ -18,7 +18,9 @@ use sandboxd_api::client::ClientError;
 use sandboxd_api::session::{OpenRequest, SessionView};
 use sandboxd_crds::v1alpha1::condition::{ConditionType, SessionReason};
 use sandboxd_crds::v1alpha1::session::{SessionEgress, SessionPhase};
-use sandboxd_crds::v1alpha1::{SandboxSession, SandboxSessionStatus, Tombstone};
+use sandboxd_crds::v1alpha1::{
+    SandboxSession, SandboxSessionStatus, SandboxSnapshot, SnapshotPhase, Tombstone,
+};
 use tracing::{Instrument as _, info, warn};
 
 use super::place::Placed;
@@ -79,6 +81,24 @@ pub(super) async fn open(
         return rotate_lost_token(s, ctx, status, placed, id, uid, &secrets, &secret).await;
     }
     if status.session_id.is_none() {
+        // A session from a snapshot opens once that snapshot, of its own namespace, is Ready.
+        let from_snapshot = match &s.spec.from {
+            None => None,
+            Some(from) => match snapshot_key(s, ctx, &from.snapshot).await? {
+                Ok(key) => Some(key),
+                Err((reason, phase, message, again)) => {
+                    not_opened(
+                        status,
+                        ConditionType::Admitted,
+                        reason,
+                        phase,
+                        message,
+                        generation,
+                    );
+                    return Ok(Flow::Done(again));
+                }
+            },
+        };
         let limits = super::rebuild::asked(s.spec.resources.as_ref());
         let call = tracing::info_span!("host call", host = %host_name, route = "POST /v1/sessions");
         let opening = async {
@@ -95,6 +115,7 @@ pub(super) async fn open(
                     limits: limits.clone(),
                     owner: uid.map(str::to_owned),
                     egress: placed.egress.clone(),
+                    from_snapshot: from_snapshot.clone(),
                 })
                 .await
         };
@@ -163,6 +184,51 @@ pub(super) async fn open(
     }
 
     Ok(Flow::Next(opened_view))
+}
+
+/// Why a session from a snapshot does not open now: its reason, phase, words and when to look
+/// again.
+type NotYet = (SessionReason, SessionPhase, String, Duration);
+
+/// The object-store key of SandboxSnapshot `name` in the session's namespace when it is Ready;
+/// else why the session waits (Pending) or cannot open (Failed).
+async fn snapshot_key(
+    s: &SandboxSession,
+    ctx: &Context,
+    name: &str,
+) -> Result<Result<String, NotYet>, Error> {
+    let ns = s.namespace().unwrap_or_default();
+    let follow = Duration::from_secs(ctx.config.follow_seconds);
+    let snapshots = Api::<SandboxSnapshot>::namespaced(ctx.client.clone(), &ns);
+    let Some(snapshot) = snapshots.get_opt(name).await? else {
+        return Ok(Err((
+            SessionReason::SnapshotUnusable,
+            SessionPhase::Failed,
+            format!(
+                "spec.from.snapshot names SandboxSnapshot {name}, which does not exist in namespace {ns} (a session opens only from a snapshot of its own namespace)"
+            ),
+            follow,
+        )));
+    };
+    let status = snapshot.status.unwrap_or_default();
+    Ok(match (status.phase, status.key) {
+        (Some(SnapshotPhase::Ready), Some(key)) => Ok(key),
+        (Some(SnapshotPhase::Failed), _) => Err((
+            SessionReason::SnapshotUnusable,
+            SessionPhase::Failed,
+            format!(
+                "SandboxSnapshot {name} failed, so the session cannot open from it: {}",
+                status.message.unwrap_or_default()
+            ),
+            follow,
+        )),
+        _ => Err((
+            SessionReason::WaitingForSnapshot,
+            SessionPhase::Pending,
+            format!("waiting for SandboxSnapshot {name} to be Ready"),
+            Duration::from_secs(2),
+        )),
+    })
 }
 
 /// A session opened before whose token Secret is gone: it is given a new token, never opened
@@ -398,6 +464,22 @@ pub(super) fn refusal(e: ClientError, f: &OpenFacts<'_>) -> Refusal {
             SessionPhase::Failed,
             message,
             Again::After(Duration::from_secs(60)),
+        ),
+        // Its snapshot cannot be restored (gone from the store, a chunk missing or corrupt):
+        // no retry can help; the words name the file.
+        ClientError::Api {
+            code: code @ (ErrorCode::SnapshotNotFound | ErrorCode::SnapshotCorrupt),
+            message,
+            ..
+        } => not_opened(
+            ConditionType::Admitted,
+            SessionReason::SnapshotUnusable,
+            SessionPhase::Failed,
+            format!(
+                "host {host_name} cannot restore the session's snapshot ({}): {message}",
+                code.as_str()
+            ),
+            Again::After(f.follow),
         ),
         // What the session asks is refused (an override over the host's ceilings): no retry
         // can help, and a change of the spec brings the session back at once.

@@ -149,7 +149,7 @@ pub(super) fn host_err(host: &str, source: ClientError) -> Error {
 }
 
 /// A JSON patch of the session's metadata from its operations.
-pub(super) fn json_patch(ops: serde_json::Value) -> Result<Patch<()>, Error> {
+pub(crate) fn json_patch(ops: serde_json::Value) -> Result<Patch<()>, Error> {
     let ops: json_patch::Patch =
         serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
     Ok(Patch::Json(ops))

@@ -286,6 +286,12 @@ impl Scope {
             &dp,
         )
         .await;
+        strip_and_delete(
+            Api::<sandboxd_crds::v1alpha1::SandboxSnapshot>::namespaced(client.clone(), &self.ns),
+            &lp,
+            &dp,
+        )
+        .await;
         strip_and_delete(Api::<SandboxHost>::all(client.clone()), &lp, &dp).await;
         strip_and_delete(Api::<Runtime>::all(client.clone()), &lp, &dp).await;
         strip_and_delete(

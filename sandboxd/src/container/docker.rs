@@ -80,6 +80,29 @@ impl DockerEngine {
     pub fn client(&self) -> &Docker {
         &self.docker
     }
+
+    /// Freezes every process of running container `id` (Docker's pause: the cgroup freezer,
+    /// or gVisor's own), so that its files hold still while they are read.
+    pub async fn freeze(&self, id: &str) -> Result<(), DockerError> {
+        self.docker
+            .pause_container(id)
+            .await
+            .map_err(|source| DockerError {
+                action: format!("pause container {id}"),
+                source,
+            })
+    }
+
+    /// Lets the processes of container `id` go on after [`DockerEngine::freeze`].
+    pub async fn thaw(&self, id: &str) -> Result<(), DockerError> {
+        self.docker
+            .unpause_container(id)
+            .await
+            .map_err(|source| DockerError {
+                action: format!("unpause container {id}"),
+                source,
+            })
+    }
 }
 
 impl Containers for DockerEngine {

@@ -19,6 +19,7 @@ use crate::run::terminal::TermError;
 use crate::runtimes::RuntimeError;
 use crate::service::PortRefusal;
 use crate::service::ServiceError;
+use crate::snapshot::SnapshotError;
 use crate::workspace::FileError;
 pub use sandboxd_api::error::{ErrorBody, ErrorCode};
 
@@ -124,6 +125,18 @@ impl ServiceError {
             Self::Runtime(e) => e.status_and_code(),
             Self::File(e) => e.status_and_code(),
             Self::HostDiskFull(_) => (507, ErrorCode::HostDiskFull),
+            Self::NoSnapshotStore => (503, ErrorCode::SnapshotsUnavailable),
+            Self::Snapshot(e) => match e {
+                SnapshotError::NotFound(_) => (404, ErrorCode::SnapshotNotFound),
+                SnapshotError::Corrupt { .. } | SnapshotError::BadManifest { .. } => {
+                    (422, ErrorCode::SnapshotCorrupt)
+                }
+                SnapshotError::BadName(_) => (400, ErrorCode::BadRequest),
+                SnapshotError::Store(_) => (503, ErrorCode::SnapshotsUnavailable),
+                SnapshotError::Io { .. }
+                | SnapshotError::DestinationExists(_)
+                | SnapshotError::NotEmpty(_) => (500, ErrorCode::Internal),
+            },
             Self::Run(RunError::ProcessLimit(_)) => (429, ErrorCode::ProcessLimit),
             Self::Docker(_) | Self::Run(_) => (502, ErrorCode::DockerError),
             Self::Disk { .. } | Self::Store(_) | Self::Internal(_) => (500, ErrorCode::Internal),
@@ -580,6 +593,23 @@ mod tests {
                 "the workspace disk of session 's-1': mkfs.ext4 failed: no".to_owned(),
             ),
             (
+                ServiceError::NoSnapshotStore,
+                503,
+                ErrorCode::SnapshotsUnavailable,
+                "this host keeps no snapshots: sandboxd has no object store (set SANDBOXD_S3_ENDPOINT and SANDBOXD_S3_BUCKET, the chart's snapshots.store)".to_owned(),
+            ),
+            (
+                ServiceError::Snapshot(SnapshotError::Corrupt {
+                    snapshot: "team-a/before".to_owned(),
+                    file: "src/main.py".to_owned(),
+                    chunk: "ab12".to_owned(),
+                    why: "is missing from the store".to_owned(),
+                }),
+                422,
+                ErrorCode::SnapshotCorrupt,
+                "snapshot 'team-a/before' cannot be restored: file 'src/main.py' needs chunk ab12, which is missing from the store".to_owned(),
+            ),
+            (
                 ServiceError::Docker(docker()),
                 502,
                 ErrorCode::DockerError,
@@ -658,6 +688,8 @@ mod tests {
             | ServiceError::Runtime(_)
             | ServiceError::File(_)
             | ServiceError::HostDiskFull(_)
+            | ServiceError::NoSnapshotStore
+            | ServiceError::Snapshot(_)
             | ServiceError::Disk { .. }
             | ServiceError::Docker(_)
             | ServiceError::Run(_)
@@ -673,7 +705,7 @@ mod tests {
             .iter()
             .map(|(e, ..)| std::mem::discriminant(e))
             .collect();
-        assert_eq!(variants.len(), 41, "one row per variant of ServiceError");
+        assert_eq!(variants.len(), 43, "one row per variant of ServiceError");
         for (e, status, code, message) in table {
             assert!(listed(&e));
             let what = format!("{e:?}");

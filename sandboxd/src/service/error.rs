@@ -267,6 +267,14 @@ pub enum ServiceError {
         #[source]
         source: DiskError,
     },
+    /// This host has no object store for snapshots (SANDBOXD_S3_ENDPOINT unset).
+    #[error(
+        "this host keeps no snapshots: sandboxd has no object store (set SANDBOXD_S3_ENDPOINT and SANDBOXD_S3_BUCKET, the chart's snapshots.store)"
+    )]
+    NoSnapshotStore,
+    /// A snapshot could not be taken, restored, shown or deleted.
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
     /// Docker failed.
     #[error(transparent)]
     Docker(#[from] DockerError),

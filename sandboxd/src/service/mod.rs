@@ -21,6 +21,7 @@ mod rebuild;
 mod reconcile;
 mod runs;
 mod sessions;
+pub mod snapshots;
 mod terminals;
 mod tokens;
 mod usage;
@@ -206,6 +207,8 @@ pub struct Core {
     looks: health::Looks,
     /// The file workers and every session's share of them (see [`work`]).
     file_work: work::FileWork,
+    /// The object store of snapshots; `None`: this host keeps none (see [`snapshots`]).
+    snapshots: Option<snapshots::Snapshots>,
 }
 
 /// Who asked for a workspace operation, as the request says (`X-Sandbox-Agent`,
@@ -318,6 +321,7 @@ impl Core {
             trash: Trash::new(&settings.workspace_root),
             looks: health::Looks::default(),
             file_work: work::FileWork::new(settings.file_work),
+            snapshots: None,
             settings,
         }
     }

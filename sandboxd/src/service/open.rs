@@ -232,7 +232,11 @@ impl Core {
         let had_folder = std::fs::symlink_metadata(&folder).is_ok();
         let had_disk = self.disks.size(&req.name).is_some();
         // A new folder can take a warm pool's container; one already there opens cold.
-        let result = if had_folder || had_disk {
+        let result = if let Some(key) = &req.from_snapshot {
+            self.restore_and_create(&req.name, &req.tenant, runtime, limits, key)
+                .instrument(tracing::info_span!("restore"))
+                .await
+        } else if had_folder || had_disk {
             self.create_container(&req.name, &req.tenant, runtime, limits)
                 .await
                 .map(|()| sandboxd_api::session::Launch::Cold)
@@ -366,6 +370,27 @@ impl Core {
         }
     }
 
+    /// Makes (or mounts) session `id`'s workspace disk, on a host that limits workspaces.
+    pub(super) async fn make_disk(
+        &self,
+        id: &str,
+        runtime: &RuntimeImage,
+        limits: &Limits,
+    ) -> Result<(), ServiceError> {
+        let Some(size) = self.workspace_size_of(runtime, limits) else {
+            return Ok(());
+        };
+        let disks = self.disks.clone();
+        let made = tokio::task::spawn_blocking({
+            let id = id.to_owned();
+            move || disks.create(&id, size)
+        })
+        .instrument(tracing::info_span!("disk", bytes = size))
+        .await
+        .map_err(|e| ServiceError::internal(format!("the disk task failed: {e}")))?;
+        made.map_err(|e| ServiceError::disk(id, e))
+    }
+
     pub(crate) async fn create_container(
         &self,
         id: &str,
@@ -373,18 +398,8 @@ impl Core {
         runtime: &RuntimeImage,
         limits: &Limits,
     ) -> Result<(), ServiceError> {
+        self.make_disk(id, runtime, limits).await?;
         let workspace = self.workspace(id);
-        if let Some(size) = self.workspace_size_of(runtime, limits) {
-            let disks = self.disks.clone();
-            let made = tokio::task::spawn_blocking({
-                let id = id.to_owned();
-                move || disks.create(&id, size)
-            })
-            .instrument(tracing::info_span!("disk", bytes = size))
-            .await
-            .map_err(|e| ServiceError::internal(format!("the disk task failed: {e}")))?;
-            made.map_err(|e| ServiceError::disk(id, e))?;
-        }
         workspace.prepare()?;
         let spec = self
             .sandbox_spec(id, id, tenant, runtime, limits, &workspace)
@@ -647,6 +662,11 @@ fn check_open(req: &OpenRequest) -> Result<(), ServiceError> {
         return Err(ServiceError::invalid(format!(
             "owner '{owner}' is not an owner: 1 to 128 visible ASCII characters (send the object's uid)"
         )));
+    }
+    if let Some(key) = &req.from_snapshot
+        && !(key.contains('/') && crate::snapshot::valid_name(key))
+    {
+        return Err(crate::snapshot::SnapshotError::BadName(key.clone()).into());
     }
     Ok(())
 }

@@ -58,6 +58,8 @@ impl Core {
             owner: row.owner.clone(),
             launch: if row.warm {
                 sandboxd_api::session::Launch::Warm
+            } else if row.restored {
+                sandboxd_api::session::Launch::Restored
             } else {
                 sandboxd_api::session::Launch::Cold
             },

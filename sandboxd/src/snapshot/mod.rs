@@ -23,12 +23,22 @@ pub use store::{Store, StoreConfig};
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The largest chunk: files are cut at this many bytes.
 pub const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Files read and sent at once by a snapshot, and restored at once.
+const FILES_IN_FLIGHT: usize = 16;
+
+/// Chunks a snapshot holds at once (read, being compressed or sent): its memory is about this
+/// many times [`CHUNK_BYTES`].
+const CHUNKS_IN_FLIGHT: usize = 8;
 
 /// The zstd level chunks are compressed at (fast, about 3x on text).
 const ZSTD_LEVEL: i32 = 3;
@@ -77,12 +87,15 @@ pub enum SnapshotError {
     },
     /// The snapshot's name is not one a store key may carry.
     #[error(
-        "'{0}' is not a snapshot name: 1 to 253 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit"
+        "'{0}' is not a snapshot name: 1 to 253 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit, after its scope and a '/' when it has one (a DNS label)"
     )]
     BadName(String),
     /// The restore's destination exists already.
     #[error("{0} exists: a restore makes a new folder")]
     DestinationExists(String),
+    /// The folder a restore was to fill has files in it.
+    #[error("{0} is not empty: a restore fills an empty workspace")]
+    NotEmpty(String),
 }
 
 /// What an entry of the workspace is.
@@ -154,8 +167,25 @@ pub struct Taken {
     pub bytes_sent: u64,
 }
 
-/// Whether `name` may name a snapshot (a DNS subdomain, as a Kubernetes object's name).
+/// One manifest entry as a snapshot made it, and what sending its chunks cost.
+struct Described {
+    entry: Entry,
+    chunks_sent: usize,
+    bytes_sent: u64,
+}
+
+/// Whether `name` may name a snapshot: a DNS subdomain (as a Kubernetes object's name),
+/// optionally after its scope and a `/` (a DNS label: sandboxd keeps each namespace's
+/// snapshots under `<namespace>/<name>`, so one namespace's names never reach another's).
 pub fn valid_name(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((scope, rest)) => scope.len() <= 63 && !scope.contains('.') && dns(scope) && dns(rest),
+        None => dns(name),
+    }
+}
+
+/// Whether `name` is a DNS subdomain of lower-case letters, digits, `-` and `.`.
+fn dns(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     (1..=253).contains(&name.len())
         && edge(name.chars().next())
@@ -224,76 +254,33 @@ impl Store {
                 .await
                 .map_err(|e| SnapshotError::Store(e.to_string()))??
         };
-        let mut entries = Vec::with_capacity(listed.len());
-        let mut seen: HashSet<String> = HashSet::new();
+        // Files are read and sent several at a time, and each file's chunks several at a
+        // time, at most CHUNKS_IN_FLIGHT chunks held at once; the entries keep the walk's order.
+        let seen: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let permits = Arc::new(tokio::sync::Semaphore::new(CHUNKS_IN_FLIGHT));
+        let described: Vec<Option<Described>> = futures::stream::iter(listed)
+            .map(|(path, rel, meta)| {
+                let (seen, permits) = (seen.clone(), permits.clone());
+                self.describe(path, rel, meta, seen, permits).boxed()
+            })
+            .buffered(FILES_IN_FLIGHT)
+            .try_collect()
+            .await?;
         let (mut chunks_sent, mut bytes_sent, mut bytes) = (0usize, 0u64, 0u64);
-        for (path, rel, meta) in listed {
-            let mode = meta.permissions().mode() & 0o7777;
-            let ft = meta.file_type();
-            if ft.is_dir() {
-                entries.push(Entry {
-                    path: rel,
-                    kind: Kind::Dir,
-                    mode,
-                    size: 0,
-                    target: None,
-                    chunks: Vec::new(),
-                });
-                continue;
-            }
-            if ft.is_symlink() {
-                let target = std::fs::read_link(&path).map_err(|e| SnapshotError::Io {
-                    path: rel.clone(),
-                    source: e,
-                })?;
-                entries.push(Entry {
-                    path: rel,
-                    kind: Kind::Symlink,
-                    mode,
-                    size: 0,
-                    target: Some(target.to_string_lossy().into_owned()),
-                    chunks: Vec::new(),
-                });
-                continue;
-            }
-            let mut chunks = Vec::new();
-            let mut size = 0u64;
-            let mut file = std::fs::File::open(&path).map_err(|e| SnapshotError::Io {
-                path: rel.clone(),
-                source: e,
-            })?;
-            loop {
-                let (block, f) = read_block(file, &rel).await?;
-                file = f;
-                if block.is_empty() {
-                    break;
-                }
-                size += block.len() as u64;
-                let name = chunk_name(&block);
-                if seen.insert(name.clone())
-                    && let Some(sent) = self.put_chunk(&name, block).await?
-                {
-                    chunks_sent += 1;
-                    bytes_sent += sent;
-                }
-                chunks.push(name);
-            }
-            bytes += size;
-            entries.push(Entry {
-                path: rel,
-                kind: Kind::File,
-                mode,
-                size,
-                target: None,
-                chunks,
-            });
+        let mut entries = Vec::with_capacity(described.len());
+        for d in described.into_iter().flatten() {
+            chunks_sent += d.chunks_sent;
+            bytes_sent += d.bytes_sent;
+            bytes += d.entry.size;
+            entries.push(d.entry);
         }
+        let chunk_count = seen.lock().map(|s| s.len()).unwrap_or_default();
         let manifest = Manifest {
             version: MANIFEST_VERSION,
             name: name.to_owned(),
             created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             bytes,
-            chunk_count: seen.len(),
+            chunk_count,
             entries,
         };
         self.put_manifest(&manifest).await?;
@@ -302,6 +289,99 @@ impl Store {
             chunks_sent,
             bytes_sent,
         })
+    }
+
+    /// The manifest entry of one walked path; a regular file's chunks are sent (those the
+    /// store lacks), each under one of `permits`. `None` for a file removed since the walk (a
+    /// file operation is not frozen): it is left out.
+    async fn describe(
+        &self,
+        path: PathBuf,
+        rel: String,
+        meta: std::fs::Metadata,
+        seen: Arc<Mutex<HashSet<String>>>,
+        permits: Arc<tokio::sync::Semaphore>,
+    ) -> Result<Option<Described>, SnapshotError> {
+        let mode = meta.permissions().mode() & 0o7777;
+        let ft = meta.file_type();
+        let plain = |kind, target| Described {
+            entry: Entry {
+                path: rel.clone(),
+                kind,
+                mode,
+                size: 0,
+                target,
+                chunks: Vec::new(),
+            },
+            chunks_sent: 0,
+            bytes_sent: 0,
+        };
+        if ft.is_dir() {
+            return Ok(Some(plain(Kind::Dir, None)));
+        }
+        if ft.is_symlink() {
+            let target = std::fs::read_link(&path).map_err(|e| SnapshotError::Io {
+                path: rel.clone(),
+                source: e,
+            })?;
+            return Ok(Some(plain(
+                Kind::Symlink,
+                Some(target.to_string_lossy().into_owned()),
+            )));
+        }
+        let mut file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(SnapshotError::Io {
+                    path: rel.clone(),
+                    source: e,
+                });
+            }
+        };
+        let mut sending = Vec::new();
+        let mut size = 0u64;
+        loop {
+            let permit = permits
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| SnapshotError::Store(e.to_string()))?;
+            let (block, f) = read_block(file, &rel).await?;
+            file = f;
+            if block.is_empty() {
+                break;
+            }
+            size += block.len() as u64;
+            let (store, seen) = (self.clone(), seen.clone());
+            sending.push(tokio::spawn(async move {
+                let _permit = permit;
+                let (name, block) =
+                    tokio::task::spawn_blocking(move || (chunk_name(&block), block))
+                        .await
+                        .map_err(|e| SnapshotError::Store(e.to_string()))?;
+                let first = seen.lock().is_ok_and(|mut s| s.insert(name.clone()));
+                let sent = if first {
+                    store.put_chunk(&name, block).await?
+                } else {
+                    None
+                };
+                Ok::<_, SnapshotError>((name, sent))
+            }));
+        }
+        let mut d = plain(Kind::File, None);
+        d.entry.size = size;
+        for job in sending {
+            let (name, sent) = job
+                .await
+                .map_err(|e| SnapshotError::Store(e.to_string()))??;
+            if let Some(n) = sent {
+                d.chunks_sent += 1;
+                d.bytes_sent += n;
+            }
+            d.entry.chunks.push(name);
+        }
+        Ok(Some(d))
     }
 
     /// Sends chunk `name` (the SHA-256 of `data`) compressed, unless the store has it:
@@ -350,6 +430,59 @@ impl Store {
         }
     }
 
+    /// Restores snapshot `name` into the empty folder `dest` (a session's workspace, the
+    /// mount point of its disk): the files are written into a folder inside it first, on the
+    /// same filesystem, and moved up only once every file is whole. A failure removes what it
+    /// wrote and leaves `dest` empty.
+    pub async fn restore_in(
+        &self,
+        name: &str,
+        dest: &Path,
+        owner: (u32, u32),
+    ) -> Result<Manifest, SnapshotError> {
+        let manifest = self.manifest(name).await?;
+        check_paths(&manifest)?;
+        let io = |path: &Path, source| SnapshotError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        if std::fs::read_dir(dest)
+            .map_err(|e| io(dest, e))?
+            .next()
+            .is_some()
+        {
+            return Err(SnapshotError::NotEmpty(dest.display().to_string()));
+        }
+        let staging = dest.join(format!(".sandboxd-restoring-{:08x}", rand::random::<u32>()));
+        let moved = match self.restore_into(&manifest, &staging, owner).await {
+            Ok(()) => (|| {
+                for child in std::fs::read_dir(&staging).map_err(|e| io(&staging, e))? {
+                    let child = child.map_err(|e| io(&staging, e))?;
+                    let to = dest.join(child.file_name());
+                    std::fs::rename(child.path(), &to).map_err(|e| io(&to, e))?;
+                }
+                std::fs::remove_dir(&staging).map_err(|e| io(&staging, e))
+            })(),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = moved {
+            // Nothing half-restored is left: the folder is emptied again.
+            if let Ok(children) = std::fs::read_dir(dest) {
+                for child in children.flatten() {
+                    let path = child.path();
+                    let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                }
+            }
+            return Err(e);
+        }
+        Ok(manifest)
+    }
+
+    /// Writes every entry of `manifest` into the new folder `staging`: folders first (a
+    /// manifest lists a folder before what it holds), then the files several at a time (at
+    /// most [`CHUNKS_IN_FLIGHT`] chunks held at once), then the links; one flush of the
+    /// filesystem for all of them, and the folders' modes last (a folder without write
+    /// permission still took its files).
     async fn restore_into(
         &self,
         manifest: &Manifest,
@@ -363,47 +496,97 @@ impl Store {
         std::fs::create_dir_all(staging).map_err(|e| io("", e))?;
         std::os::unix::fs::chown(staging, Some(uid), Some(gid)).map_err(|e| io("", e))?;
         let mut dirs = Vec::new();
-        for e in &manifest.entries {
+        for e in manifest.entries.iter().filter(|e| e.kind == Kind::Dir) {
             let at = staging.join(&e.path);
-            match e.kind {
-                Kind::Dir => {
-                    std::fs::create_dir(&at).map_err(|err| io(&e.path, err))?;
-                    dirs.push((at.clone(), e.mode));
-                }
-                Kind::Symlink => {
-                    let target = e.target.as_deref().unwrap_or_default();
-                    std::os::unix::fs::symlink(target, &at).map_err(|err| io(&e.path, err))?;
-                }
-                Kind::File => {
-                    let mut out = std::fs::File::create(&at).map_err(|err| io(&e.path, err))?;
-                    let mut written = 0u64;
-                    for chunk in &e.chunks {
-                        let data = self.get_chunk(&manifest.name, &e.path, chunk).await?;
-                        written += data.len() as u64;
-                        std::io::Write::write_all(&mut out, &data)
-                            .map_err(|err| io(&e.path, err))?;
-                    }
-                    if written != e.size {
-                        return Err(SnapshotError::BadManifest {
-                            snapshot: manifest.name.clone(),
-                            why: format!(
-                                "file '{}' is {} bytes in the manifest and {written} in its chunks",
-                                e.path, e.size
-                            ),
-                        });
-                    }
-                    out.sync_all().map_err(|err| io(&e.path, err))?;
-                    std::fs::set_permissions(&at, std::fs::Permissions::from_mode(e.mode))
-                        .map_err(|err| io(&e.path, err))?;
-                }
-            }
+            std::fs::create_dir(&at).map_err(|err| io(&e.path, err))?;
+            std::os::unix::fs::lchown(&at, Some(uid), Some(gid)).map_err(|err| io(&e.path, err))?;
+            dirs.push((at, e.mode));
+        }
+        let permits = Arc::new(tokio::sync::Semaphore::new(CHUNKS_IN_FLIGHT));
+        let files: Vec<Entry> = manifest
+            .entries
+            .iter()
+            .filter(|e| e.kind == Kind::File)
+            .cloned()
+            .collect();
+        futures::stream::iter(files)
+            .map(|e| {
+                let at = staging.join(&e.path);
+                self.restore_file(&manifest.name, e, at, (uid, gid), permits.clone())
+                    .boxed()
+            })
+            .buffer_unordered(FILES_IN_FLIGHT)
+            .try_collect::<()>()
+            .await?;
+        for e in manifest.entries.iter().filter(|e| e.kind == Kind::Symlink) {
+            let at = staging.join(&e.path);
+            let target = e.target.as_deref().unwrap_or_default();
+            std::os::unix::fs::symlink(target, &at).map_err(|err| io(&e.path, err))?;
             std::os::unix::fs::lchown(&at, Some(uid), Some(gid)).map_err(|err| io(&e.path, err))?;
         }
-        // Folders' modes last: a folder without write permission still took its files.
+        // Every file on the disk before the restore counts as done.
+        let root = std::fs::File::open(staging).map_err(|e| io("", e))?;
+        nix::unistd::syncfs(&root).map_err(|e| io("", std::io::Error::from(e)))?;
         for (dir, mode) in dirs.into_iter().rev() {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
                 .map_err(|err| io(&dir.display().to_string(), err))?;
         }
+        Ok(())
+    }
+
+    /// Writes file entry `e` at `at` from its chunks, fetched two at a time in order, each
+    /// under one of `permits` until it is written.
+    async fn restore_file(
+        &self,
+        snapshot: &str,
+        e: Entry,
+        at: PathBuf,
+        (uid, gid): (u32, u32),
+        permits: Arc<tokio::sync::Semaphore>,
+    ) -> Result<(), SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: e.path.clone(),
+            source,
+        };
+        let mut out = std::fs::File::create(&at).map_err(io)?;
+        let mut chunks = futures::stream::iter(e.chunks.clone())
+            .map(|chunk| {
+                let (store, permits) = (self.clone(), permits.clone());
+                let (snapshot, file) = (snapshot.to_owned(), e.path.clone());
+                async move {
+                    let permit = permits
+                        .acquire_owned()
+                        .await
+                        .map_err(|err| SnapshotError::Store(err.to_string()))?;
+                    let data = store.get_chunk(&snapshot, &file, &chunk).await?;
+                    Ok::<_, SnapshotError>((data, permit))
+                }
+                .boxed()
+            })
+            .buffered(2);
+        let mut written = 0u64;
+        while let Some(next) = chunks.next().await {
+            let (data, permit) = next?;
+            written += data.len() as u64;
+            out = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                std::io::Write::write_all(&mut out, &data).map(|()| out)
+            })
+            .await
+            .map_err(|err| SnapshotError::Store(err.to_string()))?
+            .map_err(io)?;
+        }
+        if written != e.size {
+            return Err(SnapshotError::BadManifest {
+                snapshot: snapshot.to_owned(),
+                why: format!(
+                    "file '{}' is {} bytes in the manifest and {written} in its chunks",
+                    e.path, e.size
+                ),
+            });
+        }
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(e.mode)).map_err(io)?;
+        std::os::unix::fs::lchown(&at, Some(uid), Some(gid)).map_err(io)?;
         Ok(())
     }
 
@@ -592,7 +775,20 @@ mod tests {
     #[test]
     fn names_are_dns_subdomains() {
         assert!(valid_name("before-refactor.1"));
-        for bad in ["", "-a", "a-", "A", "a/b", "a_b", "../x", &"a".repeat(254)] {
+        assert!(valid_name("team-a/before-refactor.1"));
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a/b/c",
+            "a.b/c",
+            "/a",
+            "a/",
+            "a_b",
+            "../x",
+            &"a".repeat(254),
+        ] {
             assert!(!valid_name(bad), "{bad}");
         }
     }

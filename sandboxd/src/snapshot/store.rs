@@ -138,20 +138,24 @@ impl Store {
         })
     }
 
-    /// The snapshots in the store, by name.
+    /// The snapshots in the store, by name (`scope/name` for a scoped one).
     pub async fn list_snapshots(&self) -> Result<Vec<String>, SnapshotError> {
+        let under = self.key("snapshots");
         let listed: Vec<_> = self
             .inner
-            .list(Some(&self.key("snapshots")))
+            .list(Some(&under))
             .try_collect()
             .await
             .map_err(failed)?;
+        let under = format!("{}/", under.as_ref());
         let mut names: Vec<String> = listed
             .into_iter()
             .filter_map(|o| {
                 o.location
-                    .filename()
+                    .as_ref()
+                    .strip_prefix(&under)
                     .and_then(|f| f.strip_suffix(".json"))
+                    .filter(|n| super::valid_name(n))
                     .map(str::to_owned)
             })
             .collect();

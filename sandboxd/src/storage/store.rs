@@ -120,6 +120,8 @@ pub struct SessionRow {
     pub owner: Option<String>,
     /// Whether its container was taken from a warm pool (`launch = 'warm'`).
     pub warm: bool,
+    /// Whether its workspace came from a snapshot (`launch = 'restored'`).
+    pub restored: bool,
     /// Its incarnation: 32 hex digits made with the row, so a session opened again under the
     /// same id after a destroy is another incarnation (its audit rows are told apart).
     pub incarnation: String,
@@ -257,6 +259,7 @@ fn row(r: &sqlx::sqlite::SqliteRow) -> Result<SessionRow, sqlx::Error> {
         last_activity_at: r.try_get("last_activity_at")?,
         owner: r.try_get("owner")?,
         warm: r.try_get::<String, _>("launch")? == "warm",
+        restored: r.try_get::<String, _>("launch")? == "restored",
         incarnation: r.try_get("incarnation")?,
         memory: r.try_get("memory")?,
         // Written only by [`Store::set_ports`]; a value that does not read is no port.
@@ -519,6 +522,16 @@ impl Store {
         sqlx::query("UPDATE sessions SET container_id = ?2, launch = CASE WHEN ?2 IS NULL THEN launch ELSE 'cold' END, updated_at = ?3 WHERE id = ?1")
             .bind(id)
             .bind(container_id)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Records that session `id`'s workspace came from a snapshot (its launch `restored`).
+    pub async fn set_restored(&self, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sessions SET launch = 'restored', updated_at = ?2 WHERE id = ?1")
+            .bind(id)
             .bind(now_ms())
             .execute(&self.pool)
             .await?;

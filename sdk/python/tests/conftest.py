@@ -173,6 +173,9 @@ def stack() -> Iterator[Stack]:
     kubectl = need("SANDBOXD_KUBECTL")
     need("KUBECONFIG")
     need("DOCKER_HOST")
+    # The S3 server of `make up` (hack/s3.sh), where sandboxd keeps snapshots.
+    need("SANDBOXD_S3_ENDPOINT")
+    need("SANDBOXD_S3_BUCKET")
     image = need("SANDBOXD_BASE_IMAGE")
     sandboxd, operator = binary("sandboxd"), binary("sandbox-operator")
     suffix = secrets.token_hex(4)
@@ -207,6 +210,8 @@ def stack() -> Iterator[Stack]:
             "SANDBOXD_PORT": str(port),
             "SANDBOXD_RUNTIMES": f"base={image}",
             "SANDBOXD_INSTANCE": stack.instance,
+            # This run's snapshots, under a path of the shared test bucket of their own.
+            "SANDBOXD_S3_PREFIX": f"sdk-{stack.scope}",
             "SANDBOXD_WORKSPACE_ROOT": str(stack.dir / "ws"),
             "SANDBOXD_STATE_DIR": str(stack.dir / "state"),
             "SANDBOXD_MEM_LIMIT": "256m",
@@ -276,12 +281,22 @@ def stack() -> Iterator[Stack]:
 
 
 def teardown(stack: Stack) -> None:
+    selector = f"{SCOPE_LABEL}={stack.scope}"
+    if len(stack.processes) > 1:
+        # While the operator runs, its finalizer deletes each snapshot from the S3 server too.
+        stack.kubectl("delete", "sandboxsnapshots", "-n", stack.namespace, "-l", selector, "--timeout=60s", check=False)
     for process in reversed(stack.processes[1:]):
         process.kill()
         process.wait()
     # Objects outlive their operator here: drop finalizers so the API server can remove them.
-    selector = f"{SCOPE_LABEL}={stack.scope}"
-    for kind, namespaced in (("sbx", True), ("sandboxhosts", False), ("runtimes", False), ("tombstones", False)):
+    kinds = (
+        ("sandboxsnapshots", True),
+        ("sbx", True),
+        ("sandboxhosts", False),
+        ("runtimes", False),
+        ("tombstones", False),
+    )
+    for kind, namespaced in kinds:
         where = ["-n", stack.namespace] if namespaced else []
         names = stack.kubectl("get", kind, *where, "-l", selector, "-o", "name", check=False).split()
         for name in names:

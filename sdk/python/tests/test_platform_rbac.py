@@ -1,4 +1,5 @@
-"""The SDK as a platform runs it: a ServiceAccount's token, with only the chart's platform Role."""
+"""The SDK as a platform runs it: a ServiceAccount's token, with only the chart's platform Role
+(SandboxSessions, SandboxSnapshots and the sessions' token Secrets)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ def test_a_platform_service_account_with_the_charts_role_opens_uses_and_destroys
         try:
             assert sbx.run("echo hello from the platform").stdout == "hello from the platform\n"
             assert [s.name for s in sandboxes.list(tenant=sbx.aio.tenant)] == [sbx.name]
+            # The Role grants sandboxsnapshots too: a snapshot is taken and watched to Ready.
+            snapshot = sbx.snapshot()
+            assert (snapshot.phase, snapshot.key) == ("Ready", f"{stack.namespace}/{snapshot.name}")
         finally:
             assert sbx.destroy()
             sbx.close()

@@ -18,6 +18,7 @@ pub mod openapi;
 mod ports;
 mod runs;
 mod sessions;
+mod snapshots;
 mod terminals;
 mod watch;
 
@@ -29,6 +30,7 @@ pub use runs::*;
 pub use sandboxd_api::headers::{AGENT_HEADER, RUN_HEADER};
 pub use sandboxd_api::routes::{Index, PUBLIC_ROUTES, ROUTES};
 pub use sessions::*;
+pub use snapshots::*;
 pub use terminals::*;
 pub use watch::*;
 
@@ -92,6 +94,11 @@ pub(crate) fn paths() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/sessions/{id}/tree", get(tree)),
         ("/v1/sessions/{id}/watch", get(watch)),
         ("/v1/sessions/{id}/mcp", post(crate::http::mcp::mcp)),
+        ("/v1/sessions/{id}/snapshots", post(take_snapshot)),
+        (
+            "/v1/snapshots/{scope}/{name}",
+            get(show_snapshot).delete(delete_snapshot),
+        ),
         ("/v1/sessions/{id}/events", get(events)),
         ("/v1/sessions/{id}/egress", get(egress)),
         (

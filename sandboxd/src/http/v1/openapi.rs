@@ -198,6 +198,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             (400, &["bad_request", "unknown_runtime"]),
             AUTH,
             ADMIN,
+            (404, &["snapshot_not_found"]),
             (
                 409,
                 &[
@@ -211,6 +212,7 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             ),
             (410, &["session_lost"]),
             (413, &["too_large"]),
+            (422, &["snapshot_corrupt"]),
             (
                 429,
                 &[
@@ -222,7 +224,15 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
             ),
             INTERNAL,
             (502, &["docker_error", "open_failed"]),
-            START_503,
+            (
+                503,
+                &[
+                    "network_unavailable",
+                    "runtime_failed",
+                    "isolation_unavailable",
+                    "snapshots_unavailable",
+                ],
+            ),
             (507, &["host_disk_full"]),
         ],
     ),
@@ -754,6 +764,44 @@ pub const ERRORS: &[(&str, &[Errors])] = &[
         ],
     ),
     (
+        "POST /v1/sessions/{id}/snapshots",
+        &[
+            BODY[0],
+            AUTH,
+            ADMIN,
+            (404, &["session_not_found"]),
+            (
+                409,
+                &["session_opening", "session_destroying", "session_changed"],
+            ),
+            (410, &["session_lost"]),
+            BODY[1],
+            INTERNAL,
+            (502, &["docker_error"]),
+            (503, &["snapshots_unavailable"]),
+        ],
+    ),
+    (
+        "GET /v1/snapshots/{scope}/{name}",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (404, &["snapshot_not_found"]),
+            (422, &["snapshot_corrupt"]),
+            (503, &["snapshots_unavailable"]),
+        ],
+    ),
+    (
+        "DELETE /v1/snapshots/{scope}/{name}",
+        &[
+            (400, &["bad_request"]),
+            AUTH,
+            ADMIN,
+            (503, &["snapshots_unavailable"]),
+        ],
+    ),
+    (
         "GET /v1/sessions/{id}/egress",
         &[
             (400, &["bad_request"]),
@@ -844,6 +892,9 @@ pub fn errors_of(route: &str) -> &'static [Errors] {
         crate::http::v1::tree,
         crate::http::v1::watch,
         crate::http::mcp::mcp,
+        crate::http::v1::take_snapshot,
+        crate::http::v1::show_snapshot,
+        crate::http::v1::delete_snapshot,
         crate::http::v1::events,
         crate::http::v1::egress,
         crate::http::v1::put_credentials,

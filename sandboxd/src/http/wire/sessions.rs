@@ -232,6 +232,7 @@ pub(crate) async fn create_session(
         limits: None,
         owner: None,
         egress: Vec::new(),
+        from_snapshot: None,
     };
     // The protocol's open builds the runtime's image inside the request; the core answers
     // `runtime_preparing` meanwhile, so the open waits for the build here, with a deadline.

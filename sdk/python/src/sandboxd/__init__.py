@@ -26,6 +26,7 @@ from .api import (
 )
 from .client import AsyncSandboxes, BackgroundRun, Files, Ports, Sandbox, Sandboxes, Terminals
 from .errors import (
+    ApiServerError,
     SandboxError,
     SandboxHTTPError,
     SandboxLostError,
@@ -33,14 +34,16 @@ from .errors import (
     SandboxPreparationError,
     SandboxTimeoutError,
     SandboxUnavailableError,
+    SnapshotFailedError,
 )
 from .interactive import AsyncTerminal, Terminal, TerminalExit, WatchEvent
 from .key import Actor, Scope, SessionKeyError, TriggerActor, session_key
-from .kube import SessionInfo, SessionRef
+from .kube import SessionInfo, SessionRef, SnapshotInfo
 from .sandbox import AsyncBackgroundRun, AsyncFiles, AsyncPorts, AsyncSandbox, AsyncTerminals
 
 __all__ = (
     "Actor",
+    "ApiServerError",
     "AsyncBackgroundRun",
     "AsyncFiles",
     "AsyncPorts",
@@ -74,6 +77,8 @@ __all__ = (
     "SessionKeyError",
     "SessionRef",
     "SessionUsage",
+    "SnapshotFailedError",
+    "SnapshotInfo",
     "Terminal",
     "TerminalExit",
     "Terminals",

@@ -24,8 +24,8 @@ from .api import (
 )
 from .interactive import Terminal
 from .key import Actor, Scope
-from .kube import Cluster, SessionInfo, SessionRef
-from .sandbox import DEFAULT_PREPARE_TIMEOUT, AsyncBackgroundRun, AsyncSandbox
+from .kube import Cluster, SessionInfo, SessionRef, SnapshotInfo
+from .sandbox import DEFAULT_PREPARE_TIMEOUT, DEFAULT_SNAPSHOT_TIMEOUT, AsyncBackgroundRun, AsyncSandbox
 
 __all__ = ("AsyncSandboxes", "BackgroundRun", "Files", "Ports", "Sandbox", "Sandboxes", "Terminals")
 
@@ -62,11 +62,14 @@ class AsyncSandboxes:
         actor: Actor = "member",
         agent: str | None = None,
         traceparent: str | None = None,
+        from_snapshot: str | None = None,
     ) -> AsyncSandbox:
         """A sandbox by tenant, scope and subject (or by ref); nothing is created until its first
         operation. The `user` scope for a run acting for someone else is refused here.
         `traceparent` (a W3C trace context) goes on the SandboxSession it creates and on every
-        call to sandboxd, so the operator's and sandboxd's spans join the caller's trace."""
+        call to sandboxd, so the operator's and sandboxd's spans join the caller's trace.
+        `from_snapshot` names a SandboxSnapshot of the namespace whose files the session it
+        creates opens with (see `AsyncSandbox.snapshot`)."""
         return AsyncSandbox(
             namespace=self.namespace,
             tenant=tenant,
@@ -82,6 +85,7 @@ class AsyncSandboxes:
             agent=agent,
             cluster=self._cluster,
             traceparent=traceparent,
+            from_snapshot=from_snapshot,
         )
 
     async def list(self, *, tenant: str | None = None) -> list[SessionInfo]:
@@ -129,9 +133,10 @@ class Sandboxes:
         actor: Actor = "member",
         agent: str | None = None,
         traceparent: str | None = None,
+        from_snapshot: str | None = None,
     ) -> Sandbox:
         """A sandbox by tenant, scope and subject (or by ref); nothing is created yet.
-        `traceparent`: as `AsyncSandboxes.session`."""
+        `traceparent` and `from_snapshot`: as `AsyncSandboxes.session`."""
         inner = self._async.session(
             tenant=tenant,
             scope=scope,
@@ -142,6 +147,7 @@ class Sandboxes:
             actor=actor,
             agent=agent,
             traceparent=traceparent,
+            from_snapshot=from_snapshot,
         )
         return Sandbox(inner, self._portal)
 
@@ -273,6 +279,11 @@ class Sandbox:
     def briefing(self) -> str | None:
         """The paragraph for an agent's instructions (opens the sandbox if needed)."""
         return self._call(self.aio.briefing)
+
+    def snapshot(self, name: str | None = None, *, timeout: float = DEFAULT_SNAPSHOT_TIMEOUT) -> SnapshotInfo:
+        """Takes a snapshot of the workspace and waits until it is Ready (`AsyncSandbox.snapshot`):
+        a new session opens with its files with `from_snapshot=` its name."""
+        return self._call(self.aio.snapshot, name, timeout=timeout)
 
     def status(self) -> SessionInfo | None:
         """The SandboxSession as the operator reports it now; None before it exists."""

@@ -11,6 +11,7 @@ __all__ = (
     "SandboxPreparationError",
     "SandboxTimeoutError",
     "SandboxUnavailableError",
+    "SnapshotFailedError",
 )
 
 
@@ -65,9 +66,25 @@ class SandboxPreparationError(SandboxError):
 
 
 class SandboxTimeoutError(SandboxError, TimeoutError):
-    """A run passed its timeout; `stdout` and `stderr` hold what it wrote until then."""
+    """A run passed its timeout (`stdout` and `stderr` hold what it wrote until then), or a
+    snapshot was not Ready within its timeout (the message names it and where it stood)."""
 
     def __init__(self, message: str, *, stdout: str = "", stderr: str = "") -> None:
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
+
+
+class SnapshotFailedError(SandboxError):
+    """A SandboxSnapshot Failed: `message` is the operator's `status.message` (why it could not be
+    taken), `name` and `namespace` name the snapshot, and `str(error)` says both. It is not tried
+    again: delete it and take another."""
+
+    def __init__(self, message: str, *, name: str, namespace: str) -> None:
+        super().__init__(f"SandboxSnapshot {namespace}/{name} failed: {message}")
+        self.message = message
+        self.name = name
+        self.namespace = namespace
+
+    def __repr__(self) -> str:
+        return f"SnapshotFailedError(name={self.name!r}, namespace={self.namespace!r}, message={self.message!r})"

@@ -2,8 +2,8 @@
 
 How the cluster is found: `kubeconfig=` when given; else `$KUBECONFIG` or `~/.kube/config` when
 there is one; else the in-cluster ServiceAccount (a platform running as a pod). What the caller
-needs (docs/sdk.md): create, get, list, watch and delete `sandboxsessions.sandboxd.dev`, and get
-Secrets in the namespace.
+needs (docs/sdk.md): create, get, list, watch and delete `sandboxsessions.sandboxd.dev` (and
+`sandboxsnapshots.sandboxd.dev` to take snapshots), and get Secrets in the namespace.
 """
 
 from __future__ import annotations
@@ -14,30 +14,41 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import anyio
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .errors import ApiServerError, SandboxError, SandboxLostError, SandboxNotFoundError, SandboxPreparationError
+from .errors import (
+    ApiServerError,
+    SandboxError,
+    SandboxLostError,
+    SandboxNotFoundError,
+    SandboxPreparationError,
+    SandboxTimeoutError,
+    SnapshotFailedError,
+)
 
 __all__ = (
     "GROUP",
     "PLURAL",
+    "SNAPSHOT_PLURAL",
     "VERSION",
     "Cluster",
     "Credentials",
     "SessionInfo",
     "SessionRef",
+    "SnapshotInfo",
 )
 
 GROUP = "sandboxd.dev"
 VERSION = "v1alpha1"
 PLURAL = "sandboxsessions"
+SNAPSHOT_PLURAL = "sandboxsnapshots"
 SESSION_TOKEN_TYPE = "sandboxd.dev/session-token"
 
 _log = logging.getLogger("sandboxd")
@@ -45,6 +56,8 @@ _log = logging.getLogger("sandboxd")
 READY_PHASES = ("Running", "Sleeping", "Reclaimed")
 """Phases a workspace operation can use: a Sleeping or Reclaimed session is woken by it."""
 FINAL_PHASES = ("Lost", "Failed")
+
+Info = TypeVar("Info")
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,12 @@ class SessionInfo:
     host: str | None
     briefing: str | None
     deleting: bool
+    launch: str | None = None
+    """How its container came to be: `warm`, `cold`, or `restored` (from its `from_snapshot`)."""
+    from_snapshot: str | None = None
+    """The SandboxSnapshot it opened from (`spec.from.snapshot`); None for an empty workspace."""
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Its `metadata.labels` (a snapshot of it carries them, so the operator sees it)."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> SessionInfo:
@@ -111,6 +130,62 @@ class SessionInfo:
             runtime=status.get("runtime"),
             host=status.get("host"),
             briefing=status.get("briefing"),
+            deleting=meta.get("deletionTimestamp") is not None,
+            launch=status.get("launch"),
+            from_snapshot=(spec.get("from") or {}).get("snapshot"),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotInfo:
+    """A SandboxSnapshot as the operator last reported it: once `phase` is `Ready`, `key` is its
+    key in the object store (`<namespace>/<name>`), `host` the SandboxHost that took it, `bytes`
+    (and `size`, as people read it) the bytes of its files, `entries` its files, folders and
+    symlinks, `chunk_count` the distinct chunks it needs, and `message` the operator's words."""
+
+    name: str
+    namespace: str
+    uid: str
+    session: str
+    phase: str | None
+    message: str | None
+    key: str | None
+    host: str | None
+    bytes: int | None
+    size: str | None
+    entries: int | None
+    chunk_count: int | None
+    chunks_sent: int | None
+    paused_milliseconds: int | None
+    taken_at: str | None
+    deleting: bool
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> SnapshotInfo:
+        meta = obj.get("metadata", {})
+        spec = obj.get("spec", {})
+        status = obj.get("status") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            uid=str(meta.get("uid", "")),
+            session=str(spec.get("session", "")),
+            phase=status.get("phase"),
+            message=status.get("message"),
+            key=status.get("key"),
+            host=status.get("host"),
+            bytes=_int(status.get("bytes")),
+            size=status.get("size"),
+            entries=_int(status.get("entries")),
+            chunk_count=_int(status.get("chunkCount")),
+            chunks_sent=_int(status.get("chunksSent")),
+            paused_milliseconds=_int(status.get("pausedMilliseconds")),
+            taken_at=status.get("takenAt"),
             deleting=meta.get("deletionTimestamp") is not None,
         )
 
@@ -263,7 +338,9 @@ class Cluster:
                 attempt = 0
                 while True:
                     try:
-                        ready = await self._look(ref, check)
+                        ready = await self._look(
+                            f"SandboxSession {ref}", ref.namespace, PLURAL, ref.name, SessionInfo.of, check
+                        )
                     except Exception as error:
                         if not is_transient(error):
                             raise
@@ -281,23 +358,28 @@ class Cluster:
             ) from error
 
     async def _look(
-        self, ref: SessionRef, check: Callable[[SessionInfo | None], SessionInfo | None]
-    ) -> SessionInfo | None:
-        """One list and one watch (of at most 30 s) of the session: what `check` found ready, or
-        None to look again."""
+        self,
+        what: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        parse: Callable[[Mapping[str, Any]], Info],
+        check: Callable[[Info | None], Info | None],
+    ) -> Info | None:
+        """One list and one watch (of at most 30 s) of one object (`what`, in errors): what
+        `check` found done, or None to look again; `check` gets None when the object is gone."""
         async with await self._api() as api:
             objects = client.CustomObjectsApi(api)
             try:
                 found = await objects.list_namespaced_custom_object(
-                    GROUP, VERSION, ref.namespace, PLURAL, field_selector=f"metadata.name={ref.name}"
+                    GROUP, VERSION, namespace, plural, field_selector=f"metadata.name={name}"
                 )
             except ApiException as error:
-                raise _api_error(error, f"could not read SandboxSession {ref}") from error
+                raise _api_error(error, f"could not read {what}") from error
             items = found.get("items", [])
-            info = SessionInfo.of(items[0]) if items else None
-            ready = check(info)
-            if ready is not None:
-                return ready
+            done = check(parse(items[0]) if items else None)
+            if done is not None:
+                return done
             version = found["metadata"]["resourceVersion"]
             # The watch holds a client of its own: closed by its context.
             async with watch.Watch() as watcher:
@@ -305,9 +387,9 @@ class Cluster:
                     objects.list_namespaced_custom_object,
                     GROUP,
                     VERSION,
-                    ref.namespace,
-                    PLURAL,
-                    field_selector=f"metadata.name={ref.name}",
+                    namespace,
+                    plural,
+                    field_selector=f"metadata.name={name}",
                     resource_version=version,
                     timeout_seconds=30,
                 )
@@ -318,14 +400,97 @@ class Cluster:
                         obj = event.get("object")
                         if not isinstance(obj, Mapping):
                             continue
-                        seen = None if event.get("type") == "DELETED" else SessionInfo.of(obj)
-                        ready = check(seen)
-                        if ready is not None:
-                            return ready
+                        done = check(None if event.get("type") == "DELETED" else parse(obj))
+                        if done is not None:
+                            return done
                 except ApiException as error:
                     if error.status != 410:
-                        raise _api_error(error, f"could not watch SandboxSession {ref}") from error
+                        raise _api_error(error, f"could not watch {what}") from error
         return None
+
+    async def create_snapshot(
+        self, namespace: str, name: str, *, session: str, labels: Mapping[str, str]
+    ) -> SnapshotInfo:
+        """Creates SandboxSnapshot `name` of SandboxSession `session` (of the same namespace),
+        carrying `labels` (the session's: the operator sees only objects its selector matches).
+        A name taken already is refused (`ApiServerError` with status 409), never reused: a
+        snapshot is taken once."""
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxSnapshot",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "spec": {"session": session},
+        }
+        async with await self._api() as api:
+            try:
+                created = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SNAPSHOT_PLURAL, body
+                )
+            except ApiException as error:
+                if error.status == 409:
+                    raise ApiServerError(
+                        f"SandboxSnapshot {namespace}/{name} exists already: a snapshot is taken once, "
+                        "so name another one (or delete that one first)",
+                        status=409,
+                    ) from error
+                raise _api_error(error, f"could not create SandboxSnapshot {namespace}/{name}") from error
+        return SnapshotInfo.of(created)
+
+    async def get_snapshot(self, namespace: str, name: str) -> SnapshotInfo | None:
+        """The SandboxSnapshot, or None when there is none of that name."""
+        async with await self._api() as api:
+            try:
+                obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SNAPSHOT_PLURAL, name
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    return None
+                raise _api_error(error, f"could not read SandboxSnapshot {namespace}/{name}") from error
+        return SnapshotInfo.of(obj)
+
+    async def wait_snapshot(self, namespace: str, name: str, *, uid: str, timeout: float) -> SnapshotInfo:
+        """Watches SandboxSnapshot `name` (the object of that `uid`) until it is Ready. Raises
+        `SnapshotFailedError` (the operator's message) when it Failed, `SandboxNotFoundError`
+        when it is gone or replaced (deleting its session deletes it), and `SandboxTimeoutError`
+        (where it stood) when it is not Ready within `timeout` seconds; it is left as it is then,
+        and may be Ready later. The API server being away for a moment is waited out."""
+        what = f"SandboxSnapshot {namespace}/{name}"
+        last: SnapshotInfo | None = None
+
+        def check(info: SnapshotInfo | None) -> SnapshotInfo | None:
+            nonlocal last
+            if info is None or info.uid != uid:
+                why = "deleting its session deletes it" if info is None else "an object of that name is another one now"
+                raise SandboxNotFoundError(f"{what} with uid {uid} is gone ({why})")
+            last = info
+            if info.phase == "Failed":
+                raise SnapshotFailedError(info.message or "no message", name=name, namespace=namespace)
+            if info.phase == "Ready":
+                return info
+            return None
+
+        try:
+            with anyio.fail_after(timeout):
+                attempt = 0
+                while True:
+                    try:
+                        ready = await self._look(what, namespace, SNAPSHOT_PLURAL, name, SnapshotInfo.of, check)
+                    except Exception as error:
+                        if not is_transient(error):
+                            raise
+                        attempt += 1
+                        _log.warning("%s: the API server is away (%s); trying again", what, error)
+                        await anyio.sleep(min(5.0, 0.25 * 2**attempt))
+                        continue
+                    attempt = 0
+                    if ready is not None:
+                        return ready
+        except TimeoutError as error:
+            where = "no status yet"
+            if last is not None and last.phase is not None:
+                where = f"{last.phase}: {last.message or 'no message'}"
+            raise SandboxTimeoutError(f"{what} was not Ready within {timeout:g} s ({where})") from error
 
     async def credentials(self, namespace: str, secret: str) -> Credentials:
         """The session's token Secret: its sandboxd endpoint, id there, token and CA."""

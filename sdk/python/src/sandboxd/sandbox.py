@@ -8,6 +8,7 @@ import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Literal, TypeVar, overload
 
 import anyio
@@ -28,6 +29,7 @@ from .api import (
     Tree,
 )
 from .errors import (
+    SandboxError,
     SandboxHTTPError,
     SandboxLostError,
     SandboxNotFoundError,
@@ -36,9 +38,17 @@ from .errors import (
 )
 from .interactive import AsyncTerminal, Terminal, WatchEvent, attach
 from .key import Actor, Scope, session_key
-from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef, is_transient
+from .kube import FINAL_PHASES, Cluster, SessionInfo, SessionRef, SnapshotInfo, is_transient
 
-__all__ = ("AsyncBackgroundRun", "AsyncFiles", "AsyncPorts", "AsyncSandbox", "AsyncTerminals")
+__all__ = (
+    "AsyncBackgroundRun",
+    "AsyncFiles",
+    "AsyncPorts",
+    "AsyncSandbox",
+    "AsyncTerminals",
+    "check_object_name",
+    "default_snapshot_name",
+)
 
 T = TypeVar("T")
 _log = logging.getLogger("sandboxd")
@@ -58,6 +68,41 @@ def is_traceparent(value: str) -> bool:
     return _TRACEPARENT.fullmatch(value) is not None
 
 
+DEFAULT_SNAPSHOT_TIMEOUT = 600.0
+"""Seconds `snapshot()` waits for the snapshot to be Ready."""
+
+MAX_NAME_LEN = 253
+"""The longest name of a Kubernetes object: a DNS subdomain (RFC 1123)."""
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+
+
+def check_object_name(what: str, name: str) -> str:
+    """`name` when it can name a SandboxSnapshot (a DNS subdomain: at most 253 lowercase letters,
+    digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit);
+    else `ValueError`, saying which of `what` it is and why."""
+    if not name:
+        raise ValueError(f"{what} must not be empty")
+    if len(name) > MAX_NAME_LEN:
+        raise ValueError(f"{what} {name[:40]!r}… is {len(name)} characters long: at most {MAX_NAME_LEN}")
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(
+            f"{what} {name!r} is not a Kubernetes object name: lowercase letters, digits, '-' and '.', "
+            "each part between dots starting and ending with a letter or digit"
+        )
+    return name
+
+
+def default_snapshot_name(session: str, now: datetime | None = None) -> str:
+    """The name `snapshot()` gives a snapshot of `session` when none is given: the session's name
+    and the UTC time, `<session>-<yyyymmdd>-<hhmmss>`, the session's part cut so the whole is at
+    most 253 characters (as the CLI names one)."""
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%d-%H%M%S")
+    keep = session[: MAX_NAME_LEN - len(stamp) - 1].rstrip("-.")
+    return f"{keep}-{stamp}"
+
+
 class AsyncSandbox:
     """A sandbox by key or by ref. Building it does no I/O; the first operation creates the
     SandboxSession (or attaches to the one `ref` names) and waits until it can take work.
@@ -65,6 +110,11 @@ class AsyncSandbox:
     Concurrent first operations create one SandboxSession: the handle holds the lock. A ref,
     once known, never changes; a handle attached by ref never replaces a session that is gone
     (`SandboxNotFoundError`) or Lost (`SandboxLostError`, with the operator's message).
+
+    `from_snapshot` names a SandboxSnapshot of the namespace (see `snapshot()`) the session it
+    creates opens with the files of (`spec.from.snapshot`): it waits while the snapshot is not
+    Ready, and fails (`SandboxLostError`, phase Failed, the operator's words) when there is no
+    such snapshot in its namespace or it Failed.
     """
 
     def __init__(
@@ -85,7 +135,15 @@ class AsyncSandbox:
         agent: str | None = None,
         cluster: Cluster | None = None,
         traceparent: str | None = None,
+        from_snapshot: str | None = None,
     ) -> None:
+        if from_snapshot is not None:
+            check_object_name("from_snapshot", from_snapshot)
+            if ref is not None:
+                raise ValueError(
+                    "from_snapshot= is for a new session, and ref= names one that exists: "
+                    "a session opens from a snapshot only when it is created"
+                )
         if traceparent is not None and not is_traceparent(traceparent):
             raise ValueError(f"traceparent {traceparent!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
         if isinstance(ref, str):
@@ -102,6 +160,7 @@ class AsyncSandbox:
         self.prepare_timeout = prepare_timeout
         self.agent = agent
         self.traceparent = traceparent
+        self.from_snapshot = from_snapshot
         self._cluster = cluster or Cluster(kubeconfig)
         self._ref = ref
         if ref is not None:
@@ -145,12 +204,21 @@ class AsyncSandbox:
             spec: dict[str, object] = {"scope": self.scope, "tenant": self.tenant, "subject": self.subject}
             if self.runtime:
                 spec["runtime"] = self.runtime
+            if self.from_snapshot:
+                spec["from"] = {"snapshot": self.from_snapshot}
             annotations = {TRACEPARENT_ANNOTATION: self.traceparent} if self.traceparent else None
             info = await self._cluster.create(self.namespace, self.name, spec, self.labels, annotations)
             if info.deleting:
                 raise SandboxNotFoundError(
                     f"SandboxSession {self.namespace}/{self.name} is being deleted: "
                     "open it again once it is gone, for a new, empty workspace"
+                )
+            if self.from_snapshot and info.from_snapshot != self.from_snapshot:
+                # spec.from is immutable: the files asked for are not the ones this session has.
+                opened = f"from SandboxSnapshot {info.from_snapshot}" if info.from_snapshot else "with no snapshot"
+                raise SandboxError(
+                    f"SandboxSession {self.namespace}/{self.name} exists already, opened {opened}, so it cannot "
+                    f"open from SandboxSnapshot {self.from_snapshot}: use another subject for a session from it"
                 )
             # Recorded before the wait, so a caller cancelled mid-create keeps the ref.
             self._ref = SessionRef(self.namespace, self.name, info.uid)
@@ -372,6 +440,25 @@ class AsyncSandbox:
         """The paragraph for an agent's instructions: what this runtime holds and how to work in it."""
         info = await self.open()
         return info.briefing
+
+    async def snapshot(self, name: str | None = None, *, timeout: float = DEFAULT_SNAPSHOT_TIMEOUT) -> SnapshotInfo:
+        """Takes a snapshot of the workspace: a SandboxSnapshot `name` (by default
+        `<session name>-<UTC yyyymmdd-hhmmss>`) of this session, which its host writes to the
+        object store with the sandbox paused for the copy. Opens the sandbox first if needed,
+        then waits until the snapshot is Ready, at most `timeout` seconds: returns it (its key,
+        size and entries). A new session opens with its files with `from_snapshot=name`; the
+        snapshot is the session's (deleting the session deletes it).
+
+        Raises `SnapshotFailedError` (the operator's words) when it Failed, `SandboxTimeoutError`
+        when not Ready in time (it is left to become Ready), and `ApiServerError` (status 409)
+        when a SandboxSnapshot of that name exists already."""
+        if name is not None:
+            check_object_name("the snapshot name", name)
+        info = await self.open()
+        name = name or default_snapshot_name(self.name)
+        created = await self._cluster.create_snapshot(self.namespace, name, session=self.name, labels=info.labels)
+        _log.info("%s/%s: snapshot %s asked", self.namespace, self.name, name)
+        return await self._cluster.wait_snapshot(self.namespace, name, uid=created.uid, timeout=timeout)
 
     async def status(self) -> SessionInfo | None:
         """The SandboxSession as the operator reports it now (None before it exists); no wait."""
