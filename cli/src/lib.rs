@@ -212,6 +212,19 @@ pub enum Command {
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
+    /// Open a Lost session again from a snapshot (its newest Ready one, or --snapshot), on
+    /// another host than the one that lost it; what was written after the snapshot is gone.
+    /// Waits until it runs.
+    Restore {
+        /// The Lost session.
+        session: String,
+        /// The SandboxSnapshot to open it from; default: its newest Ready one.
+        #[arg(long)]
+        snapshot: Option<String>,
+        /// Seconds to wait until it runs.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
     /// Pause the session with its processes and memory (a runtime of isolation gvisor): it
     /// sleeps as a checkpoint of its sandbox, and `resume` (or any run) goes on where it was.
     /// Refused with the reason otherwise (a runc runtime sleeps without its memory).
@@ -449,6 +462,18 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
             &target,
             &session,
             &new,
+            std::time::Duration::from_secs(timeout),
+        )
+        .await
+        .map(|()| 0),
+        Command::Restore {
+            session,
+            snapshot,
+            timeout,
+        } => snapshot::restore(
+            &target,
+            &session,
+            snapshot.as_deref(),
             std::time::Duration::from_secs(timeout),
         )
         .await

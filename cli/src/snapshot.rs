@@ -6,6 +6,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, PostParams};
+use sandboxd_crds::v1alpha1::session::SessionPhase;
 use sandboxd_crds::v1alpha1::{SandboxSnapshot, SnapshotPhase};
 use serde_json::json;
 
@@ -147,6 +148,81 @@ pub async fn fork(t: &Target, session: &str, new: &str, limit: Duration) -> Resu
     let st = running.status.unwrap_or_default();
     say(&format!(
         "fork {new} of {session} is running on host {}",
+        st.host.as_deref().unwrap_or("?")
+    ));
+    Ok(())
+}
+
+/// `restore SESSION [--snapshot NAME]`: a Lost session opened again from its newest snapshot
+/// (or the one named) on another host; waits until it runs.
+pub async fn restore(
+    t: &Target,
+    session: &str,
+    snapshot: Option<&str>,
+    limit: Duration,
+) -> Result<(), Error> {
+    let s = t.find(session).await?;
+    let st = s.status.clone().unwrap_or_default();
+    if st.phase != Some(SessionPhase::Lost) {
+        return Err(Error::Usage(format!(
+            "SandboxSession {session} is {}, not Lost: restore opens a Lost session again from a snapshot (kubectl sandbox fork {session} NEW copies one that is not)",
+            st.phase
+                .map_or_else(|| "not opened yet".to_owned(), |p| format!("{p:?}"))
+        )));
+    }
+    let (name, taken) = match snapshot {
+        Some(name) => {
+            let snap = snapshots(t)
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube(format!("reading SandboxSnapshot {name}"), e))?
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "no SandboxSnapshot {name} in namespace {}",
+                        t.namespace
+                    ))
+                })?;
+            let taken = snap.status.and_then(|st| st.taken_at);
+            (name.to_owned(), taken)
+        }
+        None => match st.newest_snapshot {
+            Some(newest) => (newest.name, newest.taken_at),
+            None => {
+                return Err(Error::Usage(format!(
+                    "SandboxSession {session} has no Ready snapshot to restore from: its workspace is gone with nothing to open it from"
+                )));
+            }
+        },
+    };
+    let patch = json!({"spec": {"restore": {"snapshot": name}}});
+    t.sessions()
+        .patch(
+            session,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("asking SandboxSession {session} to restore"), e))?;
+    let age = taken.map_or_else(
+        || "of unknown age".to_owned(),
+        |t| format!("taken {}", crate::render::relative(t.0, Timestamp::now())),
+    );
+    say(&format!(
+        "restoring {session} from snapshot {name}, {age}: what was written after it is gone"
+    ));
+    let args = crate::OpenArgs {
+        name: session.to_owned(),
+        tenant: s.spec.tenant.clone(),
+        scope: s.spec.scope,
+        runtime: s.spec.runtime.clone(),
+        subject: Some(s.spec.subject.clone()),
+        labels: Vec::new(),
+        timeout: limit.as_secs(),
+    };
+    let running = crate::session::wait_running(t, &args, false).await?;
+    let st = running.status.unwrap_or_default();
+    say(&format!(
+        "{session} is running again on host {}, from snapshot {name}",
         st.host.as_deref().unwrap_or("?")
     ));
     Ok(())

@@ -381,6 +381,15 @@ async fn a_person_opens_a_sandbox_runs_copies_lists_audits_and_checks_the_hosts(
     );
     let failed = plugin(&ns, &["snapshot", "nope"]);
     assert_eq!(failed.status.code(), Some(1));
+    let refused = plugin(&ns, &["restore", "s1"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused).1.contains(
+            "SandboxSession s1 is Running, not Lost: restore opens a Lost session again from a snapshot (kubectl sandbox fork s1 NEW copies one that is not)"
+        ),
+        "{}",
+        text(&refused).1
+    );
 
     // briefing and list.
     let (out, _) = ok(&ns, &["briefing", "s1"]);

@@ -172,7 +172,8 @@ fn is_name_part(s: &str) -> bool {
     }
 }
 
-fn short_hash(value: &str, len: usize) -> String {
+/// The first `len` hex digits of the SHA-256 of `value`.
+pub fn short_hash(value: &str, len: usize) -> String {
     let mut hex = hex::encode(Sha256::digest(value.as_bytes()));
     hex.truncate(len);
     hex

@@ -223,3 +223,144 @@ async fn a_snapshot_is_taken_and_a_session_opens_from_it_on_another_host() {
     other.delete().await;
     scope.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_names_its_newest_snapshot_and_a_restore_opens_it_on_another_host() {
+    let mut scope = Scope::new("restore").await;
+    let prefix = format!("op-{}", scope.scope);
+    let env = [("SANDBOXD_S3_PREFIX", prefix.as_str())];
+    let a = Host::start(&format!("rst-a-{}", scope.scope), &env);
+    let b = Host::start(&format!("rst-b-{}", scope.scope), &env);
+    scope.register(&a).await;
+    scope.register(&b).await;
+    scope.default_runtime().await;
+    scope.start_operator(&[]);
+    scope.kubectl_apply_session("doomed", json!({}));
+    let running = scope
+        .wait_session("doomed", "Running", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let first = running.status.and_then(|s| s.host).expect("placed");
+    let (host, other) = if first == a.name { (&a, &b) } else { (&b, &a) };
+    let id = scope.host_id("doomed");
+    let write = |command: &'static str| {
+        let client = host.client();
+        let id = id.clone();
+        async move {
+            let ran = client
+                .run(&id, command, None, None, None)
+                .await
+                .expect("run");
+            assert_eq!(ran.exit_code, 0, "{ran:?}");
+        }
+    };
+    write("echo before > /workspace/kept.txt").await;
+    let snapshots = Api::<SandboxSnapshot>::namespaced(scope.client.clone(), &scope.ns);
+    snapshots
+        .create(
+            &PostParams::default(),
+            &snapshot_doc(&scope, &scope.ns, "checkpoint", "doomed"),
+        )
+        .await
+        .expect("created");
+    let ready = settled(&snapshots, "checkpoint").await;
+    assert_eq!(
+        ready.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Ready),
+        "{}",
+        message(&ready)
+    );
+    write("echo after > /workspace/later.txt").await;
+
+    // Its host loses the workspace: Lost, naming the snapshot it can be restored from.
+    std::fs::remove_dir_all(host.sandboxd.workspace_root.join(&id)).expect("delete on the host");
+    let lost = scope
+        .wait_session("doomed", "Lost with its newest snapshot", 60, |s| {
+            phase(s) == Some(SessionPhase::Lost)
+                && s.status
+                    .as_ref()
+                    .is_some_and(|st| st.newest_snapshot.is_some())
+        })
+        .await;
+    let st = lost.status.clone().expect("status");
+    assert_eq!(
+        st.newest_snapshot.map(|n| n.name).as_deref(),
+        Some("checkpoint")
+    );
+    let m = st.message.unwrap_or_default();
+    assert!(
+        m.contains("its newest snapshot is checkpoint, taken ")
+            && m.ends_with(": kubectl sandbox restore doomed opens it from that on another host"),
+        "{m}"
+    );
+
+    // A restore naming no snapshot of it changes nothing but the words.
+    let sessions = scope.sessions();
+    sessions
+        .patch(
+            "doomed",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"restore": {"snapshot": "nope"}}})),
+        )
+        .await
+        .expect("patched");
+    scope
+        .wait_session("doomed", "Lost, saying the snapshot is not one", 30, |s| {
+            s.status.as_ref().and_then(|st| st.message.clone()).is_some_and(|m| {
+                m.starts_with("spec.restore names SandboxSnapshot nope, which is not a snapshot of this session")
+            })
+        })
+        .await;
+
+    // Restored: on the other host, with the snapshot's files (not what came after).
+    sessions
+        .patch(
+            "doomed",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"restore": {"snapshot": "checkpoint"}}})),
+        )
+        .await
+        .expect("patched");
+    let back = scope
+        .wait_session("doomed", "Running again", 90, |s| {
+            phase(s) == Some(SessionPhase::Running)
+        })
+        .await;
+    let st = back.status.expect("status");
+    assert_eq!(
+        st.host.as_deref(),
+        Some(other.name.as_str()),
+        "another host"
+    );
+    assert_eq!(st.launch, Some(Launch::Restored));
+    let from = st.restored_from.expect("restored from");
+    assert_eq!(
+        (from.name.as_str(), from.lost_host.as_deref()),
+        ("checkpoint", Some(host.name.as_str()))
+    );
+    let read = other
+        .client()
+        .run(
+            &id,
+            "cat /workspace/kept.txt; ls /workspace",
+            None,
+            None,
+            None,
+        )
+        .await
+        .expect("read");
+    assert_eq!(read.stdout, "before\nkept.txt\n");
+    // The host that lost it holds nothing of it any more (its Tombstone destroyed it).
+    let old = host.client();
+    until(
+        "the old copy destroyed",
+        Duration::from_secs(60),
+        async || match old.get(&id).await {
+            Err(sandboxd_api::client::ClientError::NoSuchSession(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    scope.delete().await;
+}

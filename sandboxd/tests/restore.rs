@@ -74,6 +74,18 @@ fn describe(root: &Path) -> BTreeMap<String, (String, u32, u32, Vec<u8>)> {
     out
 }
 
+/// The status, code and message of a refusal; any other error fails the test.
+fn refusal<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, ErrorCode, String) {
+    match r {
+        Err(ClientError::Api {
+            status,
+            code,
+            message,
+        }) => (status, code, message),
+        other => panic!("not a refusal: {other:?}"),
+    }
+}
+
 async fn sh(c: &Client, id: &str, command: &str) -> String {
     let ran = c
         .run(id, command, Some(120), None, None)
@@ -209,21 +221,14 @@ async fn a_snapshot_opens_on_another_host_whole_and_the_two_diverge() {
     );
 
     // Another scope's key names no snapshot: refused, nothing made.
-    let refused = cb
-        .open_request(&open_from("other", "team-b/first"))
-        .await
-        .expect_err("no such snapshot");
-    match refused {
-        ClientError::Api {
-            status,
-            code,
-            message,
-        } => {
-            assert_eq!((status, code), (404, ErrorCode::SnapshotNotFound));
-            assert_eq!(message, "no snapshot 'team-b/first' in the store");
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        refusal(cb.open_request(&open_from("other", "team-b/first")).await),
+        (
+            404,
+            ErrorCode::SnapshotNotFound,
+            "no snapshot 'team-b/first' in the store".to_owned()
+        )
+    );
     assert!(matches!(
         cb.get("other").await,
         Err(ClientError::NoSuchSession(_))
@@ -280,20 +285,14 @@ async fn a_corrupt_chunk_a_small_workspace_and_no_store_are_refused_leaving_noth
         }),
         ..open_from("small", "team-a/c")
     };
-    match cb.open_request(&small).await.expect_err("too small") {
-        ClientError::Api {
-            status,
-            code,
-            message,
-        } => {
-            assert_eq!((status, code), (400, ErrorCode::BadRequest));
-            assert_eq!(
-                message,
-                "snapshot 'team-a/c' holds 38.1 MiB of files, more than the session's workspace of 32 MiB: open it with a larger workspace_size"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        refusal(cb.open_request(&small).await),
+        (
+            400,
+            ErrorCode::BadRequest,
+            "snapshot 'team-a/c' holds 38.1 MiB of files, more than the session's workspace of 32 MiB: open it with a larger workspace_size".to_owned()
+        )
+    );
     nothing_of(&b, "small").await;
 
     // Garbage in place of b.txt's chunk: the open names the file and leaves nothing.
@@ -306,26 +305,14 @@ async fn a_corrupt_chunk_a_small_workspace_and_no_store_are_refused_leaving_noth
         .join(&chunk[..2])
         .join(&chunk);
     std::fs::write(&stored, b"not zstd").expect("corrupt the chunk");
-    match cb
-        .open_request(&open_from("broken", "team-a/c"))
-        .await
-        .expect_err("refused")
-    {
-        ClientError::Api {
-            status,
-            code,
-            message,
-        } => {
-            assert_eq!((status, code), (422, ErrorCode::SnapshotCorrupt));
-            assert!(
-                message.starts_with(&format!(
-                    "snapshot 'team-a/c' cannot be restored: file 'notes/b.txt' needs chunk {chunk}, which does not decompress"
-                )),
-                "{message}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    let (status, code, message) = refusal(cb.open_request(&open_from("broken", "team-a/c")).await);
+    assert_eq!((status, code), (422, ErrorCode::SnapshotCorrupt));
+    assert!(
+        message.starts_with(&format!(
+            "snapshot 'team-a/c' cannot be restored: file 'notes/b.txt' needs chunk {chunk}, which does not decompress"
+        )),
+        "{message}"
+    );
     nothing_of(&b, "broken").await;
 
     // A host without an object store says so.
@@ -334,34 +321,77 @@ async fn a_corrupt_chunk_a_small_workspace_and_no_store_are_refused_leaving_noth
         .open("s", "org", Some("base"), None)
         .await
         .expect("open");
-    match bare
-        .admin()
-        .take_snapshot("s", "team-a", "x")
-        .await
-        .expect_err("no store")
-    {
-        ClientError::Api {
-            status,
-            code,
-            message,
-        } => {
-            assert_eq!((status, code), (503, ErrorCode::SnapshotsUnavailable));
-            assert_eq!(
-                message,
-                "this host keeps no snapshots: sandboxd has no object store (set SANDBOXD_S3_ENDPOINT and SANDBOXD_S3_BUCKET, the chart's snapshots.store)"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        refusal(bare.admin().take_snapshot("s", "team-a", "x").await),
+        (
+            503,
+            ErrorCode::SnapshotsUnavailable,
+            "this host keeps no snapshots: sandboxd has no object store (set SANDBOXD_S3_ENDPOINT and SANDBOXD_S3_BUCKET, the chart's snapshots.store)".to_owned()
+        )
+    );
     // A key that is not one is refused before anything is read.
-    match ca
-        .take_snapshot("src", "Team_A", "x")
+    let (status, code, _) = refusal(ca.take_snapshot("src", "Team_A", "x").await);
+    assert_eq!((status, code), (400, ErrorCode::BadRequest));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_during_a_snapshot_leaves_no_half_snapshot_and_no_frozen_sandbox() {
+    let prefix = unique("restore-kill");
+    let mut a = start(&prefix);
+    let ca = a.admin();
+    ca.open("src", "org", Some("base"), None)
         .await
-        .expect_err("bad scope")
-    {
-        ClientError::Api { status, code, .. } => {
-            assert_eq!((status, code), (400, ErrorCode::BadRequest))
-        }
-        other => panic!("{other:?}"),
-    }
+        .expect("open");
+    sh(
+        &ca,
+        "src",
+        "head -c 200000000 /dev/urandom > /workspace/big.bin && echo small > /workspace/small.txt",
+    )
+    .await;
+    let container = container_of(&a, "src");
+    let taking = tokio::spawn({
+        let ca = ca.clone();
+        async move { ca.take_snapshot("src", "team-a", "cut").await }
+    });
+    // Killed while the sandbox is paused for the copy.
+    common::until(
+        "the sandbox paused for the snapshot",
+        std::time::Duration::from_secs(30),
+        async || {
+            (docker(&["inspect", "--format", "{{.State.Paused}}", &container]).trim() == "true")
+                .then_some(())
+        },
+    )
+    .await;
+    a.process.kill9();
+    assert!(
+        taking.await.expect("joined").is_err(),
+        "the snapshot was cut off"
+    );
+    a.spawn();
+    let ca = a.admin();
+    // The sandbox goes on: not left frozen.
+    assert_eq!(
+        docker(&["inspect", "--format", "{{.State.Status}}", &container]).trim(),
+        "running"
+    );
+    assert_eq!(sh(&ca, "src", "cat /workspace/small.txt").await, "small\n");
+    // No manifest: the snapshot does not exist (its chunks go with a collection).
+    let (status, code, _) = refusal(ca.snapshot("team-a", "cut").await);
+    assert_eq!((status, code), (404, ErrorCode::SnapshotNotFound));
+    // Taken again, whole.
+    let taken = ca
+        .take_snapshot("src", "team-a", "cut")
+        .await
+        .expect("a snapshot");
+    assert_eq!(taken.bytes, 200_000_000 + 6);
+    let opened = ca
+        .open_request(&open_from("again", "team-a/cut"))
+        .await
+        .expect("restored");
+    assert_eq!(opened.session.launch, Launch::Restored);
+    assert_eq!(
+        sh(&ca, "again", "wc -c < /workspace/big.bin").await.trim(),
+        "200000000"
+    );
 }

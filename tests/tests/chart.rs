@@ -1835,6 +1835,7 @@ async fn the_platform_service_accounts_may_do_only_what_the_sdk_needs() {
     // In the sessions' namespace: the SandboxSessions, and a token Secret by name.
     for verb in ["create", "get", "list", "watch", "delete"] {
         yes(&[verb, "sandboxsessions.sandboxd.dev", "-n", &agents.name]);
+        yes(&[verb, "sandboxsnapshots.sandboxd.dev", "-n", &agents.name]);
     }
     yes(&[
         "get",

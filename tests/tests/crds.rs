@@ -60,6 +60,7 @@ async fn all_crds_install_and_become_established() {
             "runtimes.sandboxd.dev",
             "sandboxhosts.sandboxd.dev",
             "sandboxsessions.sandboxd.dev",
+            "sandboxsnapshots.sandboxd.dev",
             "tombstones.sandboxd.dev"
         ]
     );

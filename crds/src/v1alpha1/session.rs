@@ -189,6 +189,28 @@ pub struct SandboxSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.from is immutable: a session starts from its snapshot once"))]
     pub from: Option<SessionFrom>,
+
+    /// Set on a Lost session (`kubectl sandbox restore NAME`) to open it again from a Ready
+    /// SandboxSnapshot of its own namespace, on another host than the one that lost it (whose
+    /// copy a Tombstone destroys once that host answers). Its workspace is the snapshot's; what
+    /// was written after the snapshot is gone. Changing the snapshot named restores again once
+    /// the session is Lost again. Ignored while the session is not Lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<SessionFrom>,
+}
+
+/// A SandboxSnapshot as a session's status names it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRef {
+    /// The SandboxSnapshot, in the session's namespace.
+    pub name: String,
+    /// When it was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_at: Option<Time>,
+    /// The host that had lost the session (for a restore).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_host: Option<String>,
 }
 
 /// Where a session's workspace starts from.
@@ -311,9 +333,18 @@ pub struct SandboxSessionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleeps_at: Option<Time>,
     /// How the session's current container was started, as its host says: `warm` (taken from
-    /// its Runtime's warm pool, already started) or `cold` (created and started for it).
+    /// its Runtime's warm pool, already started), `cold` (created and started for it) or
+    /// `restored` (created for it, its workspace from a snapshot first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<Launch>,
+    /// The newest Ready SandboxSnapshot of this session, as shown while it is Lost: what
+    /// `kubectl sandbox restore NAME` opens it from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest_snapshot: Option<SnapshotRef>,
+    /// The SandboxSnapshot the session was last restored from after it was Lost
+    /// (spec.restore), and the host that had lost it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<SnapshotRef>,
     /// The paragraph appended to an agent's instructions: what this runtime holds and how to work in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub briefing: Option<String>,

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use sandboxd_crds::key::host_session_id;
 use sandboxd_crds::v1alpha1::tombstone::TombstoneSource;
 use sandboxd_crds::v1alpha1::{SandboxSession, Tombstone, TombstoneSpec};
@@ -28,52 +28,59 @@ pub(super) async fn cleanup(s: &SandboxSession, ctx: &Context) -> Result<Action,
         return Ok(Action::await_change());
     };
     let uid = s.uid().unwrap_or_default();
+    let name = format!("sbx-{uid}");
+    owe_destroy(s, ctx, &name, &host, status.session_id).await?;
+    ctx.event(
+        s,
+        EventType::Normal,
+        "TombstoneWritten",
+        "Delete",
+        format!("the destroy on host {host} is owed by Tombstone {name}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Writes Tombstone `name` (idempotent by name): the destroy of session `s`'s sandbox on
+/// `host` (its id there `session_id`, else the one its name gives) is owed until that host
+/// confirms it.
+pub(super) async fn owe_destroy(
+    s: &SandboxSession,
+    ctx: &Context,
+    name: &str,
+    host: &str,
+    session_id: Option<String>,
+) -> Result<(), Error> {
     let tombstone = Tombstone {
         metadata: ObjectMeta {
-            name: Some(format!("sbx-{uid}")),
+            name: Some(name.to_owned()),
             labels: Some(ctx.labels.clone()),
             ..Default::default()
         },
         spec: TombstoneSpec {
-            host: host.clone(),
-            session_id: status.session_id.unwrap_or_else(|| {
+            host: host.to_owned(),
+            session_id: session_id.unwrap_or_else(|| {
                 host_session_id(&s.namespace().unwrap_or_default(), &s.name_any())
             }),
             tenant: s.spec.tenant.clone(),
             source: TombstoneSource {
                 namespace: s.namespace().unwrap_or_default(),
                 name: s.name_any(),
-                uid,
+                uid: s.uid().unwrap_or_default(),
             },
         },
         status: None,
     };
-    let api = Api::<Tombstone>::all(ctx.client.clone());
-    match api
-        .create(
-            &PostParams {
-                field_manager: Some(MANAGER.into()),
-                ..Default::default()
-            },
-            &tombstone,
-        )
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match Api::<Tombstone>::all(ctx.client.clone())
+        .create(&params, &tombstone)
         .await
     {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e.into()),
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    ctx.event(
-        s,
-        EventType::Normal,
-        "TombstoneWritten",
-        "Delete",
-        format!(
-            "the destroy on host {host} is owed by Tombstone {}",
-            tombstone.name_any()
-        ),
-    )
-    .await;
-    let _ = s.meta();
-    Ok(Action::await_change())
 }

@@ -1000,7 +1000,7 @@ mod tests {
                 report: report(view(SessionState::Reclaimed), None),
                 now: at(86_400),
                 phase: Some(SessionPhase::Lost),
-                requeue: super::super::LOST_RECHECK,
+                requeue: crate::session::step::LOST_RECHECK,
                 effect: Effect::Destroy,
                 forget_cpu: false,
                 condition: (
@@ -1015,7 +1015,7 @@ mod tests {
                 report: report(vanished, None),
                 now: at(10),
                 phase: Some(SessionPhase::Lost),
-                requeue: super::super::LOST_RECHECK,
+                requeue: crate::session::step::LOST_RECHECK,
                 effect: Effect::None,
                 forget_cpu: false,
                 condition: (
@@ -1030,7 +1030,7 @@ mod tests {
                 report: Report::Gone,
                 now: at(10),
                 phase: Some(SessionPhase::Lost),
-                requeue: super::super::LOST_RECHECK,
+                requeue: crate::session::step::LOST_RECHECK,
                 effect: Effect::None,
                 forget_cpu: false,
                 condition: (

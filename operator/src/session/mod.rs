@@ -23,6 +23,7 @@ pub mod orphan;
 mod place;
 pub mod ports;
 pub mod rebuild;
+mod restore;
 pub(crate) mod step;
 mod token;
 
@@ -48,8 +49,10 @@ use crate::conditions;
 use crate::context::placements::{HOST_ANNOTATION, placed_host};
 use crate::context::{Context, key};
 use crate::error::Error;
+#[cfg(test)]
+use step::LOST_RECHECK;
 pub use step::secret_name;
-use step::{Flow, LOST_RECHECK, Step, backoff, json_patch, session_api, settle};
+use step::{Flow, Step, backoff, json_patch, session_api, settle};
 
 /// Field manager of this controller's writes.
 pub const MANAGER: &str = "sandbox-operator/sandboxsession";
@@ -425,12 +428,10 @@ async fn advance(
     ctx: &Context,
     mut status: SandboxSessionStatus,
 ) -> Result<Step, Error> {
-    // Lost is final: a vanished workspace is reported, never replaced with an empty one.
+    // Lost is final: a vanished workspace is reported, never replaced with an empty one; an
+    // explicit restore (spec.restore) opens it again from a snapshot, elsewhere.
     if status.phase == Some(SessionPhase::Lost) {
-        return Ok(Step {
-            status,
-            requeue: LOST_RECHECK,
-        });
+        return restore::lost(s, ctx, status).await;
     }
     // The session's id on its host, and the owner the host binds it to: this object. An id
     // recorded before (a session opened under its bare name) is kept.

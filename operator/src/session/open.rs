@@ -81,10 +81,16 @@ pub(super) async fn open(
         return rotate_lost_token(s, ctx, status, placed, id, uid, &secrets, &secret).await;
     }
     if status.session_id.is_none() {
-        // A session from a snapshot opens once that snapshot, of its own namespace, is Ready.
-        let from_snapshot = match &s.spec.from {
+        // A session from a snapshot opens once that snapshot, of its own namespace, is Ready;
+        // one restored after it was Lost, from the snapshot of its restore.
+        let from = status
+            .restored_from
+            .as_ref()
+            .map(|r| r.name.clone())
+            .or_else(|| s.spec.from.as_ref().map(|f| f.snapshot.clone()));
+        let from_snapshot = match from {
             None => None,
-            Some(from) => match snapshot_key(s, ctx, &from.snapshot).await? {
+            Some(from) => match snapshot_key(s, ctx, &from).await? {
                 Ok(key) => Some(key),
                 Err((reason, phase, message, again)) => {
                     not_opened(

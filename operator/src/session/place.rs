@@ -105,8 +105,15 @@ pub(super) async fn place(
             // The load of a host is what it reports or what was placed on it since, whichever
             // is higher: placements in quick succession must not all see the same stale count.
             let placed_on = placed_counts(ctx).await?;
+            // A session restored after it was Lost goes to another host than the one that
+            // lost it (whose copy its Tombstone destroys there).
+            let lost_on = status
+                .restored_from
+                .as_ref()
+                .and_then(|r| r.lost_host.clone());
             let candidates: Vec<Candidate> = all_hosts
                 .iter()
+                .filter(|h| lost_on.as_deref() != Some(h.name_any().as_str()))
                 .map(|h| {
                     let st = h.status.clone().unwrap_or_default();
                     let runtime_ready = match (

@@ -464,11 +464,12 @@ impl Containers for DockerEngine {
                 .into_iter()
                 .filter_map(|c| {
                     let session = c.labels.as_ref()?.get(LABEL_SESSION)?.clone();
-                    let running = c.state.map(|s| s.to_string() == "running").unwrap_or(false);
+                    let state = c.state.map(|s| s.to_string()).unwrap_or_default();
                     Some(Owned {
                         id: c.id?,
                         session,
-                        running,
+                        running: state == "running",
+                        paused: state == "paused",
                     })
                 })
                 .collect())

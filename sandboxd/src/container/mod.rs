@@ -144,6 +144,8 @@ pub struct Owned {
     pub session: String,
     /// Whether it runs.
     pub running: bool,
+    /// Whether it is paused (frozen for a snapshot when its sandboxd stopped).
+    pub paused: bool,
 }
 
 /// The container engine of one sandboxd instance: Docker ([`Engine::connect`]), or the no-op

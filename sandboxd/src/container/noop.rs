@@ -174,6 +174,7 @@ impl NoopEngine {
                 id: id.clone(),
                 session: c.session.clone(),
                 running: c.running,
+                paused: false,
             })
             .collect()
     }
@@ -294,6 +295,7 @@ mod tests {
                 id: id.clone(),
                 session: "s1".to_owned(),
                 running: true,
+                paused: false,
             }]
         );
 

@@ -36,6 +36,18 @@ impl Core {
             if !keep {
                 let _ = self.engine.remove(&c.id).await;
                 done.containers_removed += 1;
+            } else if c.paused
+                && let Ok(docker) = self.engine.docker()
+            {
+                // Frozen for a snapshot when sandboxd stopped: it goes on.
+                match docker.thaw(&c.id).await {
+                    Ok(()) => {
+                        warn!(container = %c.id, "a sandbox left paused by a snapshot cut off goes on")
+                    }
+                    Err(e) => {
+                        warn!(container = %c.id, error = %e, "cannot unpause a sandbox a snapshot left paused")
+                    }
+                }
             }
         }
         for row in &rows {

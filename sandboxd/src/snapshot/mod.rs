@@ -34,11 +34,22 @@ use sha2::{Digest, Sha256};
 pub const CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 /// Files read and sent at once by a snapshot, and restored at once.
-const FILES_IN_FLIGHT: usize = 16;
+const FILES_IN_FLIGHT: usize = 64;
 
-/// Chunks a snapshot holds at once (read, being compressed or sent): its memory is about this
-/// many times [`CHUNK_BYTES`].
-const CHUNKS_IN_FLIGHT: usize = 8;
+/// The bytes of chunks a snapshot or a restore holds at once (read, being compressed, sent or
+/// written), counted in [`BUDGET_UNIT`]s: 32 MiB, eight whole chunks or hundreds of small ones.
+const BUDGET_UNITS: usize = 512;
+
+/// The unit of [`BUDGET_UNITS`]: a chunk holds at least one.
+const BUDGET_UNIT: usize = 64 * 1024;
+
+/// The units a chunk of about `bytes` holds (at least one, at most a whole chunk's).
+fn units(bytes: u64) -> u32 {
+    let bytes = usize::try_from(bytes)
+        .unwrap_or(CHUNK_BYTES)
+        .clamp(1, CHUNK_BYTES);
+    u32::try_from(bytes.div_ceil(BUDGET_UNIT)).unwrap_or(1)
+}
 
 /// The zstd level chunks are compressed at (fast, about 3x on text).
 const ZSTD_LEVEL: i32 = 3;
@@ -255,9 +266,9 @@ impl Store {
                 .map_err(|e| SnapshotError::Store(e.to_string()))??
         };
         // Files are read and sent several at a time, and each file's chunks several at a
-        // time, at most CHUNKS_IN_FLIGHT chunks held at once; the entries keep the walk's order.
+        // time, at most BUDGET_UNITS of chunks held at once; the entries keep the walk's order.
         let seen: Arc<Mutex<HashSet<String>>> = Arc::default();
-        let permits = Arc::new(tokio::sync::Semaphore::new(CHUNKS_IN_FLIGHT));
+        let permits = Arc::new(tokio::sync::Semaphore::new(BUDGET_UNITS));
         let described: Vec<Option<Described>> = futures::stream::iter(listed)
             .map(|(path, rel, meta)| {
                 let (seen, permits) = (seen.clone(), permits.clone());
@@ -342,12 +353,16 @@ impl Store {
         let mut sending = Vec::new();
         let mut size = 0u64;
         loop {
+            // The block expected next, from the file's size at the walk (it is held still).
+            let want = usize::try_from(meta.len().saturating_sub(size))
+                .unwrap_or(CHUNK_BYTES)
+                .clamp(BUDGET_UNIT, CHUNK_BYTES);
             let permit = permits
                 .clone()
-                .acquire_owned()
+                .acquire_many_owned(units(want as u64))
                 .await
                 .map_err(|e| SnapshotError::Store(e.to_string()))?;
-            let (block, f) = read_block(file, &rel).await?;
+            let (block, f) = read_block(file, &rel, want).await?;
             file = f;
             if block.is_empty() {
                 break;
@@ -480,7 +495,7 @@ impl Store {
 
     /// Writes every entry of `manifest` into the new folder `staging`: folders first (a
     /// manifest lists a folder before what it holds), then the files several at a time (at
-    /// most [`CHUNKS_IN_FLIGHT`] chunks held at once), then the links; one flush of the
+    /// most [`BUDGET_UNITS`] of chunks held at once), then the links; one flush of the
     /// filesystem for all of them, and the folders' modes last (a folder without write
     /// permission still took its files).
     async fn restore_into(
@@ -502,7 +517,7 @@ impl Store {
             std::os::unix::fs::lchown(&at, Some(uid), Some(gid)).map_err(|err| io(&e.path, err))?;
             dirs.push((at, e.mode));
         }
-        let permits = Arc::new(tokio::sync::Semaphore::new(CHUNKS_IN_FLIGHT));
+        let permits = Arc::new(tokio::sync::Semaphore::new(BUDGET_UNITS));
         let files: Vec<Entry> = manifest
             .entries
             .iter()
@@ -549,13 +564,16 @@ impl Store {
             source,
         };
         let mut out = std::fs::File::create(&at).map_err(io)?;
-        let mut chunks = futures::stream::iter(e.chunks.clone())
-            .map(|chunk| {
+        let size = e.size;
+        let mut chunks = futures::stream::iter(e.chunks.clone().into_iter().enumerate())
+            .map(|(i, chunk)| {
                 let (store, permits) = (self.clone(), permits.clone());
                 let (snapshot, file) = (snapshot.to_owned(), e.path.clone());
+                // Chunk i's size, as the manifest's file size says.
+                let expected = size.saturating_sub(i as u64 * CHUNK_BYTES as u64);
                 async move {
                     let permit = permits
-                        .acquire_owned()
+                        .acquire_many_owned(units(expected))
                         .await
                         .map_err(|err| SnapshotError::Store(err.to_string()))?;
                     let data = store.get_chunk(&snapshot, &file, &chunk).await?;
@@ -663,17 +681,19 @@ impl Store {
     }
 }
 
-/// Reads the next block of at most [`CHUNK_BYTES`] of `file` off the async runtime.
+/// Reads the next block of `file` off the async runtime: at most `want` bytes, which is
+/// [`CHUNK_BYTES`] but for a file's last block (so a file is cut where its size says).
 async fn read_block(
     file: std::fs::File,
     rel: &str,
+    want: usize,
 ) -> Result<(Vec<u8>, std::fs::File), SnapshotError> {
     let rel = rel.to_owned();
     tokio::task::spawn_blocking(move || {
         let mut file = file;
-        let mut block = vec![0u8; CHUNK_BYTES];
+        let mut block = vec![0u8; want];
         let mut filled = 0;
-        while filled < CHUNK_BYTES {
+        while filled < want {
             match std::io::Read::read(&mut file, &mut block[filled..]) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
