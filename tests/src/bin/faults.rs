@@ -14,10 +14,12 @@
 //! - `apiserver`, `etcd`: the shared control plane (`hack/control-plane.sh start`, which
 //!   restarts a dead component);
 //! - `dockerd`: the shared dockerd (`hack/dockerd.sh start`);
+//! - `store`: the shared S3 server of the snapshots (`hack/s3.sh start`);
 //! - `hang`: one of the hosts is stopped (`kill -STOP`) rather than killed, so it holds its
 //!   connections open and answers nothing, and is continued (`kill -CONT`) in its place.
 //!
-//! Besides sessions, writes, runs and deletes, the workload changes the trial's Runtime (each
+//! Besides sessions, writes, runs and deletes, the workload takes SandboxSnapshots of live
+//! sessions and opens sessions from Ready ones (`spec.from`), changes the trial's Runtime (each
 //! host must report the new definition), opens a session naming a Runtime that does not exist
 //! yet (it must say so, then open once the Runtime is created) and removes a session's
 //! workspace folder under it (the session must become Lost, saying why, and the folder must
@@ -32,6 +34,8 @@
 //! - one container per Running or Sleeping session (running for a Running one), none for a
 //!   Reclaimed one, none of the harness's hosts without a live session;
 //! - no Tombstone of the scope is left;
+//! - every SandboxSnapshot is Ready or Failed, and every Ready one restores (a session opened
+//!   from it on a host, then destroyed);
 //! - every live session's workspace folder exists, holding every file whose write the API
 //!   acknowledged, byte for byte, and the audit row of each such write.
 //!
@@ -63,7 +67,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use sandboxd_crds::v1alpha1::session::SessionPhase;
-use sandboxd_crds::v1alpha1::{Runtime, SandboxHost, SandboxSession, Tombstone};
+use sandboxd_crds::v1alpha1::{
+    Runtime, SandboxHost, SandboxSession, SandboxSnapshot, SnapshotPhase, Tombstone,
+};
 use sandboxd_tests::host::Host;
 use sandboxd_tests::poll::poll;
 use sandboxd_tests::process::{self, Operator};
@@ -90,6 +96,8 @@ enum Target {
     Dockerd,
     /// One sandboxd host, stopped (`kill -STOP`) instead of killed: it hangs.
     Hang,
+    /// The shared S3 server of the snapshots (versitygw).
+    Store,
 }
 
 impl Target {
@@ -101,6 +109,7 @@ impl Target {
             Target::Etcd => "etcd",
             Target::Dockerd => "dockerd",
             Target::Hang => "hang",
+            Target::Store => "store",
         }
     }
 }
@@ -118,7 +127,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "operator,sandboxd,apiserver,etcd,dockerd,hang"
+        default_value = "operator,sandboxd,apiserver,etcd,dockerd,hang,store"
     )]
     targets: Vec<Target>,
     /// Workload steps per trial.
@@ -177,6 +186,7 @@ impl Dev {
         match target {
             Target::Apiserver => self.dir.join("control-plane/kube-apiserver.pid"),
             Target::Etcd => self.dir.join("control-plane/etcd.pid"),
+            Target::Store => self.dir.join("s3/versitygw.pid"),
             _ => self.dir.join("dockerd.pid"),
         }
     }
@@ -195,6 +205,7 @@ impl Dev {
     fn restart(&self, target: Target) -> Result<()> {
         let script = match target {
             Target::Dockerd => "hack/dockerd.sh",
+            Target::Store => "hack/s3.sh",
             _ => "hack/control-plane.sh",
         };
         let out = Command::new(self.root.join(script))
@@ -229,9 +240,17 @@ async fn kill9_and_wait(pid: u32) -> Result<()> {
 }
 
 /// A sandboxd host of the harness: the shared test host on the local base image, its token
-/// from the trial's seed, its instance named by the trial, quiet.
-fn start_host(name: String, instance: String, image: &str, rng: &mut Rng) -> Result<Host> {
+/// from the trial's seed, its instance named by the trial, its snapshots under the trial's
+/// prefix of the S3 server, quiet.
+fn start_host(
+    name: String,
+    instance: String,
+    image: &str,
+    prefix: &str,
+    rng: &mut Rng,
+) -> Result<Host> {
     let mut host = Host::new(&name, image)?;
+    host.sandboxd.with_env(&[("SANDBOXD_S3_PREFIX", prefix)]);
     host.sandboxd.token = format!("admin-{:016x}{:016x}", rng.next(), rng.next());
     host.sandboxd.instance = instance;
     host.sandboxd.log = "error".to_owned();
@@ -313,6 +332,8 @@ struct Trial {
     killed_at: Option<Duration>,
     /// Workload steps by kind, and how many of them the stack accepted.
     did: BTreeMap<&'static str, (usize, usize)>,
+    /// The SandboxSnapshots the workload asked for: namespace and name.
+    snapshots: Vec<(String, String)>,
 }
 
 fn labels(scope: &str) -> serde_json::Value {
@@ -350,6 +371,7 @@ impl Trial {
             started: Instant::now(),
             killed_at: None,
             did: BTreeMap::new(),
+            snapshots: vec![],
         }
     }
 
@@ -373,6 +395,7 @@ impl Trial {
                 format!("faults-{}-h{i}", self.short),
                 format!("flt{}h{i}", self.short.replace('-', "")),
                 &self.image,
+                &format!("faults-{}", self.short),
                 rng,
             )?;
             Api::<Secret>::namespaced(client.clone(), &home)
@@ -512,6 +535,123 @@ impl Trial {
         applied
     }
 
+    /// `kubectl apply` of SandboxSnapshot `snap<n>` of session `session` in `ns`.
+    fn snapshot(&mut self, ns: &str, session: &str, n: usize) -> bool {
+        let name = format!("snap{n}");
+        let doc = json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSnapshot",
+            "metadata": {"name": name, "namespace": ns, "labels": labels(&self.scope)},
+            "spec": {"session": session},
+        });
+        let applied = kubectl(
+            &["apply", "--request-timeout=10s", "-f", "-"],
+            Some(&doc.to_string()),
+        );
+        self.snapshots.push((ns.to_owned(), name));
+        applied
+    }
+
+    /// A new session `f<n>` from a snapshot the workload took that is Ready now (none: an
+    /// idle step that did nothing).
+    async fn fork(&mut self, rng: &mut Rng, n: usize) -> bool {
+        let mut ready = vec![];
+        for (ns, name) in &self.snapshots {
+            if self.deleted_ns.contains(ns) {
+                continue;
+            }
+            let snap = Api::<SandboxSnapshot>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await;
+            if let Ok(Some(snap)) = snap
+                && snap.status.and_then(|s| s.phase) == Some(SnapshotPhase::Ready)
+            {
+                ready.push((ns.clone(), name.clone()));
+            }
+        }
+        if ready.is_empty() {
+            return true;
+        }
+        let (ns, snapshot) = ready[rng.below(ready.len())].clone();
+        let name = format!("f{n}");
+        let doc = json!({
+            "apiVersion": "sandboxd.dev/v1alpha1", "kind": "SandboxSession",
+            "metadata": {"name": name, "namespace": ns, "labels": labels(&self.scope)},
+            "spec": {"scope": "conversation", "tenant": "org-1", "subject": name, "from": {"snapshot": snapshot}},
+        });
+        let applied = kubectl(
+            &["apply", "--request-timeout=10s", "-f", "-"],
+            Some(&doc.to_string()),
+        );
+        self.sessions.push(Tracked {
+            ns,
+            name,
+            fate: if applied { Fate::Live } else { Fate::Unknown },
+            writes: BTreeMap::new(),
+            vanished: false,
+        });
+        applied
+    }
+
+    /// Every SandboxSnapshot of the trial settled (Ready or Failed, none taken still), and
+    /// every Ready one restorable: a session opened from it on a host, then destroyed.
+    async fn check_snapshots(&self, broken: &mut Vec<String>) -> Result<()> {
+        let lp = ListParams::default().labels(&format!("{SCOPE_LABEL}={}", self.scope));
+        for ns in self
+            .namespaces
+            .iter()
+            .filter(|ns| !self.deleted_ns.contains(*ns))
+        {
+            let snaps = Api::<SandboxSnapshot>::namespaced(self.client.clone(), ns)
+                .list(&lp)
+                .await?;
+            for snap in snaps.items {
+                let name = snap.name_any();
+                let st = snap.status.clone().unwrap_or_default();
+                match st.phase {
+                    Some(SnapshotPhase::Ready) => {}
+                    Some(SnapshotPhase::Failed) => continue,
+                    _ if snap.metadata.deletion_timestamp.is_some() => continue,
+                    other => {
+                        broken.push(format!(
+                            "SandboxSnapshot {ns}/{name} is {other:?}, not settled: {}",
+                            st.message.unwrap_or_default()
+                        ));
+                        continue;
+                    }
+                }
+                let Some(key) = st.key else {
+                    broken.push(format!(
+                        "SandboxSnapshot {ns}/{name} is Ready without a key"
+                    ));
+                    continue;
+                };
+                let Some(host) = self.hosts.first() else {
+                    continue;
+                };
+                let admin = host.client().with_deadline(Duration::from_secs(60));
+                let probe = format!("verify-{}", sandboxd_crds::key::short_hash(&key, 12));
+                let opened = admin
+                    .open_request(&sandboxd_api::session::OpenRequest {
+                        name: probe.clone(),
+                        tenant: "faults-verify".to_owned(),
+                        runtime: None,
+                        limits: None,
+                        owner: None,
+                        egress: Vec::new(),
+                        from_snapshot: Some(key.clone()),
+                    })
+                    .await;
+                let _ = admin.destroy(&probe).await;
+                if let Err(e) = opened {
+                    broken.push(format!(
+                        "SandboxSnapshot {ns}/{name} is Ready but does not restore: {e}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The session's client from its token Secret, when the operator wrote one.
     async fn session_client(
         &self,
@@ -563,7 +703,7 @@ impl Trial {
             .filter(|ns| !self.deleted_ns.contains(*ns))
             .cloned()
             .collect();
-        match rng.below(13) {
+        match rng.below(15) {
             0..=2 if !open_ns.is_empty() => {
                 let ns = open_ns[rng.below(open_ns.len())].clone();
                 let ok = self.apply_session(&ns, &format!("s{n}"));
@@ -662,6 +802,12 @@ impl Trial {
                 let i = live[rng.below(live.len())];
                 ("vanish workspace", self.vanish(i).await)
             }
+            13 if !live.is_empty() => {
+                let i = live[rng.below(live.len())];
+                let (ns, session) = (self.sessions[i].ns.clone(), self.sessions[i].name.clone());
+                ("snapshot", self.snapshot(&ns, &session, n))
+            }
+            14 => ("fork", self.fork(rng, n).await),
             _ => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 ("idle", true)
@@ -1016,6 +1162,10 @@ impl Trial {
                 }
             }
         }
+        // Last, once the rest holds (it opens a session per Ready snapshot).
+        if broken.is_empty() {
+            self.check_snapshots(&mut broken).await?;
+        }
         Ok(broken)
     }
 
@@ -1028,6 +1178,11 @@ impl Trial {
         for ns in &self.namespaces {
             strip_and_delete(
                 Api::<SandboxSession>::namespaced(self.client.clone(), ns),
+                &lp,
+            )
+            .await;
+            strip_and_delete(
+                Api::<SandboxSnapshot>::namespaced(self.client.clone(), ns),
                 &lp,
             )
             .await;
